@@ -1,0 +1,89 @@
+/**
+ * The error catalogue: every error the service returns is defined here once, with its status, type and
+ * headers. Routes throw `ApiError`s built from these codes; the error handler renders the envelope.
+ */
+
+interface CatalogueEntry {
+  status: number;
+  type: string;
+  /** `Retry-After` seconds for retryable errors; a caller may override per error. */
+  retryAfter?: number;
+  /** `X-Should-Retry: false` for errors a retry cannot fix. */
+  noRetry?: boolean;
+  /** Upstream errors mirror their code in `X-Svc-Upstream-Error-Kind`. */
+  upstream?: boolean;
+}
+
+export const errorCatalogue = {
+  invalid_request: { status: 400, type: 'invalid_request_error' },
+  context_length_exceeded: { status: 400, type: 'invalid_request_error' },
+  deadline_infeasible: { status: 400, type: 'invalid_request_error', noRetry: true },
+  chat_completions_unsupported: { status: 400, type: 'invalid_request_error' },
+  model_not_found: { status: 400, type: 'invalid_request_error' },
+  bad_json: { status: 400, type: 'invalid_request_error' },
+  full_vocab_prompt_too_long: { status: 400, type: 'invalid_request_error' },
+  activations_unsupported: { status: 400, type: 'invalid_request_error' },
+  activation_prompt_too_long: { status: 400, type: 'invalid_request_error' },
+  engine_context_length: { status: 400, type: 'invalid_request_error', upstream: true },
+  engine_invalid_request: { status: 400, type: 'invalid_request_error', upstream: true },
+  invalid_api_key: { status: 401, type: 'authentication_error' },
+  not_found: { status: 404, type: 'not_found_error' },
+  method_not_allowed: { status: 405, type: 'invalid_request_error' },
+  request_too_large: { status: 413, type: 'invalid_request_error', noRetry: true },
+  unsupported_media_type: { status: 415, type: 'invalid_request_error' },
+  budget_exceeded: { status: 429, type: 'rate_limit_error', retryAfter: 60 },
+  spend_cap: { status: 429, type: 'rate_limit_error', retryAfter: 3600 },
+  queue_full: { status: 429, type: 'rate_limit_error', retryAfter: 1 },
+  rate_limited: { status: 429, type: 'rate_limit_error', retryAfter: 1 },
+  upstream_unreachable: { status: 502, type: 'upstream_error', retryAfter: 5, upstream: true },
+  capture_incomplete: { status: 502, type: 'upstream_error', retryAfter: 5, upstream: true },
+  engine_oom: { status: 502, type: 'upstream_error', retryAfter: 10, upstream: true },
+  engine_engine_dead: { status: 502, type: 'upstream_error', retryAfter: 10, upstream: true },
+  upstream_server_error: { status: 502, type: 'upstream_error', retryAfter: 5, upstream: true },
+  wrapper_saturated: { status: 503, type: 'server_error', retryAfter: 5 },
+  platform_cold_boot: { status: 503, type: 'upstream_error', retryAfter: 30, upstream: true },
+  circuit_open: { status: 503, type: 'upstream_error', retryAfter: 30, upstream: true },
+  tokenizer_unavailable: { status: 503, type: 'server_error', retryAfter: 10 },
+  service_unavailable: { status: 503, type: 'server_error', retryAfter: 5 },
+  upstream_deadline: { status: 504, type: 'upstream_error', noRetry: true, upstream: true },
+  internal_error: { status: 500, type: 'server_error' },
+} as const satisfies Record<string, CatalogueEntry>;
+
+export type ErrorCode = keyof typeof errorCatalogue;
+
+export interface ApiErrorOptions {
+  /** Extra tagged fields inside `error` (e.g. `upstream_status`, `retry_after_seconds`, `param`). */
+  fields?: Record<string, unknown>;
+  /** Overrides the catalogue's Retry-After seconds. */
+  retryAfter?: number;
+  headers?: Record<string, string>;
+}
+
+export class ApiError extends Error {
+  readonly code: ErrorCode;
+  readonly status: number;
+  readonly type: string;
+  readonly fields: Record<string, unknown>;
+  readonly headers: Record<string, string>;
+
+  constructor(code: ErrorCode, message: string, options: ApiErrorOptions = {}) {
+    super(message);
+    const entry: CatalogueEntry = errorCatalogue[code];
+    this.code = code;
+    this.status = entry.status;
+    this.type = entry.type;
+    this.fields = options.fields ?? {};
+    this.headers = { ...options.headers };
+    const retryAfter = options.retryAfter ?? entry.retryAfter;
+    if (retryAfter !== undefined) this.headers['retry-after'] = String(retryAfter);
+    if (entry.noRetry) this.headers['x-should-retry'] = 'false';
+    if (entry.upstream && entry.status >= 400) this.headers['x-svc-upstream-error-kind'] = code;
+  }
+
+  /** The contract's envelope. */
+  body(requestId: string): { error: Record<string, unknown>; request_id: string } {
+    return { error: { code: this.code, message: this.message, type: this.type, ...this.fields }, request_id: requestId };
+  }
+}
+
+export const apiError = (code: ErrorCode, message: string, options?: ApiErrorOptions): ApiError => new ApiError(code, message, options);

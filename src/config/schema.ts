@@ -1,0 +1,77 @@
+import { Type, type Static } from 'typebox';
+
+/** How a model's text becomes token ids; the gateway and the reference engine share one tokenizer module. */
+export const TokenizerSpec = Type.Union([
+  Type.Object({ kind: Type.Literal('byte') }, { additionalProperties: false }),
+  Type.Object({ kind: Type.Literal('r50k_base') }, { additionalProperties: false }),
+  Type.Object({ kind: Type.Literal('hf'), path: Type.String({ minLength: 1 }) }, { additionalProperties: false }),
+]);
+export type TokenizerSpec = Static<typeof TokenizerSpec>;
+
+/** Sizes of the reference engine's dummy-weight transformer. */
+export const Architecture = Type.Object(
+  {
+    n_layers: Type.Integer({ minimum: 1, maximum: 256 }),
+    d_model: Type.Integer({ minimum: 8 }),
+    n_heads: Type.Integer({ minimum: 1 }),
+    d_mlp: Type.Integer({ minimum: 8 }),
+    seed: Type.Integer({ minimum: 0 }),
+  },
+  { additionalProperties: false },
+);
+export type Architecture = Static<typeof Architecture>;
+
+export const Capabilities = Type.Object(
+  {
+    max_model_len: Type.Union([Type.Integer({ minimum: 1 }), Type.Null()]),
+    max_logprobs: Type.Integer({ minimum: 0, maximum: 100 }),
+    prompt_logprobs_full_vocab: Type.Boolean(),
+    full_vocab_max_prompt_tokens: Type.Integer({ minimum: 1 }),
+    max_output_work_tokens: Type.Integer({ minimum: 1 }),
+    max_inflight_per_key: Type.Integer({ minimum: 1 }),
+    max_queued_per_key: Type.Integer({ minimum: 0 }),
+    rate_limit_per_minute: Type.Integer({ minimum: 1 }),
+  },
+  { additionalProperties: false },
+);
+export type Capabilities = Static<typeof Capabilities>;
+
+export const ActivationSupport = Type.Object(
+  {
+    /** Layer count when known; steering and capture layers are then range-checked by the gateway. */
+    n_layers: Type.Union([Type.Integer({ minimum: 1 }), Type.Null()]),
+    max_steering_vectors: Type.Integer({ minimum: 1, maximum: 8 }),
+    /** Prompt + max_tokens - 1 positions allowed when every layer is captured; scaled up for fewer layers. */
+    max_activation_prompt_tokens: Type.Integer({ minimum: 1 }),
+  },
+  { additionalProperties: false },
+);
+export type ActivationSupport = Static<typeof ActivationSupport>;
+
+export const ModelConfig = Type.Object(
+  {
+    id: Type.String({ pattern: '^[A-Za-z0-9._-]{1,64}$' }),
+    default: Type.Optional(Type.Boolean()),
+    status: Type.Optional(Type.Union([Type.Literal('live'), Type.Literal('staging')])),
+    /** The checkpoint name the engine serves; responses name it in `model`. */
+    checkpoint: Type.String({ minLength: 1 }),
+    /** `reference` runs the project's CPU engine as a child process; otherwise the engine's base URL. */
+    engine: Type.String({ minLength: 1 }),
+    gpu_shape: Type.String({ minLength: 1 }),
+    cost_per_second: Type.Number({ minimum: 0 }),
+    tokenizer: TokenizerSpec,
+    architecture: Type.Optional(Architecture),
+    capabilities: Capabilities,
+    activations: Type.Optional(Type.Union([ActivationSupport, Type.Null()])),
+  },
+  { additionalProperties: false },
+);
+export type ModelConfig = Static<typeof ModelConfig>;
+
+export const ServiceConfig = Type.Object(
+  {
+    models: Type.Array(ModelConfig, { minItems: 1 }),
+  },
+  { additionalProperties: false },
+);
+export type ServiceConfig = Static<typeof ServiceConfig>;
