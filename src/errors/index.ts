@@ -1,0 +1,1 @@
+export { ApiError, apiError, errorCatalogue, type ErrorCode, type ApiErrorOptions } from './catalogue.ts';
