@@ -1,0 +1,85 @@
+import Fastify, { type FastifyInstance } from 'fastify';
+import cors from '@fastify/cors';
+import type { Logger } from 'pino';
+import { apiError } from '../errors/index.ts';
+import { requestIdFor } from './request-id.ts';
+import { installErrorHandling, sendApiError, toApiError } from './error-handler.ts';
+import { healthRoute, type HealthSources } from './health.ts';
+
+export const maxBodyBytes = 8 * 1024 * 1024;
+
+export const exposedHeaders = [
+  'X-Request-Id',
+  'Retry-After',
+  'X-Should-Retry',
+  'X-Svc-Upstream-Model',
+  'X-Svc-Upstream-Gpu',
+  'X-Svc-Upstream-Error-Kind',
+  'X-Svc-Max-Tokens-Clamped',
+  'X-Svc-Longpoll',
+];
+
+export interface AppOptions {
+  logger: Logger;
+  health: HealthSources;
+  /** Registers the feature routes (completions, models, ...) on the app. */
+  routes?: (app: FastifyInstance) => void | Promise<void>;
+}
+
+/** The HTTP surface: request ids, the error envelope, CORS, body limits and metadata-only logging. */
+export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
+  const app = Fastify({
+    loggerInstance: options.logger,
+    disableRequestLogging: true,
+    genReqId: requestIdFor,
+    requestIdHeader: false,
+    bodyLimit: maxBodyBytes,
+    return503OnClosing: false,
+    forceCloseConnections: 'idle',
+    routerOptions: { ignoreTrailingSlash: true },
+    frameworkErrors: (err, request, reply) => {
+      reply.header('x-request-id', request.id);
+      const error = err.code === 'FST_ERR_BAD_URL' ? apiError('invalid_request', 'malformed URL') : toApiError(err);
+      return sendApiError(request, reply, error);
+    },
+  }) as unknown as FastifyInstance;
+
+  app.addHook('onRequest', (request, reply, done) => {
+    reply.header('x-request-id', request.id);
+    done();
+  });
+  app.addHook('onResponse', (request, reply, done) => {
+    request.log.info(
+      {
+        request_id: request.id,
+        method: request.method,
+        route: request.routeOptions.url ?? 'unmatched',
+        status: reply.statusCode,
+        latency_ms: Math.round(reply.elapsedTime * 100) / 100,
+        key_prefix: (request as { keyPrefix?: string }).keyPrefix,
+      },
+      'request',
+    );
+    done();
+  });
+
+  installErrorHandling(app);
+  await app.register(cors, { origin: '*', credentials: false, exposedHeaders, maxAge: 600 });
+
+  // JSON bodies only, parsed once with the platform parser; other media types are a client error.
+  app.removeAllContentTypeParsers();
+  app.addContentTypeParser(/^application\/([\w.+-]+\+)?json$/, { parseAs: 'buffer' }, (_request, body: Buffer, done) => {
+    try {
+      done(null, JSON.parse(body.toString('utf8')));
+    } catch {
+      done(apiError('bad_json', 'request body is not valid JSON'), undefined);
+    }
+  });
+  app.addContentTypeParser('*', (_request, _payload, done) => {
+    done(apiError('invalid_request', 'Content-Type must be application/json'), undefined);
+  });
+
+  healthRoute(app, options.health);
+  await options.routes?.(app);
+  return app;
+}

@@ -1,0 +1,61 @@
+import type { FastifyInstance } from 'fastify';
+import { Type, type Static } from 'typebox';
+
+export const BackendHealth = Type.Object({
+  model_id: Type.String(),
+  status: Type.Union([Type.Literal('live'), Type.Literal('staging')]),
+  gpu_shape: Type.String(),
+  breaker_state: Type.Union([Type.Literal('closed'), Type.Literal('open'), Type.Literal('half_open')]),
+  breaker_consecutive_failures: Type.Integer(),
+  breaker_last_failure_kind: Type.Union([Type.String(), Type.Null()]),
+  last_completion_at: Type.Union([Type.String({ format: 'date-time' }), Type.Null()]),
+  last_completion_seconds_ago: Type.Union([Type.Integer(), Type.Null()]),
+  warm_estimate: Type.Union([Type.Literal('warm'), Type.Literal('cold')]),
+});
+export type BackendHealth = Static<typeof BackendHealth>;
+
+export const HealthBody = Type.Object({
+  status: Type.Union([Type.Literal('ok'), Type.Literal('degraded'), Type.Literal('down')]),
+  wrapper: Type.Object({
+    uptime_seconds: Type.Integer(),
+    database: Type.Object({ ok: Type.Boolean(), latency_ms: Type.Integer() }),
+  }),
+  backends: Type.Array(BackendHealth),
+  degraded_backends: Type.Array(Type.String()),
+});
+export type HealthBody = Static<typeof HealthBody>;
+
+export interface HealthSources {
+  /** Resolves with the store's round-trip latency in ms; rejects when unreachable or slower than the timeout. */
+  pingStore(timeoutMs: number): Promise<number>;
+  backends(): BackendHealth[];
+}
+
+const storePingTimeoutMs = 1000;
+const startedAt = Date.now();
+
+export async function healthBody(sources: HealthSources): Promise<HealthBody> {
+  let database: HealthBody['wrapper']['database'];
+  const pingStarted = performance.now();
+  try {
+    database = { ok: true, latency_ms: Math.round(await sources.pingStore(storePingTimeoutMs)) };
+  } catch {
+    // An unreachable store reports how long we waited before giving up.
+    database = { ok: false, latency_ms: Math.round(performance.now() - pingStarted) };
+  }
+  const backends = sources.backends();
+  const degraded = backends.filter((b) => b.breaker_state === 'open').map((b) => b.model_id);
+  return {
+    status: !database.ok ? 'down' : degraded.length > 0 ? 'degraded' : 'ok',
+    wrapper: { uptime_seconds: Math.floor((Date.now() - startedAt) / 1000), database },
+    backends,
+    degraded_backends: degraded,
+  };
+}
+
+export function healthRoute(app: FastifyInstance, sources: HealthSources): void {
+  app.get('/health', async (_request, reply) => {
+    const body = await healthBody(sources);
+    return reply.code(body.wrapper.database.ok ? 200 : 503).send(body);
+  });
+}
