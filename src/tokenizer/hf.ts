@@ -1,0 +1,413 @@
+// Hugging Face `tokenizer.json` (fast-tokenizer format): BPE model with byte-level pre-tokenizer/decoder,
+// the GPT-2 / Llama-3 family. Unsupported components fail at load with a message naming them.
+import { readFile, stat } from 'node:fs/promises';
+import { dirname, join } from 'node:path';
+import type { Tokenizer } from './index.ts';
+import { TokenTable, byteToUnicode, unicodeToByte } from './table.ts';
+
+interface AddedToken {
+  id: number;
+  content: string;
+  special?: boolean;
+}
+
+type Json = Record<string, any>; // eslint-disable-line @typescript-eslint/no-explicit-any
+
+const GPT2_PATTERN = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+const PIECE_CACHE_LIMIT = 200_000;
+const EOS_CANDIDATES = ['<|end_of_text|>', '<|endoftext|>', '</s>', '<eos>', '<|eot_id|>'];
+const BOS_CANDIDATES = ['<|begin_of_text|>', '<s>', '<bos>', '<|startoftext|>'];
+
+export async function loadHfTokenizer(path: string): Promise<Tokenizer> {
+  const isDir = (await stat(path)).isDirectory();
+  const file = isDir ? join(path, 'tokenizer.json') : path;
+  const json = JSON.parse(await readFile(file, 'utf8')) as Json;
+  let config: Json = {};
+  try {
+    config = JSON.parse(await readFile(join(isDir ? path : dirname(path), 'tokenizer_config.json'), 'utf8')) as Json;
+  } catch {
+    // tokenizer_config.json is optional: BOS/EOS then come from the post-processor and well-known names.
+  }
+  return buildHfTokenizer(json, config);
+}
+
+export function buildHfTokenizer(json: Json, config: Json = {}): Tokenizer {
+  const model = json.model as Json;
+  if (!model || (model.type !== undefined && model.type !== 'BPE')) throw new Error(`model type ${model?.type} is not supported (BPE only)`);
+  const vocab = model.vocab as Record<string, number>;
+  const added = ((json.added_tokens ?? []) as AddedToken[]).slice();
+
+  const decoderIsByteLevel = usesType(json.decoder, 'ByteLevel');
+  if (!decoderIsByteLevel) throw new Error(`decoder ${describe(json.decoder)} is not supported (ByteLevel only)`);
+
+  // Token bytes: vocabulary entries spell bytes in GPT-2's alphabet; added tokens are their UTF-8 content.
+  let maxId = -1;
+  for (const id of Object.values(vocab)) maxId = Math.max(maxId, id);
+  for (const t of added) maxId = Math.max(maxId, t.id);
+  const encoder = new TextEncoder();
+  const bytes: Uint8Array[] = new Array(maxId + 1);
+  const pieces: string[] = new Array(maxId + 1);
+  for (const [piece, id] of Object.entries(vocab)) {
+    pieces[id] = piece;
+    bytes[id] = pieceBytes(piece, encoder);
+  }
+  const special = new Set<number>();
+  for (const t of added) {
+    pieces[t.id] = t.content;
+    bytes[t.id] = encoder.encode(t.content);
+    if (t.special) special.add(t.id);
+  }
+  for (let i = 0; i <= maxId; i++) {
+    bytes[i] ??= new Uint8Array(0);
+    pieces[i] ??= '';
+  }
+  const table = new TokenTable(bytes, special, (id) => pieces[id] ?? '');
+
+  const ranks = new Map<string, number>();
+  (model.merges as (string | [string, string])[]).forEach((m, rank) => {
+    const [a, b] = typeof m === 'string' ? splitMerge(m) : m;
+    ranks.set(`${a}\u0000${b}`, rank);
+  });
+  const ignoreMerges = model.ignore_merges === true;
+  const byteFallback = model.byte_fallback === true;
+  const unkId = typeof model.unk_token === 'string' ? vocab[model.unk_token] : undefined;
+
+  const normalize = buildNormalizer(json.normalizer);
+  const preTokenize = buildPreTokenizer(json.pre_tokenizer);
+  const template = buildTemplate(json.post_processor);
+  const addedSplit = buildAddedSplitter(added);
+
+  const cache = new Map<string, number[]>();
+  function bpe(word: string): number[] {
+    const hit = cache.get(word);
+    if (hit) return hit;
+    let ids: number[];
+    const direct = vocab[word];
+    if (direct !== undefined && (ignoreMerges || word.length === 1)) {
+      ids = [direct];
+    } else {
+      const symbols = Array.from(word);
+      while (symbols.length > 1) {
+        let best = Infinity;
+        let at = -1;
+        for (let i = 0; i < symbols.length - 1; i++) {
+          const r = ranks.get(`${symbols[i]}\u0000${symbols[i + 1]}`);
+          if (r !== undefined && r < best) {
+            best = r;
+            at = i;
+          }
+        }
+        if (at < 0) break;
+        const a = symbols[at];
+        const b = symbols[at + 1];
+        for (let i = at; i < symbols.length - 1; i++) {
+          if (symbols[i] === a && symbols[i + 1] === b) symbols.splice(i, 2, a + b);
+        }
+      }
+      ids = [];
+      for (const s of symbols) {
+        const id = vocab[s];
+        if (id !== undefined) ids.push(id);
+        else if (byteFallback) {
+          for (const byte of encoder.encode(s)) {
+            const fb = vocab[`<0x${byte.toString(16).toUpperCase().padStart(2, '0')}>`];
+            if (fb !== undefined) ids.push(fb);
+            else if (unkId !== undefined) ids.push(unkId);
+          }
+        } else if (unkId !== undefined) ids.push(unkId);
+      }
+    }
+    if (cache.size >= PIECE_CACHE_LIMIT) cache.clear();
+    cache.set(word, ids);
+    return ids;
+  }
+
+  const idOf = (name: unknown): number | undefined => {
+    const content = typeof name === 'string' ? name : (name as Json | undefined)?.content;
+    if (typeof content !== 'string') return undefined;
+    return added.find((t) => t.content === content)?.id ?? vocab[content];
+  };
+  const findByName = (names: string[]) => names.map((n) => idOf(n)).find((id) => id !== undefined);
+  const eosId = idOf(config.eos_token) ?? findByName(EOS_CANDIDATES) ?? -1;
+  const bosId = idOf(config.bos_token) ?? template.prefix[0] ?? findByName(BOS_CANDIDATES) ?? eosId;
+
+  return {
+    kind: 'hf',
+    vocabSize: maxId + 1,
+    bosId,
+    eosId,
+    encode(text, addSpecialTokens) {
+      const ids: number[] = [];
+      if (addSpecialTokens) ids.push(...template.prefix);
+      for (const seg of addedSplit(text)) {
+        if (typeof seg === 'number') {
+          ids.push(seg);
+          continue;
+        }
+        for (const piece of preTokenize([normalize(seg)])) {
+          if (piece.length === 0) continue;
+          const out = bpe(piece);
+          for (let i = 0; i < out.length; i++) ids.push(out[i]);
+        }
+      }
+      if (addSpecialTokens) ids.push(...template.suffix);
+      return ids;
+    },
+    decode: (ids, skip) => table.decode(ids, skip),
+    tokenString: (id) => table.tokenString(id),
+    tokenPiece: (id) => table.tokenPiece(id),
+    tokenBytes: (id) => table.bytes[id] ?? new Uint8Array(0),
+    isSpecial: (id) => table.special[id] === 1,
+    newStreamDecoder: (opts) => table.newStreamDecoder(opts?.skipSpecialTokens ?? true),
+  };
+}
+
+function pieceBytes(piece: string, encoder: InstanceType<typeof TextEncoder>): Uint8Array {
+  const out: number[] = [];
+  for (const ch of piece) {
+    const b = unicodeToByte.get(ch);
+    if (b !== undefined) out.push(b);
+    else out.push(...encoder.encode(ch));
+  }
+  return Uint8Array.from(out);
+}
+
+function splitMerge(m: string): [string, string] {
+  const i = m.indexOf(' ', 1);
+  return [m.slice(0, i), m.slice(i + 1)];
+}
+
+function usesType(node: Json | null | undefined, type: string): boolean {
+  if (!node) return false;
+  if (node.type === type) return true;
+  if (node.type === 'Sequence') return ((node.decoders ?? node.pretokenizers ?? node.normalizers ?? node.processors ?? []) as Json[]).some((n) => usesType(n, type));
+  return false;
+}
+
+function describe(node: Json | null | undefined): string {
+  return node ? String(node.type) : 'null';
+}
+
+/** Added tokens are matched first (longest first) and never go through the model. */
+function buildAddedSplitter(added: AddedToken[]): (text: string) => (string | number)[] {
+  if (added.length === 0) return (text) => [text];
+  const byContent = new Map(added.map((t) => [t.content, t.id]));
+  const alternatives = [...byContent.keys()].sort((a, b) => b.length - a.length).map(escapeRegExp);
+  const re = new RegExp(alternatives.join('|'), 'g');
+  return (text) => {
+    const out: (string | number)[] = [];
+    let last = 0;
+    for (const m of text.matchAll(re)) {
+      if (m.index > last) out.push(text.slice(last, m.index));
+      out.push(byContent.get(m[0])!);
+      last = m.index + m[0].length;
+    }
+    if (last < text.length) out.push(text.slice(last));
+    return out;
+  };
+}
+
+function buildNormalizer(node: Json | null | undefined): (s: string) => string {
+  if (!node) return (s) => s;
+  switch (node.type) {
+    case 'NFC':
+    case 'NFD':
+    case 'NFKC':
+    case 'NFKD':
+      return (s) => s.normalize(node.type);
+    case 'Prepend':
+      return (s) => (s.length ? node.prepend + s : s);
+    case 'Replace': {
+      const re = patternRegExp(node.pattern);
+      return (s) => s.replace(re, node.content);
+    }
+    case 'Sequence': {
+      const parts = (node.normalizers as Json[]).map(buildNormalizer);
+      return (s) => parts.reduce((acc, f) => f(acc), s);
+    }
+    default:
+      throw new Error(`normalizer ${describe(node)} is not supported`);
+  }
+}
+
+type PreTokenizer = (pieces: string[]) => string[];
+
+function buildPreTokenizer(node: Json | null | undefined): PreTokenizer {
+  if (!node) return (p) => p;
+  switch (node.type) {
+    case 'ByteLevel': {
+      const re = node.use_regex === false ? null : new RegExp(GPT2_PATTERN, 'gu');
+      const prefix = node.add_prefix_space === true;
+      const encoder = new TextEncoder();
+      return (pieces) =>
+        pieces.flatMap((p) => {
+          const text = prefix && !p.startsWith(' ') ? ` ${p}` : p;
+          const parts = re ? splitIsolated(text, re) : [text];
+          return parts.map((part) => {
+            const raw = encoder.encode(part);
+            let s = '';
+            for (let i = 0; i < raw.length; i++) s += byteToUnicode[raw[i]];
+            return s;
+          });
+        });
+    }
+    case 'Split': {
+      if (node.invert) throw new Error('pre_tokenizer Split with invert is not supported');
+      const re = patternRegExp(node.pattern);
+      const behavior = node.behavior as string;
+      return (pieces) => pieces.flatMap((p) => splitWith(p, re, behavior));
+    }
+    case 'Sequence': {
+      const parts = (node.pretokenizers as Json[]).map(buildPreTokenizer);
+      return (pieces) => parts.reduce((acc, f) => f(acc), pieces);
+    }
+    default:
+      throw new Error(`pre_tokenizer ${describe(node)} is not supported`);
+  }
+}
+
+function splitIsolated(text: string, re: RegExp): string[] {
+  return splitWith(text, re, 'Isolated');
+}
+
+function splitWith(text: string, re: RegExp, behavior: string): string[] {
+  const out: string[] = [];
+  let last = 0;
+  let pendingMatch: string | null = null; // for MergedWithNext
+  const push = (s: string) => {
+    if (s.length) out.push(s);
+  };
+  for (const m of text.matchAll(re)) {
+    if (m[0].length === 0) continue;
+    const gap = text.slice(last, m.index);
+    switch (behavior) {
+      case 'Isolated':
+        push(gap);
+        push(m[0]);
+        break;
+      case 'Removed':
+        push(gap);
+        break;
+      case 'MergedWithPrevious':
+        push(gap + m[0]);
+        break;
+      case 'MergedWithNext':
+        if (pendingMatch !== null) push(pendingMatch + gap);
+        else push(gap);
+        pendingMatch = m[0];
+        break;
+      case 'Contiguous':
+        push(gap);
+        if (out.length && last === m.index && out[out.length - 1] !== gap) out[out.length - 1] += m[0];
+        else push(m[0]);
+        break;
+      default:
+        throw new Error(`Split behavior ${behavior} is not supported`);
+    }
+    last = m.index + m[0].length;
+  }
+  const tail = text.slice(last);
+  if (pendingMatch !== null) push(pendingMatch + tail);
+  else push(tail);
+  return out;
+}
+
+function patternRegExp(pattern: Json): RegExp {
+  if (typeof pattern?.String === 'string') return new RegExp(escapeRegExp(pattern.String), 'g');
+  if (typeof pattern?.Regex === 'string') return new RegExp(toJsRegex(pattern.Regex), 'gu');
+  throw new Error('pattern must be {String} or {Regex}');
+}
+
+/** Rust/Oniguruma -> JS: Node 20 lacks inline modifier groups, so `(?i:...)` becomes explicit case classes. */
+export function toJsRegex(source: string): string {
+  let out = '';
+  let i = 0;
+  while (i < source.length) {
+    if (source.startsWith('(?i:', i)) {
+      let depth = 1;
+      let j = i + 4;
+      let body = '';
+      while (j < source.length && depth > 0) {
+        const ch = source[j];
+        if (ch === '\\') {
+          body += source.slice(j, j + 2);
+          j += 2;
+          continue;
+        }
+        if (ch === '(') depth++;
+        if (ch === ')') depth--;
+        if (depth > 0) body += ch;
+        j++;
+      }
+      out += `(?:${caseless(body)})`;
+      i = j;
+      continue;
+    }
+    if (source[i] === '\\') {
+      out += source.slice(i, i + 2);
+      i += 2;
+      continue;
+    }
+    out += source[i++];
+  }
+  return out;
+}
+
+function caseless(body: string): string {
+  let out = '';
+  let inClass = false;
+  for (let i = 0; i < body.length; i++) {
+    const ch = body[i];
+    if (ch === '\\') {
+      out += body.slice(i, i + 2);
+      i++;
+      continue;
+    }
+    if (ch === '[') inClass = true;
+    else if (ch === ']') inClass = false;
+    const lower = ch.toLowerCase();
+    const upper = ch.toUpperCase();
+    if (lower !== upper) out += inClass ? lower + upper : `[${lower}${upper}]`;
+    else out += ch;
+  }
+  return out;
+}
+
+interface Template {
+  prefix: number[];
+  suffix: number[];
+}
+
+/** What `add_special_tokens` adds: the post-processor's single-sequence template (BOS for Llama-3; nothing for GPT-2). */
+function buildTemplate(node: Json | null | undefined): Template {
+  const none = { prefix: [], suffix: [] };
+  if (!node) return none;
+  switch (node.type) {
+    case 'ByteLevel':
+      return none;
+    case 'TemplateProcessing': {
+      const t: Template = { prefix: [], suffix: [] };
+      let seen = false;
+      for (const item of node.single as Json[]) {
+        if (item.Sequence) {
+          seen = true;
+          continue;
+        }
+        const ids = node.special_tokens?.[item.SpecialToken?.id]?.ids as number[] | undefined;
+        if (!ids) throw new Error(`post_processor special token ${item.SpecialToken?.id} is undefined`);
+        (seen ? t.suffix : t.prefix).push(...ids);
+      }
+      return t;
+    }
+    case 'Sequence': {
+      const parts = (node.processors as Json[]).map(buildTemplate);
+      return { prefix: parts.flatMap((p) => p.prefix), suffix: parts.flatMap((p) => p.suffix) };
+    }
+    default:
+      throw new Error(`post_processor ${describe(node)} is not supported`);
+  }
+}
+
+function escapeRegExp(s: string): string {
+  return s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+}

@@ -1,0 +1,114 @@
+// Shared machinery of every tokenizer: each token id maps to a byte string; decoding concatenates bytes.
+
+const utf8 = new TextDecoder('utf-8');
+
+/** One token's bytes, its vLLM-style decoded string, and whether it is a special (control) token. */
+export class TokenTable {
+  readonly bytes: Uint8Array[];
+  readonly special: Uint8Array;
+  #strings: (string | undefined)[];
+  #pieces: (string | undefined)[];
+  readonly #pieceOf: (id: number) => string;
+
+  constructor(bytes: Uint8Array[], special: Set<number>, pieceOf: (id: number) => string) {
+    this.bytes = bytes;
+    this.special = new Uint8Array(bytes.length);
+    for (const id of special) this.special[id] = 1;
+    this.#strings = new Array(bytes.length);
+    this.#pieces = new Array(bytes.length);
+    this.#pieceOf = pieceOf;
+  }
+
+  get size(): number {
+    return this.bytes.length;
+  }
+
+  /** `tokenizer.decode([id])`: invalid or partial UTF-8 shows as U+FFFD, as vLLM's logprob tokens do. */
+  tokenString(id: number): string {
+    let s = this.#strings[id];
+    if (s === undefined) {
+      const b = this.bytes[id];
+      s = b ? utf8.decode(b) : '';
+      this.#strings[id] = s;
+    }
+    return s;
+  }
+
+  /** `convert_ids_to_tokens`: the vocabulary entry as the tokenizer spells it (e.g. "Ġthe"). */
+  tokenPiece(id: number): string {
+    let s = this.#pieces[id];
+    if (s === undefined) {
+      s = this.#pieceOf(id);
+      this.#pieces[id] = s;
+    }
+    return s;
+  }
+
+  decode(ids: ArrayLike<number>, skipSpecialTokens = false): string {
+    let total = 0;
+    for (let i = 0; i < ids.length; i++) {
+      const id = ids[i];
+      if (skipSpecialTokens && this.special[id]) continue;
+      total += this.bytes[id]?.length ?? 0;
+    }
+    const out = new Uint8Array(total);
+    let at = 0;
+    for (let i = 0; i < ids.length; i++) {
+      const id = ids[i];
+      if (skipSpecialTokens && this.special[id]) continue;
+      const b = this.bytes[id];
+      if (!b) continue;
+      out.set(b, at);
+      at += b.length;
+    }
+    return utf8.decode(out);
+  }
+
+  newStreamDecoder(skipSpecialTokens = false): StreamDecoder {
+    const decoder = new TextDecoder('utf-8');
+    return {
+      push: (id: number) => {
+        if (skipSpecialTokens && this.special[id]) return '';
+        const b = this.bytes[id];
+        return b ? decoder.decode(b, { stream: true }) : '';
+      },
+      flush: () => decoder.decode(),
+    };
+  }
+}
+
+/** Incremental detokenizer: holds back a trailing incomplete UTF-8 sequence until it completes. */
+export interface StreamDecoder {
+  /** Text released by this token (may be empty while a multi-byte character is incomplete). */
+  push(id: number): string;
+  /** Releases whatever is held back (an unfinished sequence becomes U+FFFD). */
+  flush(): string;
+}
+
+/** GPT-2's reversible byte -> printable-character alphabet used by byte-level BPE vocabularies. */
+export const byteToUnicode: string[] = (() => {
+  const bs: number[] = [];
+  for (let b = 0x21; b <= 0x7e; b++) bs.push(b);
+  for (let b = 0xa1; b <= 0xac; b++) bs.push(b);
+  for (let b = 0xae; b <= 0xff; b++) bs.push(b);
+  const cs = [...bs];
+  let n = 0;
+  for (let b = 0; b < 256; b++) {
+    if (!bs.includes(b)) {
+      bs.push(b);
+      cs.push(256 + n);
+      n++;
+    }
+  }
+  const table: string[] = new Array(256);
+  bs.forEach((b, i) => (table[b] = String.fromCharCode(cs[i])));
+  return table;
+})();
+
+export const unicodeToByte: Map<string, number> = new Map(byteToUnicode.map((c, b) => [c, b]));
+
+export function bytesToPiece(bytes: Uint8Array): string {
+  let s = '';
+  for (let i = 0; i < bytes.length; i++) s += byteToUnicode[bytes[i]];
+  return s;
+}

@@ -1,0 +1,157 @@
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import { mkdtempSync, writeFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { loadTokenizer } from '../../src/tokenizer/index.ts';
+
+const dir = mkdtempSync(join(tmpdir(), 'tok-'));
+
+/** GPT-2's byte alphabet, spelled out the way tokenizer.json vocabularies use it. */
+function byteAlphabet(): string[] {
+  const bs: number[] = [];
+  for (let b = 0x21; b <= 0x7e; b++) bs.push(b);
+  for (let b = 0xa1; b <= 0xac; b++) bs.push(b);
+  for (let b = 0xae; b <= 0xff; b++) bs.push(b);
+  const cs = [...bs];
+  let n = 0;
+  for (let b = 0; b < 256; b++) if (!bs.includes(b)) (bs.push(b), cs.push(256 + n++));
+  const out: string[] = new Array(256);
+  bs.forEach((b, i) => (out[b] = String.fromCharCode(cs[i])));
+  return out;
+}
+
+function writeTokenizerJson(name: string, style: 'gpt2' | 'llama3'): string {
+  const vocab: Record<string, number> = {};
+  byteAlphabet().forEach((c, i) => (vocab[c] = i));
+  const merges = [['Ġ', 't'], ['h', 'e'], ['Ġt', 'he'], ['c', 'a'], ['ca', 't'], ['Ġ', 'cat']];
+  for (const [a, b] of merges) vocab[a + b] ??= Object.keys(vocab).length;
+  const n = Object.keys(vocab).length;
+  const added =
+    style === 'gpt2'
+      ? [{ id: n, content: '<|endoftext|>', single_word: false, lstrip: false, rstrip: false, normalized: true, special: true }]
+      : [
+          { id: n, content: '<|begin_of_text|>', single_word: false, lstrip: false, rstrip: false, normalized: false, special: true },
+          { id: n + 1, content: '<|end_of_text|>', single_word: false, lstrip: false, rstrip: false, normalized: false, special: true },
+        ];
+  const json =
+    style === 'gpt2'
+      ? {
+          version: '1.0', truncation: null, padding: null, added_tokens: added, normalizer: null,
+          pre_tokenizer: { type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: true },
+          post_processor: { type: 'ByteLevel', add_prefix_space: true, trim_offsets: false, use_regex: true },
+          decoder: { type: 'ByteLevel', add_prefix_space: true, trim_offsets: true, use_regex: true },
+          model: { type: 'BPE', dropout: null, unk_token: null, continuing_subword_prefix: '', end_of_word_suffix: '', fuse_unk: false, byte_fallback: false, vocab, merges: merges.map(([a, b]) => `${a} ${b}`) },
+        }
+      : {
+          version: '1.0', truncation: null, padding: null, added_tokens: added, normalizer: null,
+          pre_tokenizer: {
+            type: 'Sequence',
+            pretokenizers: [
+              { type: 'Split', pattern: { Regex: "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+" }, behavior: 'Isolated', invert: false },
+              { type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: false },
+            ],
+          },
+          post_processor: {
+            type: 'Sequence',
+            processors: [
+              { type: 'ByteLevel', add_prefix_space: true, trim_offsets: false, use_regex: true },
+              {
+                type: 'TemplateProcessing',
+                single: [{ SpecialToken: { id: '<|begin_of_text|>', type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } }],
+                pair: [{ SpecialToken: { id: '<|begin_of_text|>', type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } }, { SpecialToken: { id: '<|begin_of_text|>', type_id: 1 } }, { Sequence: { id: 'B', type_id: 1 } }],
+                special_tokens: { '<|begin_of_text|>': { id: '<|begin_of_text|>', ids: [n], tokens: ['<|begin_of_text|>'] } },
+              },
+            ],
+          },
+          decoder: { type: 'ByteLevel', add_prefix_space: true, trim_offsets: true, use_regex: true },
+          model: { type: 'BPE', dropout: null, unk_token: null, continuing_subword_prefix: null, end_of_word_suffix: null, fuse_unk: false, byte_fallback: false, ignore_merges: true, vocab, merges },
+        };
+  const path = join(dir, `${name}.json`);
+  writeFileSync(path, JSON.stringify(json));
+  return path;
+}
+
+test('byte: BOS with add_special_tokens, verbatim without, round trip', async () => {
+  const tok = await loadTokenizer({ kind: 'byte' });
+  assert.is(tok.vocabSize, 258);
+  assert.equal(tok.encode('', true), [tok.bosId]);
+  assert.equal(tok.encode('', false), []);
+  assert.equal(tok.encode('hé', false), [104, 0xc3, 0xa9]);
+  assert.equal(tok.encode('hé', true), [256, 104, 0xc3, 0xa9]);
+  assert.is(tok.decode(tok.encode('hé <|eos|> ✓', true), true), 'hé <|eos|> ✓');
+  assert.is(tok.tokenString(0xc3), '\uFFFD');
+  assert.is(tok.tokenString(65), 'A');
+  assert.is(tok.tokenString(tok.eosId), '<|eos|>');
+});
+
+test('stream decoder holds back an incomplete UTF-8 sequence and skips special tokens', async () => {
+  const tok = await loadTokenizer({ kind: 'byte' });
+  const d = tok.newStreamDecoder();
+  assert.is(d.push(104), 'h');
+  assert.is(d.push(0xe2), '');
+  assert.is(d.push(0x9c), '');
+  assert.is(d.push(0x93), '✓');
+  assert.is(d.push(tok.eosId), '');
+  assert.is(d.push(0xc3), '');
+  assert.is(d.flush(), '\uFFFD');
+  const raw = tok.newStreamDecoder({ skipSpecialTokens: false });
+  assert.is(raw.push(tok.bosId), '<|bos|>');
+});
+
+test('r50k_base: GPT-2 ids, <|endoftext|> as BOS/EOS, round trip', async () => {
+  const tok = await loadTokenizer({ kind: 'r50k_base' });
+  assert.is(tok.vocabSize, 50257);
+  assert.is(tok.bosId, 50256);
+  assert.is(tok.eosId, 50256);
+  assert.equal(tok.encode('Hello world', false), [15496, 995]);
+  assert.equal(tok.encode('Hello world', true), [50256, 15496, 995]);
+  assert.equal(tok.encode('', true), [50256]);
+  assert.equal(tok.encode('a<|endoftext|>', false), [64, 50256]);
+  const text = 'Ünïcödé 🙂 text\n  with spaces';
+  assert.is(tok.decode(tok.encode(text, false)), text);
+  assert.is(tok.tokenString(995), ' world');
+  assert.is(tok.tokenPiece(995), 'Ġworld');
+  const d = tok.newStreamDecoder();
+  let out = '';
+  for (const id of tok.encode(text, true)) out += d.push(id);
+  out += d.flush();
+  assert.is(out, text);
+});
+
+test('hf tokenizer.json (GPT-2 style): byte-level BPE with merges; add_special_tokens adds nothing', async () => {
+  const path = writeTokenizerJson('gpt2', 'gpt2');
+  const tok = await loadTokenizer({ kind: 'hf', path });
+  const vocab = JSON.parse((await import('node:fs')).readFileSync(path, 'utf8')).model.vocab;
+  assert.equal(tok.encode(' the cat', false), [vocab['Ġthe'], vocab['Ġcat']]);
+  assert.equal(tok.encode(' the cat', true), [vocab['Ġthe'], vocab['Ġcat']]);
+  assert.equal(tok.encode('cat<|endoftext|>', false), [vocab['cat'], tok.eosId]);
+  assert.is(tok.tokenPiece(vocab['Ġthe']), 'Ġthe');
+  assert.is(tok.tokenString(vocab['Ġthe']), ' the');
+  const text = "it's the cat's 12345 ✓\n\n  end";
+  assert.is(tok.decode(tok.encode(text, false)), text);
+  assert.is(tok.decode(tok.encode('x<|endoftext|>', false), true), 'x');
+});
+
+test('hf tokenizer.json (Llama-3 style): Split regex with (?i:...), TemplateProcessing BOS', async () => {
+  const path = writeTokenizerJson('llama3', 'llama3');
+  const tok = await loadTokenizer({ kind: 'hf', path });
+  const vocab = JSON.parse((await import('node:fs')).readFileSync(path, 'utf8')).model.vocab;
+  assert.is(tok.decode([tok.bosId]), '<|begin_of_text|>');
+  assert.is(tok.decode([tok.eosId]), '<|end_of_text|>');
+  assert.equal(tok.encode('', true), [tok.bosId]);
+  assert.equal(tok.encode(' the', true), [tok.bosId, vocab['Ġthe']]);
+  // "'S" is one pre-token through the case-insensitive group: two byte tokens, not split differently.
+  assert.equal(tok.encode("'S", false), [vocab["'"], vocab['S']]);
+  const text = "IT'S the Cat 1234567 ✓!!\r\n end";
+  assert.is(tok.decode(tok.encode(text, false)), text);
+});
+
+test('encode is cached and fast enough for the hot path', async () => {
+  const tok = await loadTokenizer({ kind: 'r50k_base' });
+  const again = await loadTokenizer({ kind: 'r50k_base' });
+  assert.ok(tok === again);
+});
+
+test.after(() => rmSync(dir, { recursive: true, force: true }));
+test.run();
