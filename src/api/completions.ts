@@ -1,0 +1,120 @@
+import { createGzip, constants as zlibConstants } from 'node:zlib';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { apiError, ApiError } from '../errors/index.ts';
+import type { EngineClient, EngineResponse } from '../engine-client/index.ts';
+import type { CompletionContext, PreparedCompletion } from '../completion-request/index.ts';
+import { prepareCompletion } from '../completion-request/index.ts';
+
+export interface CompletionRouteOptions {
+  context: CompletionContext;
+  engines: EngineClient;
+  /** Non-streaming request window (the contract's 14 minutes). */
+  requestWindowMs: number;
+  /** Called when a backend served a completion, for health's last_completion_at. */
+  onServed?: (modelId: string) => void;
+}
+
+/** Smallest non-streaming body worth compressing when the client accepts gzip. */
+const gzipMinBytes = 1024;
+const deadlineReason = Symbol('deadline');
+
+function acceptsGzip(request: FastifyRequest): boolean {
+  const header = request.headers['accept-encoding'];
+  return typeof header === 'string' && /\bgzip\b/.test(header);
+}
+
+/** Layers a capture must return: `"true"` means every layer (when the count is known). */
+function expectedCaptureLayers(prepared: PreparedCompletion): number | null {
+  const xargs = prepared.engineBody.vllm_xargs as { output_residual_stream?: string } | undefined;
+  const spec = xargs?.output_residual_stream;
+  if (spec === undefined) return null;
+  if (spec === 'true') return prepared.model.activations?.n_layers ?? null;
+  return (JSON.parse(spec) as number[]).length;
+}
+
+export function completionRoutes(app: FastifyInstance, options: CompletionRouteOptions): void {
+  const { engines, context, requestWindowMs } = options;
+
+  app.post('/v1/completions', async (request, reply) => {
+    const prepared = prepareCompletion(request.body, context);
+    const model = prepared.model;
+    // Admission (authentication, limits, budget reservation) slots in here, between validation and dispatch.
+
+    const controller = new AbortController();
+    // A client that goes away cancels the upstream request.
+    reply.raw.once('close', () => {
+      if (!reply.raw.writableFinished) controller.abort();
+    });
+    const deadline = prepared.stream ? null : setTimeout(() => controller.abort(deadlineReason), requestWindowMs);
+
+    let upstream: EngineResponse;
+    try {
+      upstream = await engines.post(model.id, '/v1/completions', JSON.stringify(prepared.engineBody), controller.signal);
+    } catch (err) {
+      if (controller.signal.reason === deadlineReason) {
+        throw apiError('upstream_deadline', `generation did not finish within the ${Math.round(requestWindowMs / 1000)} s request window and was cancelled`, {
+          headers: engines.upstreamHeaders(model.id),
+        });
+      }
+      if (controller.signal.aborted) return reply; // the client left; nothing to answer
+      throw err;
+    } finally {
+      if (deadline) clearTimeout(deadline);
+    }
+    upstream.body.once('close', upstream.release);
+    options.onServed?.(model.id);
+
+    reply.headers(engines.upstreamHeaders(model.id));
+    if (prepared.maxTokensClamped) reply.header('x-svc-max-tokens-clamped', prepared.maxTokensClamped);
+
+    if (prepared.stream) {
+      // SSE frames are piped as they arrive and never compressed, so no frame is held back.
+      reply.header('content-type', 'text/event-stream; charset=utf-8').header('cache-control', 'no-cache').header('x-accel-buffering', 'no');
+      return reply.send(upstream.body);
+    }
+
+    reply.header('content-type', 'application/json').header('vary', 'Accept-Encoding');
+    if (prepared.capture) return sendCapture(reply, prepared, upstream, engines.upstreamHeaders(model.id));
+
+    const length = Number(upstream.headers['content-length'] ?? NaN);
+    if (acceptsGzip(request) && !(length < gzipMinBytes)) {
+      // Level 1: the large bodies here (full-vocabulary logprobs) are highly redundant JSON, so speed wins.
+      reply.header('content-encoding', 'gzip');
+      return reply.send(upstream.body.pipe(createGzip({ level: 1, flush: zlibConstants.Z_NO_FLUSH })));
+    }
+    if (Number.isFinite(length)) reply.header('content-length', length);
+    return reply.send(upstream.body);
+  });
+
+  // Always refused, whatever the body: parse nothing, point callers to /v1/completions.
+  app.register(async (scope) => {
+    scope.removeAllContentTypeParsers();
+    scope.addContentTypeParser('*', (_request, payload, done) => {
+      payload.resume();
+      payload.once('end', () => done(null, undefined));
+      payload.once('error', () => done(null, undefined));
+    });
+    scope.post('/v1/chat/completions', { bodyLimit: Number.MAX_SAFE_INTEGER }, async () => {
+      throw apiError('chat_completions_unsupported', 'chat completions are not supported: these are base models and prompts are never templated; send raw text to POST /v1/completions');
+    });
+  });
+}
+
+async function sendCapture(reply: FastifyReply, prepared: PreparedCompletion, upstream: EngineResponse, headers: Record<string, string>): Promise<FastifyReply> {
+  // A capture body is parsed once to check that every requested layer came back, then sent as received.
+  const raw = Buffer.from(await upstream.body.arrayBuffer());
+  const expected = expectedCaptureLayers(prepared);
+  if (expected !== null) {
+    let layers: number | null = null;
+    try {
+      const parsed = JSON.parse(raw.toString('utf8')) as { activations?: { residual_stream?: { shape?: number[] } } };
+      layers = parsed.activations?.residual_stream?.shape?.[0] ?? null;
+    } catch {
+      layers = null;
+    }
+    if (layers === null || layers < expected) {
+      throw new ApiError('capture_incomplete', `the activation capture returned ${layers ?? 0} of ${expected} requested layers`, { headers });
+    }
+  }
+  return reply.header('content-length', raw.length).send(raw);
+}

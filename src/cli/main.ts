@@ -1,0 +1,69 @@
+import { ConfigError, loadSettings, resolveAdminToken, type Settings } from '../config/index.ts';
+
+const usage = `usage: svc <command> [options]
+
+commands:
+  serve                          run the gateway (store, reference engines, API) on HOST:PORT
+  engine [--model ID] [--port N] run a reference engine for one model (default: the default model)
+  projections status             lag of each projection behind the event log
+  projections rebuild [name]     drop and replay projections from the event log
+
+environment: PORT (8080), HOST (127.0.0.1), DATA_DIR (./data), DATABASE_URL, SVC_CONFIG (models file),
+             SVC_ADMIN_TOKEN, LOG_LEVEL (info)`;
+
+async function serve(settings: Settings): Promise<number> {
+  const { startGateway } = await import('../gateway/index.ts');
+  const admin = resolveAdminToken(process.env, settings.dataDir);
+  const gateway = await startGateway(settings);
+  if (admin.created) {
+    // Printed once, on the first start; it is kept under DATA_DIR readable by the owner only.
+    process.stderr.write(`\nadmin token (shown once, stored in ${settings.dataDir}/admin-token): ${admin.token}\n\n`);
+  }
+  process.stderr.write(`svc gateway listening on ${gateway.url}\n`);
+  await new Promise<void>((resolve) => {
+    const stop = (signal: string) => {
+      gateway.logger.info({ signal }, 'shutting down: draining in-flight requests');
+      resolve();
+    };
+    process.once('SIGTERM', () => stop('SIGTERM'));
+    process.once('SIGINT', () => stop('SIGINT'));
+  });
+  await gateway.close();
+  return 0;
+}
+
+async function main(argv: string[]): Promise<number> {
+  const [command, ...args] = argv;
+  if (command === undefined || command === 'help' || command === '--help' || command === '-h') {
+    process.stdout.write(`${usage}\n`);
+    return command === undefined ? 2 : 0;
+  }
+  const settings = loadSettings();
+  switch (command) {
+    case 'serve':
+      return serve(settings);
+    case 'engine': {
+      const { engineCommand } = await import('./engine.ts');
+      return engineCommand(args, settings);
+    }
+    case 'projections': {
+      const { projectionsCommand } = await import('./projections.ts');
+      return projectionsCommand(args, settings);
+    }
+    default:
+      process.stderr.write(`svc: unknown command "${command}"\n${usage}\n`);
+      return 2;
+  }
+}
+
+try {
+  process.exitCode = await main(process.argv.slice(2));
+} catch (err) {
+  if (err instanceof ConfigError || (err as Error)?.name === 'StoreLockedError') {
+    process.stderr.write(`svc: ${(err as Error).message}\n`);
+    process.exitCode = 1;
+  } else {
+    process.stderr.write(`svc: ${(err as Error)?.stack ?? String(err)}\n`);
+    process.exitCode = 1;
+  }
+}

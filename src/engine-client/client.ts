@@ -1,0 +1,132 @@
+import { Pool, errors as undiciErrors, type Dispatcher } from 'undici';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { apiError, ApiError } from '../errors/index.ts';
+import { engineErrorToApiError, isRetryable, parseEngineError } from './errors.ts';
+
+export interface BackendTarget {
+  modelId: string;
+  url: string;
+  checkpoint: string;
+  gpuShape: string;
+}
+
+export interface EngineResponse {
+  statusCode: number;
+  headers: Dispatcher.ResponseData['headers'];
+  body: Dispatcher.ResponseData['body'];
+  /** Releases the backend's connection slot; call once the body is consumed or abandoned. */
+  release(): void;
+}
+
+export interface EngineClientOptions {
+  /** Concurrent upstream requests per backend before the gateway answers 503 wrapper_saturated. */
+  maxConnectionsPerBackend?: number;
+  /** Extra attempts after a connection failure or a retryable 5xx. */
+  retries?: number;
+  retryBaseDelayMs?: number;
+}
+
+const connectErrorCodes = new Set(['ECONNREFUSED', 'ECONNRESET', 'EHOSTUNREACH', 'ENOTFOUND', 'EAI_AGAIN', 'UND_ERR_CONNECT_TIMEOUT', 'UND_ERR_SOCKET', 'EPIPE']);
+
+class Backend {
+  readonly pool: Pool;
+  inflight = 0;
+  readonly headers: Record<string, string>;
+
+  constructor(readonly target: BackendTarget, readonly maxConnections: number) {
+    this.pool = new Pool(target.url, {
+      connections: maxConnections,
+      pipelining: 1,
+      // Generations can take the whole request window; our own deadline timer bounds them.
+      headersTimeout: 0,
+      bodyTimeout: 0,
+      keepAliveTimeout: 30_000,
+      connectTimeout: 5_000,
+    });
+    this.headers = { 'x-svc-upstream-model': target.checkpoint, 'x-svc-upstream-gpu': target.gpuShape };
+  }
+}
+
+/** One undici pool per backend; turns transport and engine failures into catalogue errors. */
+export class EngineClient {
+  readonly #backends = new Map<string, Backend>();
+  readonly #retries: number;
+  readonly #retryBaseDelayMs: number;
+
+  constructor(targets: BackendTarget[], options: EngineClientOptions = {}) {
+    const max = options.maxConnectionsPerBackend ?? 512;
+    for (const target of targets) this.#backends.set(target.modelId, new Backend(target, max));
+    this.#retries = options.retries ?? 2;
+    this.#retryBaseDelayMs = options.retryBaseDelayMs ?? 100;
+  }
+
+  /** Headers naming the backend that served or failed a request. */
+  upstreamHeaders(modelId: string): Record<string, string> {
+    return this.#backend(modelId).headers;
+  }
+
+  /**
+   * POSTs a JSON body and resolves once a 2xx response's headers arrive. Connection failures and
+   * retryable 5xx are retried (nothing has reached the client yet); anything else throws an ApiError.
+   */
+  async post(modelId: string, path: string, body: string, signal: AbortSignal): Promise<EngineResponse> {
+    const backend = this.#backend(modelId);
+    if (backend.inflight >= backend.maxConnections) {
+      throw apiError('wrapper_saturated', 'no free upstream connection at the gateway', { headers: backend.headers });
+    }
+    backend.inflight++;
+    let released = false;
+    const release = () => {
+      if (!released) {
+        released = true;
+        backend.inflight--;
+      }
+    };
+    try {
+      for (let attempt = 0; ; attempt++) {
+        let response: Dispatcher.ResponseData;
+        try {
+          response = await backend.pool.request({
+            method: 'POST',
+            path,
+            body,
+            headers: { 'content-type': 'application/json' },
+            signal,
+            blocking: true,
+          });
+        } catch (err) {
+          if (signal.aborted) throw err;
+          const code = (err as { code?: string }).code ?? '';
+          if (connectErrorCodes.has(code) || err instanceof undiciErrors.SocketError) {
+            if (attempt < this.#retries) {
+              await sleep(this.#retryBaseDelayMs * 3 ** attempt, undefined, { signal });
+              continue;
+            }
+            throw apiError('upstream_unreachable', 'the model server is unreachable', { headers: backend.headers });
+          }
+          throw err;
+        }
+        if (response.statusCode < 300) return { statusCode: response.statusCode, headers: response.headers, body: response.body, release };
+        const failure = parseEngineError(response.statusCode, await response.body.text());
+        if (isRetryable(failure) && attempt < this.#retries) {
+          await sleep(this.#retryBaseDelayMs * 3 ** attempt, undefined, { signal });
+          continue;
+        }
+        throw engineErrorToApiError(failure, backend.headers);
+      }
+    } catch (err) {
+      release();
+      throw err;
+    }
+  }
+
+  #backend(modelId: string): Backend {
+    const backend = this.#backends.get(modelId);
+    if (!backend) throw new ApiError('internal_error', 'internal error');
+    return backend;
+  }
+
+  async close(): Promise<void> {
+    await Promise.all([...this.#backends.values()].map((b) => b.pool.destroy()));
+  }
+}

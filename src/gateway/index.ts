@@ -1,0 +1,131 @@
+import type { FastifyInstance } from 'fastify';
+import type { DestinationStream } from 'pino';
+import { buildApp, createLogger, type BackendHealth, type Logger } from '../api/index.ts';
+import { completionRoutes } from '../api/completions.ts';
+import { modelRoutes } from '../api/models.ts';
+import { modelStatusRoutes } from '../api/model-status.ts';
+import { openApiRoutes } from '../api/openapi.ts';
+import type { Settings } from '../config/index.ts';
+import { EngineClient } from '../engine-client/index.ts';
+import { ModelRegistry } from '../registry/index.ts';
+import { spawnReferenceEngine } from '../reference-engine/index.ts';
+import { openEventStore, type EventStore } from '../store/index.ts';
+
+export interface GatewayOptions {
+  /** Where log lines go (default: stdout). Tests pass a stream to inspect them. */
+  logDestination?: DestinationStream;
+  /** Start reference engines with their failure-injection route (tests only). */
+  chaosEngines?: boolean;
+}
+
+export interface Gateway {
+  url: string;
+  app: FastifyInstance;
+  store: EventStore;
+  registry: ModelRegistry;
+  logger: Logger;
+  /** Base URL of each model's engine. */
+  engineUrls: Map<string, string>;
+  close(): Promise<void>;
+}
+
+/**
+ * Starts the whole service: event store, model registry (tokenizers), reference engines as child
+ * processes, engine pools and the HTTP API. `close` drains in-flight requests, then stops the rest.
+ */
+export async function startGateway(settings: Settings, options: GatewayOptions = {}): Promise<Gateway> {
+  const logger = createLogger(settings.logLevel, options.logDestination);
+  const stoppers: (() => Promise<unknown>)[] = [];
+  const stopAll = async () => {
+    for (const stop of stoppers.reverse()) await stop().catch((err) => logger.error({ err: String(err) }, 'shutdown step failed'));
+  };
+  try {
+    const store = await openEventStore({ databaseUrl: settings.databaseUrl, dataDir: settings.dataDir, role: 'server' });
+    stoppers.push(() => store.close());
+
+    const registry = new ModelRegistry(settings.models);
+    stoppers.push(async () => registry.close());
+    await registry.loadTokenizers();
+
+    const engineUrls = new Map<string, string>();
+    const engineBoots = new Map<string, { stage: string; at: number; alive: () => boolean }>();
+    await Promise.all(
+      settings.models.map(async (model) => {
+        if (model.engine !== 'reference') {
+          engineUrls.set(model.id, model.engine.replace(/\/+$/, ''));
+          return;
+        }
+        const engine = await spawnReferenceEngine(model.id, { configPath: settings.configPath, chaos: options.chaosEngines });
+        stoppers.push(() => engine.stop());
+        engineUrls.set(model.id, engine.url);
+        let alive = true;
+        void engine.exited.then(() => (alive = false));
+        engineBoots.set(model.id, { stage: 'ready', at: Date.now(), alive: () => alive });
+        logger.info({ model: model.id, url: engine.url, pid: engine.pid }, 'reference engine started');
+      }),
+    );
+
+    const engines = new EngineClient(
+      settings.models.map((m) => ({ modelId: m.id, url: engineUrls.get(m.id)!, checkpoint: m.checkpoint, gpuShape: m.gpu_shape })),
+    );
+    stoppers.push(() => engines.close());
+
+    const lastCompletion = new Map<string, number>();
+    const backends = (): BackendHealth[] =>
+      settings.models.map((m) => {
+        const last = lastCompletion.get(m.id) ?? null;
+        return {
+          model_id: m.id,
+          status: m.status ?? 'live',
+          gpu_shape: m.gpu_shape,
+          breaker_state: 'closed',
+          breaker_consecutive_failures: 0,
+          breaker_last_failure_kind: null,
+          last_completion_at: last === null ? null : new Date(last).toISOString(),
+          last_completion_seconds_ago: last === null ? null : Math.floor((Date.now() - last) / 1000),
+          warm_estimate: last !== null && Date.now() - last < 15 * 60_000 ? 'warm' : 'cold',
+        };
+      });
+
+    const app = await buildApp({
+      logger,
+      health: { pingStore: (timeoutMs) => store.ping(timeoutMs), backends },
+      routes: async (scope) => {
+        completionRoutes(scope, {
+          context: { registry, requestWindowMs: settings.requestWindowMs, deadlineTokensPerSecond: settings.deadlineTokensPerSecond },
+          engines,
+          requestWindowMs: settings.requestWindowMs,
+          onServed: (modelId) => lastCompletion.set(modelId, Date.now()),
+        });
+        modelRoutes(scope, settings.models);
+        modelStatusRoutes(scope, settings.models, {
+          // A boot stage stays fresh for 15 minutes after it was published.
+          boot: (id) => {
+            const boot = engineBoots.get(id);
+            return boot && Date.now() - boot.at < 15 * 60_000 ? { stage: boot.stage, at: new Date(boot.at).toISOString() } : null;
+          },
+          runnerUp: (id) => engineBoots.get(id)?.alive() ?? null,
+          lastCompletionAt: (id) => lastCompletion.get(id) ?? null,
+        });
+        await openApiRoutes(scope);
+      },
+    });
+    stoppers.push(() => app.close());
+    const address = await app.listen({ port: settings.port, host: settings.host });
+    logger.info({ url: address }, 'gateway listening');
+
+    let closing: Promise<void> | null = null;
+    return {
+      url: address.replace('[::1]', '127.0.0.1'),
+      app,
+      store,
+      registry,
+      logger,
+      engineUrls,
+      close: () => (closing ??= stopAll().then(() => new Promise<void>((resolve) => logger.flush(() => resolve())))),
+    };
+  } catch (err) {
+    await stopAll();
+    throw err;
+  }
+}
