@@ -26,8 +26,8 @@ export const HealthBody = Type.Object({
 export type HealthBody = Static<typeof HealthBody>;
 
 export interface HealthSources {
-  /** Resolves with the store's round-trip latency in ms; rejects when unreachable or slower than the timeout. */
-  pingStore(timeoutMs: number): Promise<number>;
+  /** The store's round trip; `ok` false when unreachable or slower than the timeout. */
+  pingStore(timeoutMs: number): Promise<{ ok: boolean; latencyMs: number }>;
   backends(): BackendHealth[];
 }
 
@@ -35,14 +35,10 @@ const storePingTimeoutMs = 1000;
 const startedAt = Date.now();
 
 export async function healthBody(sources: HealthSources): Promise<HealthBody> {
-  let database: HealthBody['wrapper']['database'];
   const pingStarted = performance.now();
-  try {
-    database = { ok: true, latency_ms: Math.round(await sources.pingStore(storePingTimeoutMs)) };
-  } catch {
-    // An unreachable store reports how long we waited before giving up.
-    database = { ok: false, latency_ms: Math.round(performance.now() - pingStarted) };
-  }
+  const ping = await sources.pingStore(storePingTimeoutMs).catch(() => ({ ok: false, latencyMs: performance.now() - pingStarted }));
+  // An unreachable store reports how long we waited before giving up.
+  const database = { ok: ping.ok, latency_ms: Math.round(ping.latencyMs) };
   const backends = sources.backends();
   const degraded = backends.filter((b) => b.breaker_state === 'open').map((b) => b.model_id);
   return {

@@ -59,7 +59,7 @@ async function main(argv: string[]): Promise<number> {
 try {
   process.exitCode = await main(process.argv.slice(2));
 } catch (err) {
-  if (err instanceof ConfigError || (err as Error)?.name === 'StoreLockedError') {
+  if (err instanceof ConfigError || (err as Error)?.name === 'DataDirLocked') {
     process.stderr.write(`svc: ${(err as Error).message}\n`);
     process.exitCode = 1;
   } else {

@@ -40,7 +40,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     for (const stop of stoppers.reverse()) await stop().catch((err) => logger.error({ err: String(err) }, 'shutdown step failed'));
   };
   try {
-    const store = await openEventStore({ databaseUrl: settings.databaseUrl, dataDir: settings.dataDir, role: 'server' });
+    const store = await openEventStore({ databaseUrl: settings.databaseUrl, dataDir: settings.dataDir, purpose: 'svc serve' });
     stoppers.push(() => store.close());
 
     const registry = new ModelRegistry(settings.models);
