@@ -23,15 +23,6 @@ function acceptsGzip(request: FastifyRequest): boolean {
   return typeof header === 'string' && /\bgzip\b/.test(header);
 }
 
-/** Layers a capture must return: `"true"` means every layer (when the count is known). */
-function expectedCaptureLayers(prepared: PreparedCompletion): number | null {
-  const xargs = prepared.engineBody.vllm_xargs as { output_residual_stream?: string } | undefined;
-  const spec = xargs?.output_residual_stream;
-  if (spec === undefined) return null;
-  if (spec === 'true') return prepared.model.activations?.n_layers ?? null;
-  return (JSON.parse(spec) as number[]).length;
-}
-
 export function completionRoutes(app: FastifyInstance, options: CompletionRouteOptions): void {
   const { engines, context, requestWindowMs } = options;
 
@@ -103,7 +94,7 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
 async function sendCapture(reply: FastifyReply, prepared: PreparedCompletion, upstream: EngineResponse, headers: Record<string, string>): Promise<FastifyReply> {
   // A capture body is parsed once to check that every requested layer came back, then sent as received.
   const raw = Buffer.from(await upstream.body.arrayBuffer());
-  const expected = expectedCaptureLayers(prepared);
+  const expected = prepared.captureLayerCount;
   if (expected !== null) {
     let layers: number | null = null;
     try {
