@@ -1,0 +1,178 @@
+import { suite } from 'uvu';
+import * as assert from 'uvu/assert';
+import { request as httpRequest } from 'node:http';
+import { startTestGateway, json, type TestGateway } from '../support/gateway.ts';
+
+const http = suite<{ gw: TestGateway }>('http skeleton');
+let gw: TestGateway;
+
+http.before(async () => {
+  gw = await startTestGateway();
+});
+http.after(async () => {
+  await gw?.stop();
+});
+
+function assertEnvelope(body: any, res: Response, code: string) {
+  assert.type(body.error, 'object');
+  assert.is(body.error.code, code);
+  assert.type(body.error.message, 'string');
+  assert.type(body.error.type, 'string');
+  assert.is(body.request_id, res.headers.get('x-request-id'));
+  assert.not.ok('detail' in body);
+}
+
+http('GET /health is 200 with the documented shape and a request id', async () => {
+  const res = await fetch(`${gw.url}/health`);
+  assert.is(res.status, 200);
+  assert.match(res.headers.get('x-request-id') ?? '', /^[A-Za-z0-9_-]{1,64}$/);
+  const body = await json(res);
+  assert.is(body.status, 'ok');
+  assert.type(body.wrapper.uptime_seconds, 'number');
+  assert.ok(Number.isInteger(body.wrapper.uptime_seconds));
+  assert.is(body.wrapper.database.ok, true);
+  assert.ok(Number.isInteger(body.wrapper.database.latency_ms));
+  assert.ok(Array.isArray(body.backends));
+  assert.equal(body.degraded_backends, []);
+  const byte = body.backends.find((b: any) => b.model_id === 'ref-byte');
+  assert.ok(byte, 'the default model is a backend');
+  for (const key of ['status', 'gpu_shape', 'breaker_state', 'breaker_consecutive_failures', 'breaker_last_failure_kind', 'last_completion_at', 'last_completion_seconds_ago', 'warm_estimate']) {
+    assert.ok(key in byte, `backends[].${key}`);
+  }
+});
+
+http('a well-formed client X-Request-Id is echoed; a malformed one is replaced', async () => {
+  const ok = await fetch(`${gw.url}/health`, { headers: { 'x-request-id': 'client_id-123' } });
+  assert.is(ok.headers.get('x-request-id'), 'client_id-123');
+  await ok.arrayBuffer();
+  const bad = await fetch(`${gw.url}/health`, { headers: { 'x-request-id': 'has spaces and $' } });
+  const minted = bad.headers.get('x-request-id') ?? '';
+  assert.is.not(minted, 'has spaces and $');
+  assert.match(minted, /^[A-Za-z0-9_-]{1,64}$/);
+  await bad.arrayBuffer();
+  const long = await fetch(`${gw.url}/health`, { headers: { 'x-request-id': 'a'.repeat(65) } });
+  assert.is.not(long.headers.get('x-request-id'), 'a'.repeat(65));
+  await long.arrayBuffer();
+});
+
+http('minted request ids are unique', async () => {
+  const ids = new Set<string>();
+  for (let i = 0; i < 50; i++) {
+    const res = await fetch(`${gw.url}/health`);
+    ids.add(res.headers.get('x-request-id')!);
+    await res.arrayBuffer();
+  }
+  assert.is(ids.size, 50);
+});
+
+http('unknown route: 404 in the envelope', async () => {
+  const res = await fetch(`${gw.url}/v1/nope?x=1`);
+  assert.is(res.status, 404);
+  assertEnvelope(await json(res), res, 'not_found');
+});
+
+http('wrong method on a known route: 405 with Allow, in the envelope', async () => {
+  const res = await fetch(`${gw.url}/v1/completions`);
+  assert.is(res.status, 405);
+  assert.match(res.headers.get('allow') ?? '', /POST/);
+  assertEnvelope(await json(res), res, 'method_not_allowed');
+});
+
+http('malformed JSON: 400 bad_json', async () => {
+  const res = await fetch(`${gw.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"prompt": "x",' });
+  assert.is(res.status, 400);
+  assertEnvelope(await json(res), res, 'bad_json');
+});
+
+http('empty JSON body: 400 bad_json', async () => {
+  const res = await fetch(`${gw.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '' });
+  assert.is(res.status, 400);
+  assertEnvelope(await json(res), res, 'bad_json');
+});
+
+http('non-JSON content type: 400 invalid_request naming Content-Type', async () => {
+  const res = await fetch(`${gw.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'text/plain' }, body: 'hello' });
+  assert.is(res.status, 400);
+  const body = await json(res);
+  assertEnvelope(body, res, 'invalid_request');
+  assert.match(body.error.message, /Content-Type/);
+});
+
+http('body over 8 MB: 413 request_too_large with X-Should-Retry: false', async () => {
+  const big = JSON.stringify({ prompt: 'x'.repeat(8 * 1024 * 1024 + 10) });
+  const res = await fetch(`${gw.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: big });
+  assert.is(res.status, 413);
+  assert.is(res.headers.get('x-should-retry'), 'false');
+  assertEnvelope(await json(res), res, 'request_too_large');
+});
+
+http('body over 8 MB without Content-Length (chunked): still 413', async () => {
+  const url = new URL(`${gw.url}/v1/completions`);
+  const result = await new Promise<{ status: number; headers: Record<string, any>; body: string }>((resolve, reject) => {
+    const req = httpRequest({ host: url.hostname, port: url.port, path: url.pathname, method: 'POST', headers: { 'content-type': 'application/json', 'transfer-encoding': 'chunked' } }, (res) => {
+      let body = '';
+      res.on('data', (d) => (body += d));
+      res.on('end', () => resolve({ status: res.statusCode!, headers: res.headers, body }));
+    });
+    req.on('error', reject);
+    const chunk = 'x'.repeat(1024 * 1024);
+    req.write('{"prompt": "');
+    let i = 0;
+    const pump = () => {
+      while (i < 9) {
+        i++;
+        if (!req.write(chunk)) return req.once('drain', pump);
+      }
+      req.end('"}');
+    };
+    pump();
+  });
+  assert.is(result.status, 413);
+  const body = JSON.parse(result.body);
+  assert.is(body.error.code, 'request_too_large');
+  assert.is(body.request_id, result.headers['x-request-id']);
+});
+
+http('chat completions: always 400 chat_completions_unsupported, whatever the body', async () => {
+  for (const body of ['{"messages": []}', 'not json at all', '']) {
+    const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body });
+    assert.is(res.status, 400);
+    const parsed = await json(res);
+    assertEnvelope(parsed, res, 'chat_completions_unsupported');
+    assert.match(parsed.error.message, /\/v1\/completions/);
+  }
+});
+
+http('CORS: preflight allows any origin and exposes our headers', async () => {
+  const pre = await fetch(`${gw.url}/v1/completions`, {
+    method: 'OPTIONS',
+    headers: { origin: 'https://notebook.example', 'access-control-request-method': 'POST', 'access-control-request-headers': 'authorization,content-type' },
+  });
+  assert.ok(pre.status === 204 || pre.status === 200);
+  assert.is(pre.headers.get('access-control-allow-origin'), '*');
+  assert.ok(pre.headers.get('x-request-id'));
+  await pre.arrayBuffer();
+  const res = await fetch(`${gw.url}/health`, { headers: { origin: 'https://notebook.example' } });
+  assert.is(res.headers.get('access-control-allow-origin'), '*');
+  assert.not.ok(res.headers.get('access-control-allow-credentials'));
+  const exposed = (res.headers.get('access-control-expose-headers') ?? '').toLowerCase();
+  for (const h of ['x-request-id', 'retry-after', 'x-svc-upstream-model', 'x-svc-max-tokens-clamped']) assert.ok(exposed.includes(h), h);
+  await res.arrayBuffer();
+});
+
+http('GET /health is 503 with status down when the store is unreachable', async () => {
+  const other = await startTestGateway();
+  try {
+    await other.store.close();
+    const res = await fetch(`${other.url}/health`);
+    assert.is(res.status, 503);
+    assert.ok(res.headers.get('x-request-id'));
+    const body = await json(res);
+    assert.is(body.status, 'down');
+    assert.is(body.wrapper.database.ok, false);
+  } finally {
+    await other.stop().catch(() => undefined);
+  }
+});
+
+http.run();
