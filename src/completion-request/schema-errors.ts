@@ -69,7 +69,8 @@ function fieldError(name: string, value: unknown, errors: SchemaError[]): ApiErr
   const leaf = path[path.length - 1];
   if (leaf === 'dtype') return invalid(name, `${field}: must be a numpy dtype name (${Object.keys(CODEC_DTYPE_SIZES).join(', ')})`);
   if (leaf === 'compression') return invalid(name, `${field}: must be "zstd" or null`);
-  if (leaf === 'data' && deepest.some((l) => l.error.keyword === 'pattern')) {
+  const lengthError = deepest.some((l) => l.error.keyword === 'minLength' || l.error.keyword === 'maxLength');
+  if (leaf === 'data' && !lengthError && deepest.some((l) => l.error.keyword === 'pattern')) {
     return invalid(name, `${field}: must be standard base64 text`);
   }
   if (path.length > 1 && path[path.length - 2] === 'shape' && /^\d+$/.test(leaf)) {
