@@ -51,12 +51,12 @@ export function schemaError(body: unknown): ApiError {
     const validator = fieldValidators.get(name)!;
     if (validator.Check(value)) continue;
     if (name === 'prompt') return promptError(value);
-    return fieldError(name, value, allErrors(validator, value));
+    return fieldError(name, allErrors(validator, value));
   }
   return invalid('body', 'body: is invalid');
 }
 
-function fieldError(name: string, value: unknown, errors: SchemaError[]): ApiError {
+function fieldError(name: string, errors: SchemaError[]): ApiError {
   const relevant = errors.filter((e) => e.keyword !== 'anyOf' && e.keyword !== 'oneOf' && e.keyword !== 'boolean');
   const located = relevant.map((e) => ({ error: e, path: [name, ...pathOf(e)] }));
   const unknown = located.find((l) => l.error.keyword === 'additionalProperties');
@@ -80,7 +80,6 @@ function fieldError(name: string, value: unknown, errors: SchemaError[]): ApiErr
   const bound = errs.find((e) => e.keyword !== 'type' && e.keyword !== 'const');
   if (bound) return invalid(name, `${field}: ${describe(bound)}`);
   const types = [...new Set(errs.map((e) => describe(e)))];
-  void value;
   return invalid(name, `${field}: ${types.join(' or ').replace(/ or must be /g, ' or ')}`);
 }
 

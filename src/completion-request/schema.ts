@@ -22,7 +22,8 @@ export const CODEC_DTYPE_SIZES = {
 } as const;
 export type CodecDtype = keyof typeof CODEC_DTYPE_SIZES;
 
-const TokenId = Type.Integer({ minimum: 0, description: 'A token id of the model vocabulary.' });
+const NonNegativeInteger = (description: string) => Type.Integer({ minimum: 0, description });
+const TokenId = NonNegativeInteger('A token id of the model vocabulary.');
 
 export const TensorCodec = Type.Object(
   {
@@ -32,10 +33,9 @@ export const TensorCodec = Type.Object(
       pattern: '^[A-Za-z0-9+/]+={0,2}$',
       description: 'Standard padded base64 of the raw little-endian row-major bytes (zstd-compressed first when `compression` is "zstd").',
     }),
-    dtype: Type.Union(
-      Object.keys(CODEC_DTYPE_SIZES).map((name) => Type.Literal(name)),
-      { description: 'numpy dtype name of the bytes; bf16 travels as int16 with original_dtype torch.bfloat16.' },
-    ),
+    dtype: Type.Enum(Object.keys(CODEC_DTYPE_SIZES) as CodecDtype[], {
+      description: 'numpy dtype name of the bytes; bf16 travels as int16 with original_dtype torch.bfloat16.',
+    }),
     original_dtype: Type.Optional(
       Type.Union([Type.String({ minLength: 1, maxLength: 64 }), Type.Null()], { description: 'torch dtype name, e.g. torch.bfloat16.' }),
     ),
@@ -55,7 +55,7 @@ export type TensorCodec = Static<typeof TensorCodec>;
 export const SteeringVector = Type.Object(
   {
     activations: TensorCodec,
-    layer_indices: Type.Array(TokenIdLike('A decoder layer index.'), {
+    layer_indices: Type.Array(NonNegativeInteger('A decoder layer index.'), {
       minItems: 1,
       description: 'Layers to steer; its length must equal activations.shape[0].',
     }),
@@ -64,7 +64,7 @@ export const SteeringVector = Type.Object(
       Type.Boolean({ description: 'Rescale the steered hidden state to keep the original per-token L2 norm. Default false.' }),
     ),
     position_indices: Type.Optional(
-      Type.Union([Type.Array(TokenIdLike('An absolute token position.'), { minItems: 1 }), Type.Null()], {
+      Type.Union([Type.Array(NonNegativeInteger('An absolute token position.'), { minItems: 1 }), Type.Null()], {
         description: 'Absolute token positions to steer (3-D activations only, length shape[1]); null means all positions.',
       }),
     ),
@@ -72,10 +72,6 @@ export const SteeringVector = Type.Object(
   { additionalProperties: false, description: 'A steering vector added to the residual stream during generation.' },
 );
 export type SteeringVector = Static<typeof SteeringVector>;
-
-function TokenIdLike(description: string) {
-  return Type.Integer({ minimum: 0, description });
-}
 
 export const CompletionPrompt = Type.Union(
   [
@@ -148,7 +144,7 @@ export const CompletionRequest = Type.Object(
       Type.Boolean({ description: 'When false the text is tokenized verbatim, with no beginning-of-text token. Default true.' }),
     ),
     output_residual_stream: Type.Optional(
-      Type.Union([Type.Boolean(), Type.Array(TokenIdLike('A decoder layer index.'), { minItems: 1 })], {
+      Type.Union([Type.Boolean(), Type.Array(NonNegativeInteger('A decoder layer index.'), { minItems: 1 })], {
         description: 'true captures every decoder layer; a list captures those layers. Non-streaming only; prompt length is capped per model.',
       }),
     ),
