@@ -1,0 +1,58 @@
+// `svc engine [--model ID] [--port N] [--host H] [--chaos] [--boot-delay-ms N]`: one reference engine, in the
+// foreground, until SIGTERM/SIGINT. Prints one JSON line {"event":"listening","url",...} on stdout when ready.
+import type { Settings } from '../config/index.ts';
+import { startReferenceEngine } from '../reference-engine/index.ts';
+
+export async function engineCommand(args: string[], settings: Settings): Promise<number> {
+  const flags: Record<string, string | true> = {};
+  for (let i = 0; i < args.length; i++) {
+    const a = args[i];
+    if (!a.startsWith('--')) {
+      process.stderr.write(`svc engine: unexpected argument "${a}"\n`);
+      return 2;
+    }
+    const [name, inline] = a.slice(2).split('=', 2);
+    if (name === 'chaos') flags.chaos = true;
+    else if (['model', 'port', 'host', 'boot-delay-ms'].includes(name)) {
+      const value = inline ?? args[++i];
+      if (value === undefined) {
+        process.stderr.write(`svc engine: --${name} needs a value\n`);
+        return 2;
+      }
+      flags[name] = value;
+    } else {
+      process.stderr.write(`svc engine: unknown flag --${name}\n`);
+      return 2;
+    }
+  }
+  const modelId = typeof flags.model === 'string' ? flags.model : settings.models.find((m) => m.default)?.id;
+  const model = settings.models.find((m) => m.id === modelId);
+  if (!model) {
+    process.stderr.write(`svc engine: unknown model "${modelId}" (configured: ${settings.models.map((m) => m.id).join(', ')})\n`);
+    return 2;
+  }
+  if (!model.architecture) {
+    process.stderr.write(`svc engine: model "${model.id}" has no architecture; it is served by ${model.engine}\n`);
+    return 2;
+  }
+  const port = Number(flags.port ?? 0);
+  const bootDelay = Number(flags['boot-delay-ms'] ?? process.env.SVC_ENGINE_BOOT_DELAY_MS ?? 0);
+  if (!Number.isInteger(port) || port < 0 || port > 65535 || !Number.isFinite(bootDelay) || bootDelay < 0) {
+    process.stderr.write('svc engine: --port must be 0..65535 and --boot-delay-ms a non-negative number\n');
+    return 2;
+  }
+  const engine = await startReferenceEngine(model, {
+    host: typeof flags.host === 'string' ? flags.host : '127.0.0.1',
+    port,
+    chaos: flags.chaos === true,
+    bootDelayMs: bootDelay,
+    exitOnCrash: true,
+  });
+  process.stdout.write(`${JSON.stringify({ event: 'listening', url: engine.url, model: model.id, checkpoint: model.checkpoint, pid: process.pid })}\n`);
+  await new Promise<void>((resolve) => {
+    process.once('SIGTERM', () => resolve());
+    process.once('SIGINT', () => resolve());
+  });
+  await engine.close();
+  return 0;
+}

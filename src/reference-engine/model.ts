@@ -1,0 +1,293 @@
+// A GPT-style decoder on Float32Arrays with deterministic dummy weights (vLLM's `--load-format dummy` idea):
+// token + learned position embeddings, pre-norm blocks (causal multi-head attention, GELU MLP), final norm,
+// untied unembedding, KV cache. Single-threaded: forward() is synchronous and reuses scratch buffers.
+import { Prng } from './prng.ts';
+
+export interface ModelShape {
+  vocabSize: number;
+  nLayers: number;
+  dModel: number;
+  nHeads: number;
+  dMlp: number;
+  maxLen: number;
+  seed: number;
+  eosId: number;
+  bosId: number;
+}
+
+interface Block {
+  ln1g: Float32Array;
+  ln1b: Float32Array;
+  wqkv: Float32Array; // [3d][d], rows are outputs
+  bqkv: Float32Array;
+  wo: Float32Array; // [d][d]
+  bo: Float32Array;
+  ln2g: Float32Array;
+  ln2b: Float32Array;
+  w1: Float32Array; // [dMlp][d]
+  b1: Float32Array;
+  w2: Float32Array; // [d][dMlp]
+  b2: Float32Array;
+}
+
+/** Called with each block's output (the residual stream after block `layer`) at absolute position `pos`. */
+export type BlockHook = (layer: number, pos: number, h: Float32Array) => void;
+
+/** Per-sequence keys and values of every layer; grows by doubling. */
+export class KvCache {
+  readonly k: Float32Array[];
+  readonly v: Float32Array[];
+  length = 0;
+  #capacity: number;
+  readonly #d: number;
+
+  constructor(nLayers: number, d: number, capacity = 64, from?: KvCache) {
+    this.#d = d;
+    this.#capacity = capacity;
+    if (from) {
+      this.k = from.k.map((a) => a.slice(0, capacity * d));
+      this.v = from.v.map((a) => a.slice(0, capacity * d));
+      this.length = from.length;
+    } else {
+      this.k = Array.from({ length: nLayers }, () => new Float32Array(capacity * d));
+      this.v = Array.from({ length: nLayers }, () => new Float32Array(capacity * d));
+    }
+  }
+
+  ensure(positions: number): void {
+    if (positions <= this.#capacity) return;
+    let cap = this.#capacity;
+    while (cap < positions) cap *= 2;
+    for (let l = 0; l < this.k.length; l++) {
+      const k = new Float32Array(cap * this.#d);
+      k.set(this.k[l]);
+      this.k[l] = k;
+      const v = new Float32Array(cap * this.#d);
+      v.set(this.v[l]);
+      this.v[l] = v;
+    }
+    this.#capacity = cap;
+  }
+
+  clone(): KvCache {
+    return new KvCache(this.k.length, this.#d, Math.max(this.#capacity, 1), this);
+  }
+}
+
+export class Model {
+  readonly shape: ModelShape;
+  readonly #wte: Float32Array;
+  readonly #wpe: Float32Array;
+  readonly #blocks: Block[];
+  readonly #lnfg: Float32Array;
+  readonly #lnfb: Float32Array;
+  readonly #wu: Float32Array; // [V][d]
+  readonly #bu: Float32Array;
+  // scratch
+  readonly #h: Float32Array;
+  readonly #x: Float32Array;
+  readonly #qkv: Float32Array;
+  readonly #att: Float32Array;
+  readonly #tmp: Float32Array;
+  readonly #mlp: Float32Array;
+  readonly #scores: Float32Array;
+
+  constructor(shape: ModelShape) {
+    this.shape = shape;
+    const { vocabSize: V, dModel: d, dMlp: m, nLayers: L, maxLen } = shape;
+    const rng = new Prng(shape.seed);
+    const gauss = (n: number, std: number) => {
+      const a = new Float32Array(n);
+      for (let i = 0; i < n; i++) a[i] = rng.normal() * std;
+      return a;
+    };
+    const ones = (n: number) => new Float32Array(n).fill(1);
+    this.#wte = gauss(V * d, 1);
+    this.#wpe = gauss(maxLen * d, 0.5);
+    this.#blocks = [];
+    for (let l = 0; l < L; l++) {
+      const wqkv = new Float32Array(3 * d * d);
+      // Sharper queries/keys than 1/sqrt(d) so attention patterns are not uniform.
+      wqkv.set(gauss(2 * d * d, 1.5 / Math.sqrt(d)), 0);
+      wqkv.set(gauss(d * d, 1 / Math.sqrt(d)), 2 * d * d);
+      this.#blocks.push({
+        ln1g: ones(d),
+        ln1b: new Float32Array(d),
+        wqkv,
+        bqkv: gauss(3 * d, 0.02),
+        wo: gauss(d * d, 1 / Math.sqrt(d)),
+        bo: gauss(d, 0.02),
+        ln2g: ones(d),
+        ln2b: new Float32Array(d),
+        w1: gauss(m * d, 1 / Math.sqrt(d)),
+        b1: gauss(m, 0.02),
+        w2: gauss(d * m, 1 / Math.sqrt(m)),
+        b2: gauss(d, 0.02),
+      });
+    }
+    this.#lnfg = ones(d);
+    this.#lnfb = new Float32Array(d);
+    // Final-norm output has unit-variance components, so logits have std ~3: peaked, not flat.
+    this.#wu = gauss(V * d, 3 / Math.sqrt(d));
+    this.#bu = new Float32Array(V);
+    this.#h = new Float32Array(d);
+    this.#x = new Float32Array(d);
+    this.#qkv = new Float32Array(3 * d);
+    this.#att = new Float32Array(d);
+    this.#tmp = new Float32Array(d);
+    this.#mlp = new Float32Array(m);
+    this.#scores = new Float32Array(maxLen);
+    this.#calibrateSpecialTokens();
+  }
+
+  newCache(capacity = 64): KvCache {
+    return new KvCache(this.shape.nLayers, this.shape.dModel, capacity);
+  }
+
+  /**
+   * Runs one token at position `cache.length`, appends its keys/values, and leaves the final-norm hidden state
+   * in `out` (d floats). `hook` sees every block's output and may change it in place (steering).
+   */
+  forward(cache: KvCache, token: number, out: Float32Array, hook?: BlockHook): void {
+    const { dModel: d, nHeads: H, dMlp: m, nLayers: L } = this.shape;
+    const dh = d / H;
+    const pos = cache.length;
+    cache.ensure(pos + 1);
+    const h = this.#h;
+    const x = this.#x;
+    const qkv = this.#qkv;
+    const att = this.#att;
+    const tmp = this.#tmp;
+    const mlp = this.#mlp;
+    const scores = this.#scores;
+    const te = token * d;
+    const pe = pos * d;
+    for (let i = 0; i < d; i++) h[i] = this.#wte[te + i] + this.#wpe[pe + i];
+    const invSqrt = 1 / Math.sqrt(dh);
+    for (let l = 0; l < L; l++) {
+      const b = this.#blocks[l];
+      layerNorm(h, b.ln1g, b.ln1b, x, d);
+      matVec(b.wqkv, x, b.bqkv, qkv, 3 * d, d);
+      const K = cache.k[l];
+      const V = cache.v[l];
+      K.set(qkv.subarray(d, 2 * d), pe);
+      V.set(qkv.subarray(2 * d, 3 * d), pe);
+      for (let hd = 0; hd < H; hd++) {
+        const qo = hd * dh;
+        let max = -Infinity;
+        for (let t = 0; t <= pos; t++) {
+          const ko = t * d + qo;
+          let s = 0;
+          for (let j = 0; j < dh; j++) s += qkv[qo + j] * K[ko + j];
+          s *= invSqrt;
+          scores[t] = s;
+          if (s > max) max = s;
+        }
+        let sum = 0;
+        for (let t = 0; t <= pos; t++) {
+          const e = Math.exp(scores[t] - max);
+          scores[t] = e;
+          sum += e;
+        }
+        const inv = 1 / sum;
+        for (let j = 0; j < dh; j++) att[qo + j] = 0;
+        for (let t = 0; t <= pos; t++) {
+          const p = scores[t] * inv;
+          const vo = t * d + qo;
+          for (let j = 0; j < dh; j++) att[qo + j] += p * V[vo + j];
+        }
+      }
+      matVec(b.wo, att, b.bo, tmp, d, d);
+      for (let i = 0; i < d; i++) h[i] += tmp[i];
+      layerNorm(h, b.ln2g, b.ln2b, x, d);
+      matVec(b.w1, x, b.b1, mlp, m, d);
+      for (let i = 0; i < m; i++) {
+        const v = mlp[i];
+        mlp[i] = 0.5 * v * (1 + Math.tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+      }
+      matVec(b.w2, mlp, b.b2, tmp, d, m);
+      for (let i = 0; i < d; i++) h[i] += tmp[i];
+      if (hook) hook(l, pos, h);
+    }
+    cache.length = pos + 1;
+    layerNorm(h, this.#lnfg, this.#lnfb, out, d);
+  }
+
+  /** Raw logits (V floats) from a final-norm hidden state. */
+  logits(hidden: Float32Array, out: Float32Array): void {
+    matVec(this.#wu, hidden, this.#bu, out, this.shape.vocabSize, this.shape.dModel);
+  }
+
+  /**
+   * Sets the EOS logit bias so that, on the model's own sampled text, EOS has probability ~1/150 per step at
+   * temperature 1 (most sampled generations end within a few hundred tokens, rarely at once); keeps BOS from
+   * being generated when it differs from EOS; for a byte vocabulary, favours printable ASCII so text is legible.
+   */
+  #calibrateSpecialTokens(): void {
+    const { vocabSize: V, eosId, bosId, dModel: d } = this.shape;
+    if (bosId !== eosId) this.#bu[bosId] = -30;
+    if (V <= 258) {
+      for (let v = 0; v < 256; v++) this.#bu[v] = (v >= 0x20 && v < 0x7f) || v === 0x0a ? 3 : -3;
+    }
+    this.#bu[eosId] = -30;
+    const rng = new Prng(this.shape.seed ^ 0x5eed);
+    const hidden = new Float32Array(d);
+    const logits = new Float32Array(V);
+    const probs = new Float64Array(V);
+    let acc = 0;
+    let n = 0;
+    for (let run = 0; run < 4; run++) {
+      const cache = this.newCache(64);
+      let token = bosId;
+      for (let i = 0; i < 32; i++) {
+        this.forward(cache, token, hidden);
+        this.logits(hidden, logits);
+        let max = -Infinity;
+        for (let v = 0; v < V; v++) if (v !== eosId && logits[v] > max) max = logits[v];
+        let sum = 0;
+        for (let v = 0; v < V; v++) sum += probs[v] = v === eosId ? 0 : Math.exp(logits[v] - max);
+        // Unbiased EOS logit relative to the others: p(EOS) = exp(bias) * ratio / (1 + ...).
+        acc += Math.exp(logits[eosId] + 30 - max) / sum;
+        n++;
+        let u = rng.next() * sum;
+        token = 0;
+        while (token < V - 1 && (u -= probs[token]) > 0) token++;
+      }
+    }
+    this.#bu[eosId] = Math.log(1 / 149) - Math.log(acc / n);
+  }
+}
+
+function layerNorm(h: Float32Array, g: Float32Array, b: Float32Array, out: Float32Array, d: number): void {
+  let mean = 0;
+  for (let i = 0; i < d; i++) mean += h[i];
+  mean /= d;
+  let v = 0;
+  for (let i = 0; i < d; i++) {
+    const c = h[i] - mean;
+    v += c * c;
+  }
+  const inv = 1 / Math.sqrt(v / d + 1e-5);
+  for (let i = 0; i < d; i++) out[i] = (h[i] - mean) * inv * g[i] + b[i];
+}
+
+/** out[r] = W[r,:] . x + bias[r]; W row-major [rows][cols], 4-way unrolled. */
+function matVec(w: Float32Array, x: Float32Array, bias: Float32Array, out: Float32Array, rows: number, cols: number): void {
+  const c4 = cols & ~3;
+  for (let r = 0; r < rows; r++) {
+    const o = r * cols;
+    let s0 = 0;
+    let s1 = 0;
+    let s2 = 0;
+    let s3 = 0;
+    let c = 0;
+    for (; c < c4; c += 4) {
+      s0 += w[o + c] * x[c];
+      s1 += w[o + c + 1] * x[c + 1];
+      s2 += w[o + c + 2] * x[c + 2];
+      s3 += w[o + c + 3] * x[c + 3];
+    }
+    for (; c < cols; c++) s0 += w[o + c] * x[c];
+    out[r] = s0 + s1 + s2 + s3 + bias[r];
+  }
+}
