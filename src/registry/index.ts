@@ -24,6 +24,8 @@ export type TokenizerState =
 interface Slot {
   state: TokenizerState;
   timer: NodeJS.Timeout | null;
+  /** The attempt in flight, so a second loadTokenizers() joins it instead of racing it. */
+  loading: Promise<void> | null;
   waiters: Array<{ resolve: (t: Tokenizer) => void; reject: (e: Error) => void }>;
 }
 
@@ -48,7 +50,7 @@ export class ModelRegistry {
     this.#retryMaxMs = options.retryMaxMs ?? 60_000;
     this.#load = options.loadTokenizer ?? loadTokenizer;
     this.#onError = options.onTokenizerError;
-    for (const m of models) this.#slots.set(m.id, { state: { status: 'pending' }, timer: null, waiters: [] });
+    for (const m of models) this.#slots.set(m.id, { state: { status: 'pending' }, timer: null, loading: null, waiters: [] });
   }
 
   /** Any configured model, live or staging. */
@@ -124,9 +126,18 @@ export class ModelRegistry {
     }
   }
 
-  async #attempt(model: ModelConfig): Promise<void> {
+  #attempt(model: ModelConfig): Promise<void> {
     const slot = this.#slots.get(model.id)!;
-    if (this.#closed || slot.state.status === 'ready') return;
+    if (this.#closed || slot.state.status === 'ready') return Promise.resolve();
+    if (slot.timer) clearTimeout(slot.timer);
+    slot.timer = null;
+    slot.loading ??= this.#loadOnce(model, slot).finally(() => {
+      slot.loading = null;
+    });
+    return slot.loading;
+  }
+
+  async #loadOnce(model: ModelConfig, slot: Slot): Promise<void> {
     const attempts = slot.state.status === 'failed' ? slot.state.attempts + 1 : 1;
     try {
       const tokenizer = await this.#load(model.tokenizer);
