@@ -111,7 +111,7 @@ export class Generator {
     for (let c = 0; c < req.n; c++) {
       const cache = c === req.n - 1 ? base : base.clone();
       hidden.set(lastPromptHidden);
-      const rng = new Prng(req.seed !== null ? req.seed + c : randomInt(0, 2 ** 48));
+      const rng = new Prng(req.seed !== null ? req.seed + c : randomInt(0, 2 ** 48 - 1));
       const penalties = new PenaltyState(V, prompt);
       const decoder = this.tokenizer.newStreamDecoder();
       const tokens: number[] = [];
