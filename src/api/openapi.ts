@@ -3,7 +3,7 @@ import swagger from '@fastify/swagger';
 import swaggerUi from '@fastify/swagger-ui';
 import { Type, type TSchema } from 'typebox';
 import { errorCatalogue } from '../errors/index.ts';
-import { CompletionRequest } from '../completion-request/schema.ts';
+import { CompletionRequest } from '../completion-request/index.ts';
 import { HealthBody } from './health.ts';
 import { ModelList } from './models.ts';
 import { ModelStatus } from './model-status.ts';
