@@ -1,4 +1,4 @@
-import Fastify, { type FastifyInstance } from 'fastify';
+import Fastify, { LogController, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import cors from '@fastify/cors';
 import type { Logger } from 'pino';
 import { apiError } from '../errors/index.ts';
@@ -26,11 +26,35 @@ export interface AppOptions {
   routes?: (app: FastifyInstance) => void | Promise<void>;
 }
 
+/** One metadata line per request: id, method, route pattern, status, latency, key prefix. Never a body. */
+class MetadataLogController extends LogController {
+  constructor() {
+    super({ requestIdLogLabel: 'request_id' });
+  }
+
+  override incomingRequest(): void {}
+
+  override routeNotFound(): void {}
+
+  override requestCompleted(_error: Error | null | undefined, request: FastifyRequest, reply: FastifyReply): void {
+    request.log.info(
+      {
+        method: request.method,
+        route: request.routeOptions.url ?? 'unmatched',
+        status: reply.statusCode,
+        latency_ms: Math.round(reply.elapsedTime * 100) / 100,
+        key_prefix: (request as { keyPrefix?: string }).keyPrefix,
+      },
+      'request',
+    );
+  }
+}
+
 /** The HTTP surface: request ids, the error envelope, CORS, body limits and metadata-only logging. */
 export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   const app = Fastify({
     loggerInstance: options.logger,
-    disableRequestLogging: true,
+    logController: new MetadataLogController(),
     genReqId: requestIdFor,
     requestIdHeader: false,
     bodyLimit: maxBodyBytes,
@@ -48,21 +72,6 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     reply.header('x-request-id', request.id);
     done();
   });
-  app.addHook('onResponse', (request, reply, done) => {
-    request.log.info(
-      {
-        request_id: request.id,
-        method: request.method,
-        route: request.routeOptions.url ?? 'unmatched',
-        status: reply.statusCode,
-        latency_ms: Math.round(reply.elapsedTime * 100) / 100,
-        key_prefix: (request as { keyPrefix?: string }).keyPrefix,
-      },
-      'request',
-    );
-    done();
-  });
-
   installErrorHandling(app);
   await app.register(cors, { origin: '*', credentials: false, exposedHeaders, maxAge: 600 });
 
