@@ -1,0 +1,138 @@
+import { suite } from 'uvu';
+import * as assert from 'uvu/assert';
+import { loadSettings } from '../../src/config/index.ts';
+import { startTestGateway, json, type TestGateway } from '../support/gateway.ts';
+
+// Every failure path of dispatch, on a real reference engine told to fail through its chaos route.
+const failures = suite('engine failures through the gateway');
+let gw: TestGateway;
+let engineUrl: string;
+
+failures.before(async () => {
+  gw = await startTestGateway({ requestWindowMs: 2_000 }, { chaosEngines: true });
+  engineUrl = gw.engineUrls.get('ref-byte')!;
+});
+failures.after(async () => {
+  await gw?.stop();
+});
+
+async function chaos(mode: string, extra: Record<string, unknown> = {}) {
+  const res = await fetch(`${engineUrl}/_chaos`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ mode, ...extra }) });
+  assert.is(res.status, 200);
+  await res.arrayBuffer();
+}
+
+function complete(body: Record<string, unknown> = {}) {
+  return fetch(`${gw.url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt: 'fail?', max_tokens: 4, temperature: 0, ...body }),
+  });
+}
+
+function assertUpstreamError(res: Response, body: any, status: number, code: string) {
+  assert.is(res.status, status);
+  assert.is(body.error.code, code);
+  assert.is(body.request_id, res.headers.get('x-request-id'));
+  assert.is(res.headers.get('x-svc-upstream-error-kind'), code);
+  assert.is(res.headers.get('x-svc-upstream-model'), 'svc/ref-byte-4l-64d-dummy');
+  assert.is(res.headers.get('x-svc-upstream-gpu'), 'cpu-reference');
+}
+
+failures('one transient 500 is retried and the client sees a success', async () => {
+  await chaos('error500', { count: 1 });
+  const res = await complete();
+  assert.is(res.status, 200);
+  assert.is((await json(res)).object, 'text_completion');
+});
+
+failures('a 500 that persists through the retries: 502 upstream_server_error with the upstream status', async () => {
+  await chaos('error500', { count: 3 });
+  const res = await complete();
+  const body = await json(res);
+  assertUpstreamError(res, body, 502, 'upstream_server_error');
+  assert.is(body.error.upstream_status, 500);
+  assert.ok(Number(res.headers.get('retry-after')) > 0);
+});
+
+failures('out of memory: 502 engine_oom, not retried', async () => {
+  await chaos('oom', { count: 1 });
+  const res = await complete();
+  assertUpstreamError(res, await json(res), 502, 'engine_oom');
+  assert.ok(res.headers.get('retry-after'));
+  const next = await complete();
+  assert.is(next.status, 200, 'the one failure was consumed by the one request');
+  await next.arrayBuffer();
+});
+
+failures('dead engine: 502 engine_engine_dead', async () => {
+  await chaos('dead');
+  const res = await complete();
+  assertUpstreamError(res, await json(res), 502, 'engine_engine_dead');
+  await chaos('none');
+});
+
+failures('a generation still running when the window closes: 504 upstream_deadline, cancelled, no Retry-After', async () => {
+  await chaos('hang', { count: 1 });
+  const started = Date.now();
+  const res = await complete();
+  const body = await json(res);
+  assertUpstreamError(res, body, 504, 'upstream_deadline');
+  assert.is(res.headers.get('x-should-retry'), 'false');
+  assert.is(res.headers.get('retry-after'), null);
+  assert.ok(Date.now() - started >= 1_900, 'answered when the window closed');
+  const next = await complete();
+  assert.is(next.status, 200, 'the engine serves the next request');
+  await next.arrayBuffer();
+});
+
+failures('an explicit max_tokens that cannot finish in the window: 400 deadline_infeasible', async () => {
+  const res = await complete({ max_tokens: 38 });
+  const body = await json(res);
+  assert.is(res.status, 400);
+  assert.is(body.error.code, 'deadline_infeasible');
+  assert.is(res.headers.get('x-should-retry'), 'false');
+  const ok = await complete({ max_tokens: 37 });
+  assert.is(ok.status, 200);
+  await ok.arrayBuffer();
+  const streamed = await complete({ max_tokens: 38, stream: true });
+  assert.is(streamed.status, 200, 'streams are not bound by the window');
+  await streamed.arrayBuffer();
+});
+
+failures('a crashed engine: 502 upstream_unreachable after retries', async () => {
+  await chaos('crash', { count: 1 });
+  const res = await complete();
+  assertUpstreamError(res, await json(res), 502, 'upstream_unreachable');
+  assert.ok(res.headers.get('retry-after'));
+});
+
+failures('what only the engine can judge: its 400s map to engine_context_length and engine_invalid_request', async () => {
+  // The gateway is told nothing of the model's context length or layer count, so the engine decides.
+  const models = loadSettings().models.map((m) =>
+    m.id === 'ref-byte' ? { ...m, capabilities: { ...m.capabilities, max_model_len: null }, activations: { ...m.activations!, n_layers: null } } : m,
+  );
+  const blind = await startTestGateway({ models });
+  try {
+    const post = (body: Record<string, unknown>) =>
+      fetch(`${blind.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+    const tooLong = await post({ prompt: 'x'.repeat(1000), max_tokens: 32000, stream: true });
+    const tooLongBody = await json(tooLong);
+    assert.is(tooLong.status, 400);
+    assert.is(tooLongBody.error.code, 'engine_context_length');
+    assert.is(tooLongBody.error.upstream_status, 400);
+    assert.is(tooLong.headers.get('x-svc-upstream-error-kind'), 'engine_context_length');
+
+    const vector = Buffer.from(new Float32Array(64).fill(0.5).buffer).toString('base64');
+    const badLayer = await post({ prompt: 'x', max_tokens: 1, apply_steering_vectors: [{ activations: { data: vector, dtype: 'float32', shape: [1, 64] }, layer_indices: [10] }] });
+    const badLayerBody = await json(badLayer);
+    assert.is(badLayer.status, 400);
+    assert.is(badLayerBody.error.code, 'engine_invalid_request');
+    assert.match(badLayerBody.error.message, /layer/);
+    assert.is(badLayer.headers.get('x-svc-upstream-model'), 'svc/ref-byte-4l-64d-dummy');
+  } finally {
+    await blind.stop();
+  }
+});
+
+failures.run();
