@@ -1,0 +1,120 @@
+/**
+ * Group commit: appends from many concurrent callers are coalesced into one batch, sent to the database
+ * in one round trip and made durable by one commit. A batch holds each stream at most once and never a
+ * stream that an in-flight batch holds, so appends to one stream keep their order and a batch never
+ * waits on another batch's row lock.
+ */
+import type { AppendResult, ExpectedVersion, NewEvent } from './types.ts';
+
+export interface PendingAppend {
+  streamId: string;
+  events: readonly NewEvent[];
+  expected: ExpectedVersion;
+}
+
+export type AppendOutcome = { ok: AppendResult } | { error: Error };
+
+export interface GroupCommitOptions {
+  /** Runs one batch; returns one outcome per append, in order. Throws when the whole batch failed. */
+  execute(batch: PendingAppend[]): Promise<AppendOutcome[]>;
+  /** Batches in flight at once (connections used for appends). */
+  maxInFlight: number;
+  /** Upper bound on events per batch. */
+  maxBatchEvents: number;
+}
+
+interface Waiting extends PendingAppend {
+  resolve(result: AppendResult): void;
+  reject(error: unknown): void;
+}
+
+export class GroupCommitter {
+  readonly #options: GroupCommitOptions;
+  #queue: Waiting[] = [];
+  #inFlight = 0;
+  readonly #busyStreams = new Set<string>();
+  #idle: (() => void)[] = [];
+
+  constructor(options: GroupCommitOptions) {
+    this.#options = options;
+  }
+
+  append(request: PendingAppend): Promise<AppendResult> {
+    return new Promise((resolve, reject) => {
+      this.#queue.push({ ...request, resolve, reject });
+      this.#pump();
+    });
+  }
+
+  /** Resolves when nothing is queued or in flight. */
+  drained(): Promise<void> {
+    if (this.#inFlight === 0 && this.#queue.length === 0) return Promise.resolve();
+    return new Promise((resolve) => this.#idle.push(resolve));
+  }
+
+  #pump(): void {
+    while (this.#inFlight < this.#options.maxInFlight && this.#queue.length > 0) {
+      const batch = this.#takeBatch();
+      if (batch.length === 0) return; // everything queued waits on a stream already in flight
+      this.#inFlight += 1;
+      void this.#run(batch);
+    }
+  }
+
+  #takeBatch(): Waiting[] {
+    const batch: Waiting[] = [];
+    const rest: Waiting[] = [];
+    const inBatch = new Set<string>();
+    let events = 0;
+    for (const item of this.#queue) {
+      const fits = batch.length === 0 || events + item.events.length <= this.#options.maxBatchEvents;
+      if (fits && !inBatch.has(item.streamId) && !this.#busyStreams.has(item.streamId)) {
+        batch.push(item);
+        inBatch.add(item.streamId);
+        events += item.events.length;
+      } else {
+        // a later append to a stream held back here must not overtake it
+        inBatch.add(item.streamId);
+        rest.push(item);
+      }
+    }
+    this.#queue = rest;
+    for (const item of batch) this.#busyStreams.add(item.streamId);
+    return batch;
+  }
+
+  async #run(batch: Waiting[]): Promise<void> {
+    try {
+      await this.#settle(batch);
+    } finally {
+      for (const item of batch) this.#busyStreams.delete(item.streamId);
+      this.#inFlight -= 1;
+      this.#pump();
+      if (this.#inFlight === 0 && this.#queue.length === 0) {
+        const idle = this.#idle;
+        this.#idle = [];
+        for (const resolve of idle) resolve();
+      }
+    }
+  }
+
+  async #settle(batch: Waiting[]): Promise<void> {
+    let outcomes: AppendOutcome[];
+    try {
+      outcomes = await this.#options.execute(batch);
+    } catch (error) {
+      if (batch.length === 1) {
+        batch[0].reject(error);
+        return;
+      }
+      // One bad append must not fail its neighbours: retry each alone to find it.
+      for (const item of batch) await this.#settle([item]);
+      return;
+    }
+    batch.forEach((item, i) => {
+      const outcome = outcomes[i];
+      if ('ok' in outcome) item.resolve(outcome.ok);
+      else item.reject(outcome.error);
+    });
+  }
+}

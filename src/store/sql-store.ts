@@ -1,0 +1,339 @@
+/**
+ * The event store over SQL, shared by the PostgreSQL and PGlite adapters: one schema
+ * (infra/migrations), one append function, one reading rule for the global log.
+ */
+import { DuplicateEventId, StoreClosed, WrongExpectedVersion } from './errors.ts';
+import type { SqlDriver } from './driver.ts';
+import { GroupCommitter, type AppendOutcome, type PendingAppend } from './group-commit.ts';
+import { comparePositions } from './position.ts';
+import {
+  logStart,
+  type AppendResult,
+  type EventStore,
+  type ExpectedVersion,
+  type GlobalPosition,
+  type NewEvent,
+  type PingResult,
+  type Queryable,
+  type RecordedEvent,
+  type StoreTransaction,
+  type StreamRead,
+  type SubscribeOptions,
+  type Subscription,
+} from './types.ts';
+import { WakeHub } from './wake.ts';
+import { migrate } from './migrations.ts';
+
+export interface SqlStoreOptions {
+  /** Largest batch a group commit sends (events). */
+  maxBatchEvents?: number;
+  /** Polling fallback for live subscriptions (ms). */
+  pollIntervalMs?: number;
+  /** Extra work at close (the data-directory lock, say). */
+  onClose?: () => Promise<void> | void;
+}
+
+const uuidPattern = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
+const eventColumns = `global_position, transaction_id::text AS transaction_id, stream_id, stream_version,
+  event_id::text AS event_id, event_type, data, metadata, recorded_at`;
+
+/** Only rows whose transaction is older than every running one: nothing can commit before them later. */
+const visible = `transaction_id < pg_snapshot_xmin(pg_current_snapshot())`;
+
+interface EventRow {
+  global_position: string | number;
+  transaction_id: string;
+  stream_id: string;
+  stream_version: string | number;
+  event_id: string;
+  event_type: string;
+  data: unknown;
+  metadata: Record<string, unknown>;
+  recorded_at: Date | string;
+}
+
+interface BatchRow {
+  idx: string | number;
+  outcome: 'ok' | 'idempotent' | 'conflict' | 'duplicate';
+  version: string | number;
+  last_position: string | number | null;
+  last_tx: string | null;
+}
+
+function toEvent(row: EventRow): RecordedEvent {
+  return {
+    id: row.event_id,
+    type: row.event_type,
+    data: row.data,
+    metadata: row.metadata,
+    streamId: row.stream_id,
+    streamVersion: Number(row.stream_version),
+    globalPosition: { transactionId: Number(row.transaction_id), position: Number(row.global_position) },
+    recordedAt: row.recorded_at instanceof Date ? row.recorded_at : new Date(row.recorded_at),
+  };
+}
+
+function validateAppend(streamId: string, events: readonly NewEvent[], expected: ExpectedVersion): void {
+  if (typeof streamId !== 'string' || streamId.length === 0) throw new TypeError('append: stream id must be a non-empty string');
+  if (!Array.isArray(events) || events.length === 0) throw new TypeError(`append to ${streamId}: at least one event is needed`);
+  if (typeof expected === 'number' ? !Number.isSafeInteger(expected) || expected < 0 : !['any', 'no_stream', 'stream_exists'].includes(expected)) {
+    throw new TypeError(`append to ${streamId}: invalid expected version ${String(expected)}`);
+  }
+  const ids = new Set<string>();
+  for (const event of events) {
+    if (typeof event.id !== 'string' || !uuidPattern.test(event.id)) throw new TypeError(`append to ${streamId}: event id must be a UUID`);
+    if (ids.has(event.id.toLowerCase())) throw new TypeError(`append to ${streamId}: event id ${event.id} appears twice`);
+    ids.add(event.id.toLowerCase());
+    if (typeof event.type !== 'string' || event.type.length === 0) throw new TypeError(`append to ${streamId}: event type must be a non-empty string`);
+  }
+}
+
+function batchPayload(batch: readonly PendingAppend[]): string {
+  return JSON.stringify(
+    batch.map((a) => ({
+      s: a.streamId,
+      k: typeof a.expected === 'number' ? 'exact' : a.expected,
+      v: typeof a.expected === 'number' ? a.expected : 0,
+      ev: a.events.map((e) => ({ id: e.id, type: e.type, data: e.data ?? null, meta: e.metadata ?? {} })),
+    })),
+  );
+}
+
+function toOutcome(append: PendingAppend, row: BatchRow): AppendOutcome {
+  const version = Number(row.version);
+  switch (row.outcome) {
+    case 'ok':
+    case 'idempotent':
+      return {
+        ok: {
+          nextExpectedVersion: version,
+          lastPosition: { transactionId: Number(row.last_tx), position: Number(row.last_position) },
+          idempotent: row.outcome === 'idempotent',
+        },
+      };
+    case 'conflict':
+      return { error: new WrongExpectedVersion(append.streamId, append.expected, version) };
+    case 'duplicate':
+      return { error: new DuplicateEventId(append.streamId, version) };
+  }
+}
+
+async function runBatch(db: Queryable, channel: string | null, batch: readonly PendingAppend[]): Promise<AppendOutcome[]> {
+  const { rows } = await db.query<BatchRow>(
+    'SELECT idx, outcome, version, last_position, last_tx FROM svc_append_batch($1::jsonb, $2::text)',
+    [batchPayload(batch), channel],
+  );
+  return batch.map((append, i) => toOutcome(append, rows[i]));
+}
+
+/** Migrates the schema, starts cross-process wake-ups, and returns the store over `driver`. */
+export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOptions = {}): Promise<EventStore> {
+  await migrate(driver);
+  const hub = new WakeHub();
+  await driver.listen(() => hub.notify());
+  const pollIntervalMs = options.pollIntervalMs ?? 1000;
+  const subscriptions = new Set<{ stop(): Promise<void> }>();
+  let closed = false;
+
+  const committer = new GroupCommitter({
+    maxInFlight: driver.maxInFlight,
+    maxBatchEvents: options.maxBatchEvents ?? 1000,
+    async execute(batch) {
+      const outcomes = await runBatch(driver, driver.notifyChannel, batch);
+      if (outcomes.some((o) => 'ok' in o && !o.ok.idempotent)) hub.notify();
+      return outcomes;
+    },
+  });
+
+  const ensureOpen = () => {
+    if (closed) throw new StoreClosed();
+  };
+
+  async function readAll(after: GlobalPosition, limit: number): Promise<RecordedEvent[]> {
+    ensureOpen();
+    const { rows } = await driver.query<EventRow>(
+      `SELECT ${eventColumns} FROM events
+       WHERE (transaction_id, global_position) > ($1::text::xid8, $2::bigint) AND ${visible}
+       ORDER BY transaction_id, global_position LIMIT $3`,
+      [String(after.transactionId), after.position, limit],
+    );
+    return rows.map(toEvent);
+  }
+
+  async function head(): Promise<GlobalPosition> {
+    ensureOpen();
+    const { rows } = await driver.query<{ transaction_id: string; global_position: string | number }>(
+      `SELECT transaction_id::text AS transaction_id, global_position FROM events WHERE ${visible}
+       ORDER BY transaction_id DESC, global_position DESC LIMIT 1`,
+    );
+    return rows.length === 0 ? logStart : { transactionId: Number(rows[0].transaction_id), position: Number(rows[0].global_position) };
+  }
+
+  function subscribe(opts: SubscribeOptions): Subscription {
+    ensureOpen();
+    const batchSize = opts.batchSize ?? 500;
+    const poll = opts.pollIntervalMs ?? pollIntervalMs;
+    const abort = new AbortController();
+    let position = opts.after ?? logStart;
+    let waiters: { target: GlobalPosition; resolve(): void; reject(e: unknown): void }[] = [];
+    const settleWaiters = () => {
+      waiters = waiters.filter((w) => {
+        if (comparePositions(position, w.target) < 0) return true;
+        w.resolve();
+        return false;
+      });
+    };
+
+    const loop = (async () => {
+      let shortDelay = 0;
+      while (!abort.signal.aborted) {
+        const generation = hub.generation;
+        let batch: RecordedEvent[];
+        try {
+          batch = await readAll(position, batchSize);
+          if (batch.length > 0) await opts.handle(batch);
+        } catch (error) {
+          if (abort.signal.aborted || closed) break;
+          opts.onError?.(error);
+          await hub.wait(Number.NaN, Math.min(poll, 1000), abort.signal);
+          continue;
+        }
+        if (batch.length > 0) {
+          position = batch[batch.length - 1].globalPosition;
+          shortDelay = 0;
+          settleWaiters();
+          continue;
+        }
+        // Woken but nothing readable: an older transaction still runs. Re-read soon rather than at the next poll.
+        const hinted = hub.generation !== generation;
+        shortDelay = hinted ? Math.min(shortDelay === 0 ? 5 : shortDelay * 2, poll) : 0;
+        await hub.wait(generation, hinted ? shortDelay : poll, abort.signal);
+      }
+    })();
+
+    const subscription: Subscription = {
+      get position() {
+        return position;
+      },
+      async caughtUp() {
+        const target = await head();
+        if (comparePositions(position, target) >= 0) return;
+        if (abort.signal.aborted) throw new Error('subscription stopped');
+        await new Promise<void>((resolve, reject) => waiters.push({ target, resolve, reject }));
+      },
+      async stop() {
+        abort.abort();
+        await loop;
+        subscriptions.delete(subscription);
+        for (const w of waiters) w.reject(new Error('subscription stopped'));
+        waiters = [];
+      },
+    };
+    subscriptions.add(subscription);
+    return subscription;
+  }
+
+  const store: EventStore = {
+    adapter: driver.kind,
+
+    async append(streamId, events, expected) {
+      ensureOpen();
+      validateAppend(streamId, events, expected);
+      return committer.append({ streamId, events, expected });
+    },
+
+    async readStream(streamId, { fromVersion = 1, limit } = {}) {
+      ensureOpen();
+      const { rows } = await driver.query<EventRow & { current_version: string | number }>(
+        `SELECT s.version AS current_version, e.* FROM streams s
+         LEFT JOIN LATERAL (
+           SELECT ${eventColumns} FROM events
+           WHERE events.stream_id = s.stream_id AND events.stream_version >= $2
+           ORDER BY events.stream_version LIMIT $3
+         ) e ON true
+         WHERE s.stream_id = $1`,
+        [streamId, fromVersion, limit ?? null],
+      );
+      if (rows.length === 0) return { version: 0, events: [] } satisfies StreamRead;
+      return {
+        version: Number(rows[0].current_version),
+        events: rows[0].event_id === null ? [] : rows.map(toEvent),
+      } satisfies StreamRead;
+    },
+
+    readAll,
+    head,
+
+    async countAfter(after) {
+      ensureOpen();
+      const { rows } = await driver.query<{ n: string | number }>(
+        `SELECT count(*) AS n FROM events WHERE (transaction_id, global_position) > ($1::text::xid8, $2::bigint) AND ${visible}`,
+        [String(after.transactionId), after.position],
+      );
+      return Number(rows[0].n);
+    },
+
+    subscribe,
+
+    onCommit(listener) {
+      return hub.on(listener);
+    },
+
+    async transaction<T>(fn: (tx: StoreTransaction) => Promise<T>): Promise<T> {
+      ensureOpen();
+      let appended = false;
+      const result = await driver.transaction((tx) =>
+        fn({
+          query: (sql, params) => tx.query(sql, params),
+          async append(streamId, events, expected): Promise<AppendResult> {
+            validateAppend(streamId, events, expected);
+            const [outcome] = await runBatch(tx, driver.notifyChannel, [{ streamId, events, expected }]);
+            if ('error' in outcome) throw outcome.error;
+            appended ||= !outcome.ok.idempotent;
+            return outcome.ok;
+          },
+        }),
+      );
+      if (appended) hub.notify();
+      return result;
+    },
+
+    query(sql, params) {
+      ensureOpen();
+      return driver.query(sql, params);
+    },
+
+    async ping(timeoutMs = 1000): Promise<PingResult> {
+      const started = performance.now();
+      let timer: NodeJS.Timeout | undefined;
+      try {
+        if (closed) throw new StoreClosed();
+        await Promise.race([
+          driver.query('SELECT 1'),
+          new Promise((_, reject) => {
+            timer = setTimeout(() => reject(new Error(`no answer within ${timeoutMs} ms`)), timeoutMs);
+          }),
+        ]);
+        return { ok: true, latencyMs: Math.round((performance.now() - started) * 100) / 100 };
+      } catch (error) {
+        return { ok: false, latencyMs: Math.round((performance.now() - started) * 100) / 100, error: (error as Error).message };
+      } finally {
+        clearTimeout(timer);
+      }
+    },
+
+    async close() {
+      if (closed) return;
+      for (const s of [...subscriptions]) await s.stop();
+      await committer.drained();
+      closed = true;
+      try {
+        await driver.close();
+      } finally {
+        await options.onClose?.();
+      }
+    },
+  };
+  return store;
+}

@@ -1,0 +1,107 @@
+/** The event store port: what every adapter offers, whatever database sits behind it. */
+
+/** `any`: no check; `no_stream`: the stream must be empty; `stream_exists`: it must not be; N: its version must be N. */
+export type ExpectedVersion = 'any' | 'no_stream' | 'stream_exists' | number;
+
+/** An event to append. The id makes a repeated append (a retry after a lost acknowledgement) idempotent. */
+export interface NewEvent<Type extends string = string, Data = unknown> {
+  id: string;
+  type: Type;
+  data: Data;
+  metadata?: Record<string, unknown>;
+}
+
+/**
+ * A place in the global log. Readers order and checkpoint by (transactionId, position): an event's
+ * position alone is not monotonic in commit order, the pair read under the snapshot rule is.
+ */
+export interface GlobalPosition {
+  transactionId: number;
+  position: number;
+}
+
+export const logStart: GlobalPosition = Object.freeze({ transactionId: 0, position: 0 });
+
+export interface RecordedEvent<Type extends string = string, Data = unknown> {
+  id: string;
+  type: Type;
+  data: Data;
+  metadata: Record<string, unknown>;
+  streamId: string;
+  /** 1 for the first event of a stream. */
+  streamVersion: number;
+  globalPosition: GlobalPosition;
+  recordedAt: Date;
+}
+
+export interface AppendResult {
+  /** The stream's version after the append: pass it as the expected version of the next one. */
+  nextExpectedVersion: number;
+  /** Where the append's last event sits in the global log. */
+  lastPosition: GlobalPosition;
+  /** True when these event ids were already appended at this place: nothing new was written. */
+  idempotent: boolean;
+}
+
+export interface StreamRead {
+  /** The stream's current version: the number of events in it, 0 when it does not exist. */
+  version: number;
+  events: RecordedEvent[];
+}
+
+/** A parameterised statement runner: the store's own connection, or one transaction's. */
+export interface Queryable {
+  query<Row = Record<string, unknown>>(sql: string, params?: unknown[]): Promise<{ rows: Row[] }>;
+}
+
+/** A transaction on the store's database: projections write their rows and checkpoints through it. */
+export interface StoreTransaction extends Queryable {
+  /** Appends inside this transaction; it must be the transaction's first write (see DESIGN.md). */
+  append(streamId: string, events: readonly NewEvent[], expected: ExpectedVersion): Promise<AppendResult>;
+}
+
+export interface Subscription {
+  /** Where the subscriber has got to: the last event it has handled. */
+  readonly position: GlobalPosition;
+  /** Resolves once the subscriber has handled every event committed before the call. */
+  caughtUp(): Promise<void>;
+  stop(): Promise<void>;
+}
+
+export interface SubscribeOptions {
+  after?: GlobalPosition;
+  batchSize?: number;
+  /** Polling fallback when no wake-up hint arrives (ms). */
+  pollIntervalMs?: number;
+  /** Called with each batch in global order; the position advances once it resolves. */
+  handle(events: RecordedEvent[]): Promise<void>;
+  /** Called when `handle` or a read fails; the subscription retries the same batch after a pause. */
+  onError?(error: unknown): void;
+}
+
+export interface PingResult {
+  ok: boolean;
+  latencyMs: number;
+  error?: string;
+}
+
+export interface EventStore {
+  readonly adapter: 'postgres' | 'pglite';
+  append(streamId: string, events: readonly NewEvent[], expected: ExpectedVersion): Promise<AppendResult>;
+  readStream(streamId: string, options?: { fromVersion?: number; limit?: number }): Promise<StreamRead>;
+  /** Events after `after` in global order, at most `limit`, never one whose transaction may still be overtaken. */
+  readAll(after: GlobalPosition, limit: number): Promise<RecordedEvent[]>;
+  /** The position of the last event a reader of the global log can see now (logStart when empty). */
+  head(): Promise<GlobalPosition>;
+  /** Count of readable events after a position (projection lag). */
+  countAfter(after: GlobalPosition): Promise<number>;
+  /** Catch-up then live: reads from `after`, hands batches over, then waits for commits. */
+  subscribe(options: SubscribeOptions): Subscription;
+  /** Registers a wake-up listener called after commits (this process's at once, others' through NOTIFY). */
+  onCommit(listener: () => void): () => void;
+  transaction<T>(fn: (tx: StoreTransaction) => Promise<T>): Promise<T>;
+  query<Row = Record<string, unknown>>(sql: string, params?: unknown[]): Promise<{ rows: Row[] }>;
+  /** A cheap round trip to the database, bounded by a timeout (for /health). */
+  ping(timeoutMs?: number): Promise<PingResult>;
+  close(): Promise<void>;
+}
