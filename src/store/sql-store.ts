@@ -61,6 +61,19 @@ interface BatchRow {
   last_tx: string | null;
 }
 
+function pause(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    if (signal.aborted) return resolve();
+    const done = () => {
+      clearTimeout(timer);
+      signal.removeEventListener('abort', done);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    signal.addEventListener('abort', done, { once: true });
+  });
+}
+
 function toEvent(row: EventRow): RecordedEvent {
   return {
     id: row.event_id,
@@ -196,7 +209,7 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
         } catch (error) {
           if (abort.signal.aborted || closed) break;
           opts.onError?.(error);
-          await hub.wait(Number.NaN, Math.min(poll, 1000), abort.signal);
+          await pause(Math.min(poll, 1000), abort.signal);
           continue;
         }
         if (batch.length > 0) {

@@ -1,0 +1,76 @@
+/** `svc projections status|rebuild [name]`: lag per projection; drop-and-replay with a progress bar. */
+import { formatPosition, type EventStore } from '../store/index.ts';
+import type { Projection } from './projection.ts';
+import { ProjectionRunner, type RebuildProgress } from './runner.ts';
+
+interface Output {
+  write(text: string): unknown;
+  isTTY?: boolean;
+}
+
+export interface ProjectionsCommandIo {
+  store: EventStore;
+  projections: readonly Projection[];
+  stdout: Output;
+  stderr: Output;
+}
+
+const usage = 'usage: svc projections status [--json]\n       svc projections rebuild [name]\n';
+const count = new Intl.NumberFormat('en-US');
+
+function progressLine(p: RebuildProgress): string {
+  const width = 30;
+  const fraction = p.total === 0 ? 1 : Math.min(1, p.done / p.total);
+  const filled = Math.round(fraction * width);
+  const rate = p.elapsedMs > 0 ? (p.done / p.elapsedMs) * 1000 : 0;
+  return `${p.name} [${'#'.repeat(filled)}${'-'.repeat(width - filled)}] ${Math.floor(fraction * 100)}% ${count.format(p.done)}/${count.format(p.total)} events ${count.format(Math.round(rate))} events/s`;
+}
+
+/** Runs one `svc projections ...` command; returns the process exit code. */
+export async function runProjectionsCommand(args: readonly string[], io: ProjectionsCommandIo): Promise<number> {
+  const [action, ...rest] = args;
+  const runner = new ProjectionRunner({ store: io.store, projections: io.projections });
+  if (action === 'status') {
+    const statuses = await runner.status();
+    if (rest.includes('--json')) {
+      io.stdout.write(`${JSON.stringify(statuses.map((s) => ({ name: s.name, position: formatPosition(s.position), lag: s.lag, updated_at: s.updatedAt })))}\n`);
+      return 0;
+    }
+    if (statuses.length === 0) {
+      io.stdout.write('no projections registered\n');
+      return 0;
+    }
+    const rows = [['projection', 'checkpoint', 'lag', 'updated'], ...statuses.map((s) => [s.name, formatPosition(s.position), count.format(s.lag), s.updatedAt?.toISOString() ?? 'never'])];
+    const widths = rows[0].map((_, i) => Math.max(...rows.map((r) => r[i].length)));
+    for (const row of rows) io.stdout.write(`${row.map((cell, i) => (i === 2 ? cell.padStart(widths[i]) : cell.padEnd(widths[i]))).join('  ').trimEnd()}\n`);
+    return 0;
+  }
+  if (action === 'rebuild') {
+    const names = rest.length > 0 ? rest : runner.names;
+    const unknown = names.filter((n) => !runner.names.includes(n));
+    if (unknown.length > 0) {
+      io.stderr.write(`unknown projection ${unknown.map((n) => `"${n}"`).join(', ')}; known: ${runner.names.join(', ') || 'none'}\n`);
+      return 2;
+    }
+    for (const name of names) {
+      let lastShown = -1;
+      const report = await runner.rebuild(name, (progress) => {
+        if (io.stderr.isTTY) {
+          io.stderr.write(`\r${progressLine(progress)}`);
+          return;
+        }
+        // Not a terminal: one line per tenth, so logs stay readable.
+        const tenth = progress.total === 0 ? 10 : Math.floor((progress.done / progress.total) * 10);
+        if (tenth > lastShown) {
+          lastShown = tenth;
+          io.stderr.write(`${progressLine(progress)}\n`);
+        }
+      });
+      if (io.stderr.isTTY) io.stderr.write('\n');
+      io.stdout.write(`rebuilt ${name}: ${count.format(report.events)} events in ${report.seconds.toFixed(2)} s (${count.format(Math.round(report.eventsPerSecond))} events/s)\n`);
+    }
+    return 0;
+  }
+  io.stderr.write(usage);
+  return 2;
+}

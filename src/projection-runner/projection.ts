@@ -1,0 +1,40 @@
+import type { Queryable, RecordedEvent } from '../store/index.ts';
+
+/**
+ * A read model: its SQL tables and how events change them. `apply` runs inside the runner's
+ * transaction, together with the checkpoint update, and must be idempotent (an upsert, an insert
+ * that ignores rows it already has) so that replaying the same events changes nothing.
+ */
+export interface Projection {
+  /** Stable name: the checkpoint's key and the CLI's argument. */
+  name: string;
+  /** Tables this projection owns; a rebuild drops them before replaying. */
+  tables: readonly string[];
+  /** Creates the tables if missing. */
+  init(db: Queryable): Promise<void>;
+  /** Event types it reads; others only move its checkpoint. Omitted: every event. */
+  eventTypes?: readonly string[];
+  /** Applies events (in global order, already filtered by eventTypes). */
+  apply(events: readonly RecordedEvent[], db: Queryable): Promise<void>;
+}
+
+export type EventHandler = (event: RecordedEvent, db: Queryable) => Promise<void>;
+
+/** A projection written as one handler per event type, applied one event at a time. */
+export function defineProjection(definition: {
+  name: string;
+  tables: readonly string[];
+  init(db: Queryable): Promise<void>;
+  handlers: Record<string, EventHandler>;
+}): Projection {
+  const { handlers } = definition;
+  return {
+    name: definition.name,
+    tables: definition.tables,
+    init: definition.init,
+    eventTypes: Object.keys(handlers),
+    async apply(events, db) {
+      for (const event of events) await handlers[event.type]?.(event, db);
+    },
+  };
+}

@@ -1,0 +1,233 @@
+/**
+ * The projection runner: each projection reads the global log from its checkpoint and applies
+ * batches, writing its rows and its checkpoint in one transaction; catch-up first, then live.
+ */
+import {
+  comparePositions,
+  logStart,
+  type EventStore,
+  type GlobalPosition,
+  type Queryable,
+  type RecordedEvent,
+  type Subscription,
+} from '../store/index.ts';
+import type { Projection } from './projection.ts';
+
+export interface ProjectionRunnerOptions {
+  store: EventStore;
+  projections: readonly Projection[];
+  /** Events per transaction while live (default 500). */
+  batchSize?: number;
+  /** Events per transaction during a rebuild (default 5,000). */
+  rebuildBatchSize?: number;
+  /** Polling fallback when no commit hint arrives (ms). */
+  pollIntervalMs?: number;
+  /** Told about failed batches; the runner retries them. */
+  onError?(projection: string, error: unknown): void;
+}
+
+export interface ProjectionStatus {
+  name: string;
+  position: GlobalPosition;
+  /** Readable events after the checkpoint. */
+  lag: number;
+  updatedAt: Date | null;
+  /** Whether this runner is applying it live. */
+  live: boolean;
+}
+
+export interface RebuildProgress {
+  name: string;
+  done: number;
+  total: number;
+  elapsedMs: number;
+}
+
+export interface RebuildReport {
+  name: string;
+  events: number;
+  seconds: number;
+  eventsPerSecond: number;
+}
+
+/** Another runner (another process, a rebuild) moved the checkpoint: reload it and go on from there. */
+export class CheckpointMoved extends Error {
+  override name = 'CheckpointMoved';
+}
+
+async function readCheckpoint(db: Queryable, name: string, lock = false): Promise<{ position: GlobalPosition; updatedAt: Date } | null> {
+  const { rows } = await db.query<{ transaction_id: string; global_position: string | number; updated_at: Date | string }>(
+    `SELECT transaction_id::text AS transaction_id, global_position, updated_at FROM projection_checkpoints WHERE name = $1${lock ? ' FOR UPDATE' : ''}`,
+    [name],
+  );
+  if (rows.length === 0) return null;
+  return {
+    position: { transactionId: Number(rows[0].transaction_id), position: Number(rows[0].global_position) },
+    updatedAt: new Date(rows[0].updated_at),
+  };
+}
+
+export class ProjectionRunner {
+  readonly #store: EventStore;
+  readonly #projections: Map<string, Projection>;
+  readonly #options: ProjectionRunnerOptions;
+  readonly #live = new Map<string, Subscription>();
+  readonly #restarting = new Map<string, Promise<void>>();
+  #started = false;
+
+  constructor(options: ProjectionRunnerOptions) {
+    this.#store = options.store;
+    this.#options = options;
+    this.#projections = new Map(options.projections.map((p) => [p.name, p]));
+    if (this.#projections.size !== options.projections.length) throw new Error('projection names must be unique');
+  }
+
+  get names(): string[] {
+    return [...this.#projections.keys()];
+  }
+
+  /** Creates missing tables and checkpoints, then applies every projection live (catch-up first). */
+  async start(): Promise<void> {
+    if (this.#started) return;
+    this.#started = true;
+    for (const projection of this.#projections.values()) {
+      await this.#init(projection);
+      await this.#startLive(projection);
+    }
+  }
+
+  /** Resolves once every live projection has applied every event committed before the call. */
+  async caughtUp(): Promise<void> {
+    for (;;) {
+      await Promise.all([...this.#restarting.values()]);
+      try {
+        await Promise.all([...this.#live.values()].map((s) => s.caughtUp()));
+        return;
+      } catch (error) {
+        // a subscription restarted (its checkpoint moved) while we waited: wait on its successor
+        if (!this.#started) throw error;
+      }
+    }
+  }
+
+  async status(): Promise<ProjectionStatus[]> {
+    const result: ProjectionStatus[] = [];
+    for (const name of this.#projections.keys()) {
+      const checkpoint = await readCheckpoint(this.#store, name).catch(() => null);
+      const position = checkpoint?.position ?? logStart;
+      result.push({ name, position, lag: await this.#store.countAfter(position), updatedAt: checkpoint?.updatedAt ?? null, live: this.#live.has(name) });
+    }
+    return result;
+  }
+
+  /** Drops the projection's tables and replays the whole log into them; live application resumes after. */
+  async rebuild(name: string, onProgress?: (progress: RebuildProgress) => void): Promise<RebuildReport> {
+    const projection = this.#projections.get(name);
+    if (!projection) throw new Error(`unknown projection "${name}" (known: ${this.names.join(', ') || 'none'})`);
+    const wasLive = this.#live.has(name);
+    await this.#stopLive(name);
+    const started = performance.now();
+    try {
+      await this.#store.transaction(async (tx) => {
+        await readCheckpoint(tx, name, true);
+        for (const table of projection.tables) await tx.query(`DROP TABLE IF EXISTS ${table} CASCADE`);
+        await projection.init(tx);
+        await tx.query(
+          `INSERT INTO projection_checkpoints (name, transaction_id, global_position, updated_at) VALUES ($1, '0', 0, now())
+           ON CONFLICT (name) DO UPDATE SET transaction_id = '0', global_position = 0, updated_at = now()`,
+          [name],
+        );
+      });
+      const total = await this.#store.countAfter(logStart);
+      const batchSize = this.#options.rebuildBatchSize ?? 5000;
+      let position = logStart;
+      let done = 0;
+      // Read the next batch while the current one is applied.
+      let next = this.#store.readAll(position, batchSize);
+      for (;;) {
+        const batch = await next;
+        if (batch.length === 0) break;
+        next = this.#store.readAll(batch[batch.length - 1].globalPosition, batchSize);
+        next.catch(() => {}); // awaited on the next turn; a failure there is reported then
+        await this.#applyBatch(projection, position, batch);
+        position = batch[batch.length - 1].globalPosition;
+        done += batch.length;
+        onProgress?.({ name, done, total: Math.max(total, done), elapsedMs: performance.now() - started });
+      }
+      const seconds = (performance.now() - started) / 1000;
+      return { name, events: done, seconds, eventsPerSecond: seconds > 0 ? done / seconds : 0 };
+    } finally {
+      if (wasLive) await this.#startLive(projection);
+    }
+  }
+
+  async stop(): Promise<void> {
+    this.#started = false;
+    await Promise.all([...this.#restarting.values()]);
+    for (const name of [...this.#live.keys()]) await this.#stopLive(name);
+  }
+
+  async #init(projection: Projection): Promise<void> {
+    await this.#store.transaction(async (tx) => {
+      await projection.init(tx);
+      await tx.query(`INSERT INTO projection_checkpoints (name) VALUES ($1) ON CONFLICT (name) DO NOTHING`, [projection.name]);
+    });
+  }
+
+  /** Applies one batch and moves the checkpoint from `from` to the batch's end, atomically. */
+  async #applyBatch(projection: Projection, from: GlobalPosition, batch: readonly RecordedEvent[]): Promise<void> {
+    const last = batch[batch.length - 1].globalPosition;
+    const wanted = projection.eventTypes ? new Set(projection.eventTypes) : null;
+    const relevant = wanted ? batch.filter((e) => wanted.has(e.type)) : batch;
+    await this.#store.transaction(async (tx) => {
+      // Locking the checkpoint row serializes runners of one projection across processes.
+      const checkpoint = await readCheckpoint(tx, projection.name, true);
+      if (!checkpoint || comparePositions(checkpoint.position, from) !== 0) throw new CheckpointMoved(`checkpoint of ${projection.name} moved`);
+      if (relevant.length > 0) await projection.apply(relevant, tx);
+      await tx.query(
+        `UPDATE projection_checkpoints SET transaction_id = $2::text::xid8, global_position = $3, updated_at = now() WHERE name = $1`,
+        [projection.name, String(last.transactionId), last.position],
+      );
+    });
+  }
+
+  async #startLive(projection: Projection): Promise<void> {
+    const checkpoint = await readCheckpoint(this.#store, projection.name);
+    let position = checkpoint?.position ?? logStart;
+    const subscription = this.#store.subscribe({
+      after: position,
+      batchSize: this.#options.batchSize ?? 500,
+      pollIntervalMs: this.#options.pollIntervalMs,
+      handle: async (events) => {
+        await this.#applyBatch(projection, position, events);
+        position = events[events.length - 1].globalPosition;
+      },
+      onError: (error) => {
+        if (error instanceof CheckpointMoved) {
+          this.#restart(projection);
+          return;
+        }
+        this.#options.onError?.(projection.name, error);
+      },
+    });
+    this.#live.set(projection.name, subscription);
+  }
+
+  #restart(projection: Projection): void {
+    if (this.#restarting.has(projection.name)) return;
+    const restart = (async () => {
+      await this.#stopLive(projection.name);
+      if (this.#started) await this.#startLive(projection);
+    })()
+      .catch((error) => this.#options.onError?.(projection.name, error))
+      .finally(() => this.#restarting.delete(projection.name));
+    this.#restarting.set(projection.name, restart);
+  }
+
+  async #stopLive(name: string): Promise<void> {
+    const subscription = this.#live.get(name);
+    if (!subscription) return;
+    this.#live.delete(name);
+    await subscription.stop();
+  }
+}
