@@ -14,7 +14,8 @@ environment: PORT (8080), HOST (127.0.0.1), DATA_DIR (./data), DATABASE_URL, SVC
 async function serve(settings: Settings): Promise<number> {
   const { startGateway } = await import('../gateway/index.ts');
   const admin = resolveAdminToken(process.env, settings.dataDir);
-  const gateway = await startGateway(settings);
+  // SVC_ENGINE_CHAOS=1 gives reference engines their failure-injection route (for tests of a whole `svc serve`).
+  const gateway = await startGateway(settings, { chaosEngines: process.env.SVC_ENGINE_CHAOS === '1' });
   if (admin.created) {
     // Printed once, on the first start; it is kept under DATA_DIR readable by the owner only.
     process.stderr.write(`\nadmin token (shown once, stored in ${settings.dataDir}/admin-token): ${admin.token}\n\n`);

@@ -20,6 +20,8 @@ export interface Settings {
   /** Tokens per second the deadline feasibility check assumes. */
   deadlineTokensPerSecond: number;
   logLevel: string;
+  /** How long a shutdown waits for in-flight requests before closing their connections. */
+  shutdownGraceMs: number;
 }
 
 export class ConfigError extends Error {
@@ -106,6 +108,7 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env, overrides: Pa
     requestWindowMs: intFromEnv(env, 'SVC_REQUEST_WINDOW_MS', 14 * 60 * 1000, 1, 24 * 3600 * 1000),
     deadlineTokensPerSecond: 20,
     logLevel: env.LOG_LEVEL || 'info',
+    shutdownGraceMs: intFromEnv(env, 'SVC_SHUTDOWN_GRACE_MS', 60_000, 0, 3600_000),
     ...overrides,
     configPath,
     models,

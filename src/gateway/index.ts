@@ -30,6 +30,21 @@ export interface Gateway {
 }
 
 /**
+ * Stops accepting, lets in-flight requests finish (up to `graceMs`), and closes keep-alive connections
+ * as soon as they fall idle, so a client's pooled connection does not hold the process open.
+ */
+async function drainAndClose(app: FastifyInstance, graceMs: number): Promise<void> {
+  const idleSweep = setInterval(() => app.server.closeIdleConnections(), 50);
+  const force = setTimeout(() => app.server.closeAllConnections(), graceMs);
+  try {
+    await app.close();
+  } finally {
+    clearInterval(idleSweep);
+    clearTimeout(force);
+  }
+}
+
+/**
  * Starts the whole service: event store, model registry (tokenizers), reference engines as child
  * processes, engine pools and the HTTP API. `close` drains in-flight requests, then stops the rest.
  */
@@ -110,7 +125,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
         await openApiRoutes(scope);
       },
     });
-    stoppers.push(() => app.close());
+    stoppers.push(() => drainAndClose(app, settings.shutdownGraceMs));
     const address = await app.listen({ port: settings.port, host: settings.host });
     logger.info({ url: address }, 'gateway listening');
 
