@@ -1,11 +1,5 @@
--- The event store: one global log, one row per stream, one checkpoint per projection.
+-- The event store: one global log and one checkpoint per projection.
 -- Shared by the PostgreSQL and PGlite adapters; applied in file-name order, each file once.
-
-CREATE TABLE IF NOT EXISTS streams (
-  stream_id  text PRIMARY KEY,
-  -- number of events in the stream (the stream_version of its last event); 0 = no stream
-  version    bigint NOT NULL
-);
 
 CREATE TABLE IF NOT EXISTS events (
   global_position bigint GENERATED ALWAYS AS IDENTITY,
@@ -13,12 +7,14 @@ CREATE TABLE IF NOT EXISTS events (
   -- transaction is older than every running one, so a slow early transaction is never skipped
   transaction_id  xid8 NOT NULL DEFAULT pg_current_xact_id(),
   stream_id       text NOT NULL,
+  -- 1 for a stream's first event; a stream's version is its last event's
   stream_version  bigint NOT NULL,
   event_id        uuid NOT NULL,
   event_type      text NOT NULL,
   data            jsonb NOT NULL,
   metadata        jsonb NOT NULL DEFAULT '{}'::jsonb,
   recorded_at     timestamptz NOT NULL DEFAULT now(),
+  -- the optimistic-concurrency guard: two writers cannot both put an event at one stream version
   PRIMARY KEY (stream_id, stream_version)
 );
 CREATE UNIQUE INDEX IF NOT EXISTS events_event_id ON events (event_id);
@@ -31,83 +27,113 @@ CREATE TABLE IF NOT EXISTS projection_checkpoints (
   updated_at      timestamptz NOT NULL DEFAULT now()
 );
 
--- Appends a batch of independent appends (group commit) in one statement, so one round trip and
--- one commit serve many callers. Each append succeeds, is recognised as an idempotent repeat, or
--- conflicts on its own; a conflict in one append never fails the others.
--- p_appends: [{"s": stream_id, "k": "any"|"no_stream"|"stream_exists"|"exact", "v": expected,
---              "ev": [{"id": uuid, "type": text, "data": json, "meta": json}, ...]}, ...]
--- with each stream at most once per batch.
-CREATE OR REPLACE FUNCTION svc_append_batch(p_appends jsonb, p_channel text)
-RETURNS TABLE (idx bigint, outcome text, version bigint, last_position bigint, last_tx text)
+DO $$ BEGIN
+  CREATE TYPE svc_append_outcome AS (idx int, outcome text, version bigint, last_position bigint, last_tx text);
+EXCEPTION WHEN duplicate_object THEN NULL;
+END $$;
+
+-- Appends a batch of independent appends (group commit): one round trip and one commit serve many
+-- callers. Each append succeeds, is recognised as an idempotent repeat, or fails on its own; one
+-- append's failure never fails the others. Each stream appears at most once per batch.
+--   p_streams[i], p_expected[i] (-1 any, -2 no_stream, -3 stream_exists, N >= 0), p_counts[i]: append i
+--   p_ev_append[k], p_ev_ord[k], p_ids[k], p_types[k], p_data[k], p_meta[k]: event k, the p_ev_ord[k]-th of append p_ev_append[k]
+-- Outcomes: ok, idempotent, conflict (version), duplicate (ids stored elsewhere), retry (an `any`
+-- append lost a race with another process's append; send it again).
+CREATE OR REPLACE FUNCTION svc_append_batch(
+  p_streams text[], p_expected bigint[], p_counts int[],
+  p_ev_append int[], p_ev_ord int[], p_ids uuid[], p_types text[], p_data jsonb[], p_meta jsonb[],
+  p_channel text)
+RETURNS SETOF svc_append_outcome
 LANGUAGE plpgsql AS $fn$
 DECLARE
-  v_current jsonb;
-  v_ok boolean;
+  v_out svc_append_outcome[];
+  v_rec svc_append_outcome;
+  v_expected bigint;
+  v_count int;
+  v_ids uuid[];
+  v_found bigint;
+  v_in_place boolean;
+  v_base bigint;
+  v_last_version bigint;
+  v_last_position bigint;
+  v_last_tx text;
 BEGIN
-  -- First write of the transaction: create missing stream rows and lock every stream of the batch,
-  -- in one sorted sweep so that concurrent batches cannot deadlock. Returns the current versions.
-  WITH locked AS (
-    INSERT INTO streams AS s (stream_id, version)
-    SELECT a.doc->>'s', 0 FROM jsonb_array_elements(p_appends) AS a(doc) ORDER BY 1
-    ON CONFLICT (stream_id) DO UPDATE SET version = s.version
-    RETURNING s.stream_id, s.version
-  )
-  SELECT jsonb_object_agg(l.stream_id, l.version) INTO v_current FROM locked l;
-
-  RETURN QUERY
+  -- The common path, one statement: read each stream's version, insert the events of the appends
+  -- whose expected version holds. A unique index that another transaction got to first skips the
+  -- row (ON CONFLICT DO NOTHING) rather than failing the batch; such appends are sorted out below.
   WITH req AS (
-    SELECT a.i AS idx, a.doc->>'s' AS stream_id, a.doc->>'k' AS kind, (a.doc->>'v')::bigint AS expected,
-           (v_current->>(a.doc->>'s'))::bigint AS cur, jsonb_array_length(a.doc->'ev') AS n, a.doc->'ev' AS evs
-    FROM jsonb_array_elements(p_appends) WITH ORDINALITY AS a(doc, i)
-  ), ev AS (
-    SELECT r.idx, r.stream_id, r.cur, e.ord, (e.doc->>'id')::uuid AS event_id, e.doc
-    FROM req r, jsonb_array_elements(r.evs) WITH ORDINALITY AS e(doc, ord)
-  ), seen AS (
-    -- events of this batch that are already stored: an idempotent repeat, or a reused id
-    SELECT ev.idx, count(*) AS found,
-           bool_and(x.stream_id = ev.stream_id) AND count(DISTINCT x.stream_version - ev.ord) = 1 AS in_place,
-           min(x.stream_version - ev.ord) AS base, max(x.stream_version) AS last_version,
-           max(x.global_position) AS last_position, max(x.transaction_id::text) AS last_tx
-    FROM ev JOIN events x ON x.event_id = ev.event_id
-    GROUP BY ev.idx
-  ), decision AS (
-    SELECT r.idx, r.stream_id, r.cur, r.n, s.last_version, s.last_position, s.last_tx,
-      CASE
-        WHEN s.found IS NULL THEN
-          CASE WHEN r.kind = 'any' OR (r.kind = 'no_stream' AND r.cur = 0)
-                 OR (r.kind = 'stream_exists' AND r.cur > 0) OR (r.kind = 'exact' AND r.cur = r.expected)
-               THEN 'ok' ELSE 'conflict' END
-        WHEN s.found = r.n AND s.in_place AND (r.kind IN ('any', 'stream_exists')
-               OR (r.kind = 'no_stream' AND s.base = 0) OR (r.kind = 'exact' AND s.base = r.expected))
-          THEN 'idempotent'
-        ELSE 'duplicate'
-      END AS outcome
-    FROM req r LEFT JOIN seen s ON s.idx = r.idx
+    SELECT r.idx::int AS idx, r.stream_id, r.expected, r.n, coalesce(v.stream_version, 0) AS cur
+    FROM unnest(p_streams, p_expected, p_counts) WITH ORDINALITY AS r(stream_id, expected, n, idx)
+    LEFT JOIN LATERAL (
+      SELECT e.stream_version FROM events e WHERE e.stream_id = r.stream_id ORDER BY e.stream_version DESC LIMIT 1
+    ) v ON true
+  ), decided AS (
+    SELECT req.*, (expected = -1 OR (expected = -2 AND cur = 0) OR (expected = -3 AND cur > 0) OR expected = cur) AS ok
+    FROM req
   ), ins AS (
     INSERT INTO events (stream_id, stream_version, event_id, event_type, data, metadata)
-    SELECT ev.stream_id, ev.cur + ev.ord, ev.event_id, ev.doc->>'type', ev.doc->'data', coalesce(ev.doc->'meta', '{}'::jsonb)
-    FROM ev JOIN decision d ON d.idx = ev.idx
-    WHERE d.outcome = 'ok'
-    ORDER BY ev.idx, ev.ord
+    SELECT d.stream_id, d.cur + ev.ord, ev.event_id, ev.event_type, ev.data, ev.metadata
+    FROM unnest(p_ev_append, p_ev_ord, p_ids, p_types, p_data, p_meta) WITH ORDINALITY
+           AS ev(append_idx, ord, event_id, event_type, data, metadata, k)
+    JOIN decided d ON d.idx = ev.append_idx
+    WHERE d.ok
+    ORDER BY ev.k
+    ON CONFLICT DO NOTHING
     RETURNING events.stream_id, events.global_position, events.transaction_id
-  ), upd AS (
-    UPDATE streams s SET version = d.cur + d.n
-    FROM decision d WHERE d.outcome = 'ok' AND s.stream_id = d.stream_id
-    RETURNING s.stream_id
   ), written AS (
-    SELECT i.stream_id, max(i.global_position) AS last_position, max(i.transaction_id::text) AS last_tx
+    SELECT i.stream_id, count(*) AS n, max(i.global_position) AS last_position, min(i.transaction_id::text) AS last_tx
     FROM ins i GROUP BY i.stream_id
   )
-  SELECT d.idx, d.outcome,
-         CASE d.outcome WHEN 'ok' THEN d.cur + d.n WHEN 'idempotent' THEN d.last_version ELSE d.cur END,
-         CASE d.outcome WHEN 'ok' THEN w.last_position WHEN 'idempotent' THEN d.last_position END,
-         CASE d.outcome WHEN 'ok' THEN w.last_tx WHEN 'idempotent' THEN d.last_tx END
-  FROM decision d LEFT JOIN written w ON w.stream_id = d.stream_id
-  ORDER BY d.idx;
+  SELECT array_agg(ROW(
+      d.idx,
+      CASE WHEN NOT d.ok THEN 'check' WHEN w.n = d.n THEN 'ok' ELSE 'raced' END,
+      CASE WHEN d.ok THEN d.cur + d.n ELSE d.cur END,
+      w.last_position, w.last_tx)::svc_append_outcome ORDER BY d.idx)
+  INTO v_out
+  FROM decided d LEFT JOIN written w ON w.stream_id = d.stream_id;
+
+  -- The rare path: version mismatches (maybe idempotent repeats) and appends that lost a race.
+  FOR i IN 1 .. coalesce(array_length(v_out, 1), 0) LOOP
+    v_rec := v_out[i];
+    CONTINUE WHEN v_rec.outcome = 'ok';
+    v_expected := p_expected[i];
+    v_count := p_counts[i];
+    SELECT array_agg(p_ids[k] ORDER BY p_ev_ord[k]) INTO v_ids
+    FROM generate_subscripts(p_ids, 1) AS k WHERE p_ev_append[k] = i;
+    IF v_rec.outcome = 'raced' THEN
+      -- undo the part of this append that did go in: an append is all or nothing
+      DELETE FROM events WHERE event_id = ANY (v_ids) AND transaction_id = pg_current_xact_id();
+    END IF;
+    SELECT count(*),
+           bool_and(x.stream_id = p_streams[i]) AND count(DISTINCT x.stream_version - o.ord) = 1,
+           min(x.stream_version - o.ord), max(x.stream_version), max(x.global_position), max(x.transaction_id::text)
+    INTO v_found, v_in_place, v_base, v_last_version, v_last_position, v_last_tx
+    FROM unnest(v_ids) WITH ORDINALITY AS o(id, ord) JOIN events x ON x.event_id = o.id;
+    IF v_found = v_count AND v_in_place
+       AND (v_expected IN (-1, -3) OR (v_expected = -2 AND v_base = 0) OR v_base = v_expected) THEN
+      v_rec.outcome := 'idempotent';
+      v_rec.version := v_last_version;
+      v_rec.last_position := v_last_position;
+      v_rec.last_tx := v_last_tx;
+    ELSIF v_found > 0 THEN
+      v_rec.outcome := 'duplicate';
+    ELSIF v_rec.outcome = 'raced' AND v_expected = -1 THEN
+      v_rec.outcome := 'retry';
+    ELSE
+      v_rec.outcome := 'conflict';
+    END IF;
+    IF v_rec.outcome IN ('duplicate', 'retry', 'conflict') THEN
+      SELECT coalesce(max(e.stream_version), 0) INTO v_rec.version FROM events e WHERE e.stream_id = p_streams[i];
+      v_rec.last_position := NULL;
+      v_rec.last_tx := NULL;
+    END IF;
+    v_out[i] := v_rec;
+  END LOOP;
 
   -- wake-up hint for live readers in other processes; delivered at commit, merged per transaction
   IF p_channel IS NOT NULL THEN
     PERFORM pg_notify(p_channel, '');
   END IF;
+  RETURN QUERY SELECT * FROM unnest(v_out);
 END
 $fn$;

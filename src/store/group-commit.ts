@@ -14,9 +14,12 @@ export interface PendingAppend {
 
 export type AppendOutcome = { ok: AppendResult } | { error: Error };
 
+/** `retry`: an `any` append lost a race to another process; it goes into the next batch. */
+export type BatchOutcome = AppendOutcome | { retry: true };
+
 export interface GroupCommitOptions {
   /** Runs one batch; returns one outcome per append, in order. Throws when the whole batch failed. */
-  execute(batch: PendingAppend[]): Promise<AppendOutcome[]>;
+  execute(batch: PendingAppend[]): Promise<BatchOutcome[]>;
   /** Batches in flight at once (connections used for appends). */
   maxInFlight: number;
   /** Upper bound on events per batch. */
@@ -99,7 +102,7 @@ export class GroupCommitter {
   }
 
   async #settle(batch: Waiting[]): Promise<void> {
-    let outcomes: AppendOutcome[];
+    let outcomes: BatchOutcome[];
     try {
       outcomes = await this.#options.execute(batch);
     } catch (error) {
@@ -111,10 +114,13 @@ export class GroupCommitter {
       for (const item of batch) await this.#settle([item]);
       return;
     }
+    const again: Waiting[] = [];
     batch.forEach((item, i) => {
       const outcome = outcomes[i];
       if ('ok' in outcome) item.resolve(outcome.ok);
-      else item.reject(outcome.error);
+      else if ('error' in outcome) item.reject(outcome.error);
+      else again.push(item);
     });
+    this.#queue.unshift(...again);
   }
 }

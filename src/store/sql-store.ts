@@ -4,7 +4,7 @@
  */
 import { DuplicateEventId, StoreClosed, WrongExpectedVersion } from './errors.ts';
 import type { SqlDriver } from './driver.ts';
-import { GroupCommitter, type AppendOutcome, type PendingAppend } from './group-commit.ts';
+import { GroupCommitter, type BatchOutcome, type PendingAppend } from './group-commit.ts';
 import { comparePositions } from './position.ts';
 import {
   logStart,
@@ -54,8 +54,8 @@ interface EventRow {
 }
 
 interface BatchRow {
-  idx: string | number;
-  outcome: 'ok' | 'idempotent' | 'conflict' | 'duplicate';
+  idx: number;
+  outcome: 'ok' | 'idempotent' | 'conflict' | 'duplicate' | 'retry';
   version: string | number;
   last_position: string | number | null;
   last_tx: string | null;
@@ -102,18 +102,36 @@ function validateAppend(streamId: string, events: readonly NewEvent[], expected:
   }
 }
 
-function batchPayload(batch: readonly PendingAppend[]): string {
-  return JSON.stringify(
-    batch.map((a) => ({
-      s: a.streamId,
-      k: typeof a.expected === 'number' ? 'exact' : a.expected,
-      v: typeof a.expected === 'number' ? a.expected : 0,
-      ev: a.events.map((e) => ({ id: e.id, type: e.type, data: e.data ?? null, meta: e.metadata ?? {} })),
-    })),
-  );
+const expectedCode = { any: -1, no_stream: -2, stream_exists: -3 } as const;
+
+/** The append function's parameters: one array per column, so the database parses each event once. */
+function batchParams(batch: readonly PendingAppend[], channel: string | null): unknown[] {
+  const streams: string[] = [];
+  const expected: number[] = [];
+  const counts: number[] = [];
+  const evAppend: number[] = [];
+  const evOrd: number[] = [];
+  const ids: string[] = [];
+  const types: string[] = [];
+  const data: string[] = [];
+  const meta: string[] = [];
+  batch.forEach((append, i) => {
+    streams.push(append.streamId);
+    expected.push(typeof append.expected === 'number' ? append.expected : expectedCode[append.expected]);
+    counts.push(append.events.length);
+    append.events.forEach((event, j) => {
+      evAppend.push(i + 1);
+      evOrd.push(j + 1);
+      ids.push(event.id);
+      types.push(event.type);
+      data.push(JSON.stringify(event.data ?? null));
+      meta.push(event.metadata ? JSON.stringify(event.metadata) : '{}');
+    });
+  });
+  return [streams, expected, counts, evAppend, evOrd, ids, types, data, meta, channel];
 }
 
-function toOutcome(append: PendingAppend, row: BatchRow): AppendOutcome {
+function toOutcome(append: PendingAppend, row: BatchRow): BatchOutcome {
   const version = Number(row.version);
   switch (row.outcome) {
     case 'ok':
@@ -129,18 +147,20 @@ function toOutcome(append: PendingAppend, row: BatchRow): AppendOutcome {
       return { error: new WrongExpectedVersion(append.streamId, append.expected, version) };
     case 'duplicate':
       return { error: new DuplicateEventId(append.streamId, version) };
+    case 'retry':
+      return { retry: true };
   }
 }
 
-async function runBatch(db: Queryable, channel: string | null, batch: readonly PendingAppend[]): Promise<AppendOutcome[]> {
+async function runBatch(db: Queryable, channel: string | null, batch: readonly PendingAppend[]): Promise<BatchOutcome[]> {
   const { rows } = await db.query<BatchRow>(
-    'SELECT idx, outcome, version, last_position, last_tx FROM svc_append_batch($1::jsonb, $2::text)',
-    [batchPayload(batch), channel],
+    `SELECT idx, outcome, version, last_position, last_tx
+     FROM svc_append_batch($1::text[], $2::bigint[], $3::int[], $4::int[], $5::int[], $6::uuid[], $7::text[], $8::jsonb[], $9::jsonb[], $10::text)`,
+    batchParams(batch, channel),
   );
   return batch.map((append, i) => toOutcome(append, rows[i]));
 }
 
-/** Migrates the schema, starts cross-process wake-ups, and returns the store over `driver`. */
 export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOptions = {}): Promise<EventStore> {
   await migrate(driver);
   const hub = new WakeHub();
@@ -258,17 +278,17 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
 
     async readStream(streamId, { fromVersion = 1, limit } = {}) {
       ensureOpen();
+      // One statement, so the version and the events come from one snapshot.
       const { rows } = await driver.query<EventRow & { current_version: string | number }>(
-        `SELECT s.version AS current_version, e.* FROM streams s
+        `SELECT s.current_version, e.* FROM
+           (SELECT coalesce(max(stream_version), 0) AS current_version FROM events WHERE stream_id = $1) s
          LEFT JOIN LATERAL (
            SELECT ${eventColumns} FROM events
-           WHERE events.stream_id = s.stream_id AND events.stream_version >= $2
+           WHERE events.stream_id = $1 AND events.stream_version >= $2
            ORDER BY events.stream_version LIMIT $3
-         ) e ON true
-         WHERE s.stream_id = $1`,
+         ) e ON true`,
         [streamId, fromVersion, limit ?? null],
       );
-      if (rows.length === 0) return { version: 0, events: [] } satisfies StreamRead;
       return {
         version: Number(rows[0].current_version),
         events: rows[0].event_id === null ? [] : rows.map(toEvent),
@@ -301,10 +321,13 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
           query: (sql, params) => tx.query(sql, params),
           async append(streamId, events, expected): Promise<AppendResult> {
             validateAppend(streamId, events, expected);
-            const [outcome] = await runBatch(tx, driver.notifyChannel, [{ streamId, events, expected }]);
-            if ('error' in outcome) throw outcome.error;
-            appended ||= !outcome.ok.idempotent;
-            return outcome.ok;
+            for (;;) {
+              const [outcome] = await runBatch(tx, driver.notifyChannel, [{ streamId, events, expected }]);
+              if ('retry' in outcome) continue; // another process's append to this stream went first; `any` goes on top
+              if ('error' in outcome) throw outcome.error;
+              appended ||= !outcome.ok.idempotent;
+              return outcome.ok;
+            }
           },
         }),
       );
