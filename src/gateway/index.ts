@@ -5,7 +5,7 @@ import { completionRoutes } from '../api/completions.ts';
 import { modelRoutes } from '../api/models.ts';
 import { modelStatusRoutes } from '../api/model-status.ts';
 import { openApiRoutes } from '../api/openapi.ts';
-import type { Settings } from '../config/index.ts';
+import type { ModelConfig, Settings } from '../config/index.ts';
 import { EngineClient } from '../engine-client/index.ts';
 import { ModelRegistry } from '../registry/index.ts';
 import { spawnReferenceEngine } from '../reference-engine/index.ts';
@@ -55,30 +55,35 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     for (const stop of stoppers.reverse()) await stop().catch((err) => logger.error({ err: String(err) }, 'shutdown step failed'));
   };
   try {
-    const store = await openEventStore({ databaseUrl: settings.databaseUrl, dataDir: settings.dataDir, purpose: 'svc serve' });
-    stoppers.push(() => store.close());
-
+    // The store, the tokenizers and the engine processes start side by side; startup is the slowest of them.
     const registry = new ModelRegistry(settings.models);
     stoppers.push(async () => registry.close());
-    await registry.loadTokenizers();
-
     const engineUrls = new Map<string, string>();
     const engineBoots = new Map<string, { stage: string; at: number; alive: () => boolean }>();
-    await Promise.all(
-      settings.models.map(async (model) => {
-        if (model.engine !== 'reference') {
-          engineUrls.set(model.id, model.engine.replace(/\/+$/, ''));
-          return;
-        }
-        const engine = await spawnReferenceEngine(model.id, { configPath: settings.configPath, chaos: options.chaosEngines });
-        stoppers.push(() => engine.stop());
-        engineUrls.set(model.id, engine.url);
-        let alive = true;
-        void engine.exited.then(() => (alive = false));
-        engineBoots.set(model.id, { stage: 'ready', at: Date.now(), alive: () => alive });
-        logger.info({ model: model.id, url: engine.url, pid: engine.pid }, 'reference engine started');
-      }),
-    );
+    const startEngine = async (model: ModelConfig) => {
+      if (model.engine !== 'reference') {
+        engineUrls.set(model.id, model.engine.replace(/\/+$/, ''));
+        return;
+      }
+      const engine = await spawnReferenceEngine(model.id, { configPath: settings.configPath, chaos: options.chaosEngines });
+      stoppers.push(() => engine.stop());
+      engineUrls.set(model.id, engine.url);
+      let alive = true;
+      void engine.exited.then(() => (alive = false));
+      engineBoots.set(model.id, { stage: 'ready', at: Date.now(), alive: () => alive });
+      logger.info({ model: model.id, url: engine.url, pid: engine.pid }, 'reference engine started');
+    };
+    const openStore = async () => {
+      const opened = await openEventStore({ databaseUrl: settings.databaseUrl, dataDir: settings.dataDir, purpose: 'svc serve' });
+      stoppers.push(() => opened.close());
+      return opened;
+    };
+    const storeOpening = openStore();
+    // Every start is awaited before deciding, so nothing spawned is left running when one fails.
+    const started = await Promise.allSettled([storeOpening, registry.loadTokenizers(), ...settings.models.map(startEngine)]);
+    const failed = started.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+    if (failed) throw failed.reason;
+    const store = await storeOpening;
 
     const engines = new EngineClient(
       settings.models.map((m) => ({ modelId: m.id, url: engineUrls.get(m.id)!, checkpoint: m.checkpoint, gpuShape: m.gpu_shape })),
