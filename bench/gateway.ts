@@ -67,11 +67,14 @@ async function latency(url: string, payload: string, firstByte: boolean, n: numb
   return { p50: percentile(samples, 50), p99: percentile(samples, 99) };
 }
 
+// BENCH_PARTS=latency,throughput,relay picks parts (all by default).
+const parts = new Set((process.env.BENCH_PARTS ?? 'latency,throughput,relay').split(','));
+
 // Interleave direct and gateway rounds so machine noise hits both alike.
 const rounds = 4;
 const perRound = 1000;
 const acc = { direct: [] as number[][], gw: [] as number[][], directTtfb: [] as number[][], gwTtfb: [] as number[][] };
-for (let r = 0; r < rounds; r++) {
+for (let r = 0; r < (parts.has('latency') ? rounds : 0); r++) {
   const d = await latency(`${engine.url}/v1/completions`, engineBody, false, perRound);
   const g = await latency(`${gateway.url}/v1/completions`, body, false, perRound);
   const ds = await latency(`${engine.url}/v1/completions`, engineStreamBody, true, perRound / 2);
@@ -89,8 +92,8 @@ async function throughput(url: string, payload: string): Promise<number> {
   if (result.non2xx > 0 || result.errors > 0) throw new Error(`${url}: ${result.non2xx} non-2xx, ${result.errors} errors`);
   return result.requests.average;
 }
-const directRps = await throughput(`${engine.url}/v1/completions`, engineBody);
-const gatewayRps = await throughput(`${gateway.url}/v1/completions`, body);
+const directRps = parts.has('throughput') ? await throughput(`${engine.url}/v1/completions`, engineBody) : NaN;
+const gatewayRps = parts.has('throughput') ? await throughput(`${gateway.url}/v1/completions`, body) : NaN;
 
 // 1 GB full-vocabulary relay, read as fast as the client can, with and without gzip.
 async function relay(gzip: boolean): Promise<{ bytes: number; seconds: number; peakMb: number }> {
@@ -107,10 +110,11 @@ async function relay(gzip: boolean): Promise<{ bytes: number; seconds: number; p
   clearInterval(sampler);
   return { bytes, seconds: (performance.now() - started) / 1000, peakMb: Math.max(peak, memoryOf(gateway.child.pid!).rssMb) };
 }
-const plainRelay = await relay(false);
-const gzipRelay = await relay(true);
+const skipped = { bytes: NaN, seconds: NaN, peakMb: NaN };
+const plainRelay = parts.has('relay') ? await relay(false) : skipped;
+const gzipRelay = parts.has('relay') ? await relay(true) : skipped;
 
-const f = (x: number) => x.toFixed(3);
+const f = (x: number | undefined) => (x === undefined ? 'n/a' : x.toFixed(3));
 const lines = [
   `gateway overhead bench — ${new Date().toISOString()} — ${cpus().length} cores (${cpus()[0]?.model}), ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.version}`,
   `non-streaming latency ms (median of ${rounds} rounds x ${perRound}): direct p50 ${f(col(acc.direct, 0))} p99 ${f(col(acc.direct, 1))} | gateway p50 ${f(col(acc.gw, 0))} p99 ${f(col(acc.gw, 1))} | added p50 ${f(col(acc.gw, 0) - col(acc.direct, 0))} p99 ${f(col(acc.gw, 1) - col(acc.direct, 1))}`,
