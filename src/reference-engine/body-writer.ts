@@ -1,32 +1,140 @@
-// Writes a response in ~64 KB pieces and waits for 'drain', so a huge body (full-vocabulary prompt logprobs)
-// never sits in memory whole. Rejects once the client has gone.
+// Writes a response through 64 KB byte buffers and waits for 'drain', so a huge body (full-vocabulary prompt
+// logprobs, gigabytes) never sits in memory whole and makes little garbage: token fragments are pre-encoded
+// bytes, numbers are written digit by digit. Rejects once the client has gone.
 import type { ServerResponse } from 'node:http';
 
 const PIECE = 64 * 1024;
 
 export class BodyWriter {
   readonly #res: ServerResponse;
-  #buf = '';
+  #buf: Buffer = Buffer.allocUnsafe(PIECE);
+  #at = 0;
   bytes = 0;
 
   constructor(res: ServerResponse) {
     this.#res = res;
   }
 
-  /** Buffers `s`; returns a promise only when the buffer was flushed (await it to honour backpressure). */
+  /** True when the buffer is nearly full: the caller should `await flush()` (backpressure). */
+  get full(): boolean {
+    return this.#at > PIECE - 4096;
+  }
+
+  /** Appends text; flushes when the buffer is nearly full (await the promise it then returns). */
   push(s: string): Promise<void> | void {
-    this.#buf += s;
-    if (this.#buf.length >= PIECE) return this.flush();
+    const need = Buffer.byteLength(s);
+    if (need > PIECE - this.#at) {
+      if (this.#at > 0) this.#queue();
+      if (need > PIECE) {
+        this.#write(Buffer.from(s, 'utf8'));
+        return this.#drained();
+      }
+    }
+    this.#at += this.#buf.write(s, this.#at);
+    if (this.full) return this.flush();
+  }
+
+  /** Appends pre-encoded bytes (caller keeps each piece well under 4 KB). */
+  bytesOf(b: Uint8Array): void {
+    this.#buf.set(b, this.#at);
+    this.#at += b.length;
+  }
+
+  /** Appends src[start, end) (small pieces of a pre-encoded blob). */
+  copy(src: Uint8Array, start: number, end: number): void {
+    const buf = this.#buf;
+    let at = this.#at;
+    for (let i = start; i < end; i++) buf[at++] = src[i];
+    this.#at = at;
+  }
+
+  /** Appends a single ASCII character code. */
+  char(c: number): void {
+    this.#buf[this.#at++] = c;
+  }
+
+  /** Appends a non-negative integer. */
+  int(n: number): void {
+    const buf = this.#buf;
+    if (n < 10) {
+      buf[this.#at++] = 48 + n;
+      return;
+    }
+    let digits = 1;
+    for (let x = n; x >= 10; x = Math.floor(x / 10)) digits++;
+    let at = this.#at + digits;
+    this.#at = at;
+    for (let x = n; at > this.#at - digits; x = Math.floor(x / 10)) buf[--at] = 48 + (x % 10);
+  }
+
+  /**
+   * Appends a logprob (<= 0) with 9 significant digits: enough to round-trip the float32 it came from. Values
+   * at or below -9999 are clamped like vLLM's serializer (JSON has no -Infinity).
+   */
+  logprob(x: number): void {
+    const buf = this.#buf;
+    if (!(x > -9999)) {
+      this.#at += buf.write('-9999.0', this.#at, 'latin1');
+      return;
+    }
+    const a = -x;
+    if (a === 0 || a < 1e-6) {
+      this.#at += buf.write(String(x), this.#at, 'latin1');
+      return;
+    }
+    const e = Math.floor(Math.log10(a));
+    const decimals = 8 - e; // 9 significant digits; e in [-6, 3] so decimals in [5, 14]
+    let m = Math.round(a * POW10[decimals]);
+    if (m >= 1e9) m = Math.round(m / 10) * 10; // log10 rounding at a power of ten
+    buf[this.#at++] = 45; // '-'
+    if (e < 0) {
+      buf[this.#at++] = 48;
+      buf[this.#at++] = 46;
+      for (let z = -1; z > e; z--) buf[this.#at++] = 48;
+      this.#digits(m, 9);
+    } else {
+      const intDigits = e + 1;
+      const tmp = this.#at;
+      this.#digits(m, 9);
+      // shift the fraction one place right to make room for the decimal point
+      for (let i = tmp + 9; i > tmp + intDigits; i--) buf[i] = buf[i - 1];
+      buf[tmp + intDigits] = 46;
+      this.#at++;
+    }
+  }
+
+  #digits(m: number, count: number): void {
+    const buf = this.#buf;
+    let at = this.#at + count;
+    this.#at = at;
+    for (let i = 0; i < count; i++, m = Math.floor(m / 10)) buf[--at] = 48 + (m % 10);
   }
 
   async flush(): Promise<void> {
-    if (this.#buf.length === 0) return;
+    if (this.#at === 0) return;
+    this.#queue();
+    await this.#drained();
+  }
+
+  #queue(): void {
+    const chunk = this.#buf.subarray(0, this.#at);
+    this.#buf = Buffer.allocUnsafe(PIECE);
+    this.#at = 0;
+    this.#write(chunk);
+  }
+
+  #ok = true;
+
+  #write(chunk: Buffer): void {
     const res = this.#res;
     if (res.destroyed || res.writableEnded) throw new Error('client went away');
-    const chunk = Buffer.from(this.#buf, 'utf8');
-    this.#buf = '';
     this.bytes += chunk.length;
-    if (res.write(chunk)) return;
+    if (!res.write(chunk)) this.#ok = false;
+  }
+
+  async #drained(): Promise<void> {
+    if (this.#ok) return;
+    const res = this.#res;
     await new Promise<void>((resolve, reject) => {
       const done = () => {
         res.off('drain', done);
@@ -41,6 +149,7 @@ export class BodyWriter {
       res.on('drain', done);
       res.on('close', gone);
     });
+    this.#ok = true;
   }
 
   async end(): Promise<void> {
@@ -48,3 +157,5 @@ export class BodyWriter {
     this.#res.end();
   }
 }
+
+const POW10 = Float64Array.from({ length: 16 }, (_, i) => 10 ** i);

@@ -33,20 +33,22 @@ interface Block {
 /** Called with each block's output (the residual stream after block `layer`) at absolute position `pos`. */
 export type BlockHook = (layer: number, pos: number, h: Float32Array) => void;
 
-/** Per-sequence keys and values of every layer; grows by doubling. */
+/** Per-sequence keys and values of every layer, head-major ([head][position][d_head]) so attention reads contiguously. */
 export class KvCache {
   readonly k: Float32Array[];
   readonly v: Float32Array[];
   length = 0;
-  #capacity: number;
+  capacity: number;
   readonly #d: number;
+  readonly #heads: number;
 
-  constructor(nLayers: number, d: number, capacity = 64, from?: KvCache) {
+  constructor(nLayers: number, d: number, heads: number, capacity = 64, from?: KvCache) {
     this.#d = d;
-    this.#capacity = capacity;
+    this.#heads = heads;
+    this.capacity = capacity;
     if (from) {
-      this.k = from.k.map((a) => a.slice(0, capacity * d));
-      this.v = from.v.map((a) => a.slice(0, capacity * d));
+      this.k = from.k.map((a) => a.slice());
+      this.v = from.v.map((a) => a.slice());
       this.length = from.length;
     } else {
       this.k = Array.from({ length: nLayers }, () => new Float32Array(capacity * d));
@@ -55,22 +57,24 @@ export class KvCache {
   }
 
   ensure(positions: number): void {
-    if (positions <= this.#capacity) return;
-    let cap = this.#capacity;
+    if (positions <= this.capacity) return;
+    let cap = this.capacity;
     while (cap < positions) cap *= 2;
+    const dh = this.#d / this.#heads;
+    const grow = (old: Float32Array) => {
+      const next = new Float32Array(cap * this.#d);
+      for (let h = 0; h < this.#heads; h++) next.set(old.subarray(h * this.capacity * dh, (h + 1) * this.capacity * dh), h * cap * dh);
+      return next;
+    };
     for (let l = 0; l < this.k.length; l++) {
-      const k = new Float32Array(cap * this.#d);
-      k.set(this.k[l]);
-      this.k[l] = k;
-      const v = new Float32Array(cap * this.#d);
-      v.set(this.v[l]);
-      this.v[l] = v;
+      this.k[l] = grow(this.k[l]);
+      this.v[l] = grow(this.v[l]);
     }
-    this.#capacity = cap;
+    this.capacity = cap;
   }
 
   clone(): KvCache {
-    return new KvCache(this.k.length, this.#d, Math.max(this.#capacity, 1), this);
+    return new KvCache(this.k.length, this.#d, this.#heads, this.capacity, this);
   }
 }
 
@@ -141,7 +145,7 @@ export class Model {
   }
 
   newCache(capacity = 64): KvCache {
-    return new KvCache(this.shape.nLayers, this.shape.dModel, capacity);
+    return new KvCache(this.shape.nLayers, this.shape.dModel, this.shape.nHeads, capacity);
   }
 
   /**
@@ -170,32 +174,16 @@ export class Model {
       matVec(b.wqkv, x, b.bqkv, qkv, 3 * d, d);
       const K = cache.k[l];
       const V = cache.v[l];
-      K.set(qkv.subarray(d, 2 * d), pe);
-      V.set(qkv.subarray(2 * d, 3 * d), pe);
+      const cap = cache.capacity;
       for (let hd = 0; hd < H; hd++) {
+        const base = hd * cap * dh;
         const qo = hd * dh;
-        let max = -Infinity;
-        for (let t = 0; t <= pos; t++) {
-          const ko = t * d + qo;
-          let s = 0;
-          for (let j = 0; j < dh; j++) s += qkv[qo + j] * K[ko + j];
-          s *= invSqrt;
-          scores[t] = s;
-          if (s > max) max = s;
+        for (let j = 0; j < dh; j++) {
+          K[base + pos * dh + j] = qkv[d + qo + j];
+          V[base + pos * dh + j] = qkv[2 * d + qo + j];
         }
-        let sum = 0;
-        for (let t = 0; t <= pos; t++) {
-          const e = Math.exp(scores[t] - max);
-          scores[t] = e;
-          sum += e;
-        }
-        const inv = 1 / sum;
-        for (let j = 0; j < dh; j++) att[qo + j] = 0;
-        for (let t = 0; t <= pos; t++) {
-          const p = scores[t] * inv;
-          const vo = t * d + qo;
-          for (let j = 0; j < dh; j++) att[qo + j] += p * V[vo + j];
-        }
+        if (dh === 16) attendHead16(qkv, qo, K, V, base, pos, scores, att, invSqrt);
+        else attendHead(qkv, qo, K, V, base, pos, dh, scores, att, invSqrt);
       }
       matVec(b.wo, att, b.bo, tmp, d, d);
       for (let i = 0; i < d; i++) h[i] += tmp[i];
@@ -256,6 +244,58 @@ export class Model {
     }
     this.#bu[eosId] = Math.log(1 / 149) - Math.log(acc / n);
   }
+}
+
+/** Causal attention of one head over positions 0..pos (generic head size). */
+function attendHead(qkv: Float32Array, qo: number, K: Float32Array, V: Float32Array, base: number, pos: number, dh: number, scores: Float32Array, att: Float32Array, scale: number): void {
+  let max = -Infinity;
+  for (let t = 0, ko = base; t <= pos; t++, ko += dh) {
+    let s = 0;
+    for (let j = 0; j < dh; j++) s += qkv[qo + j] * K[ko + j];
+    s *= scale;
+    scores[t] = s;
+    if (s > max) max = s;
+  }
+  let sum = 0;
+  for (let t = 0; t <= pos; t++) sum += scores[t] = Math.exp(scores[t] - max);
+  const inv = 1 / sum;
+  for (let j = 0; j < dh; j++) att[qo + j] = 0;
+  for (let t = 0, vo = base; t <= pos; t++, vo += dh) {
+    const p = scores[t] * inv;
+    for (let j = 0; j < dh; j++) att[qo + j] += p * V[vo + j];
+  }
+}
+
+/** The same for 16-wide heads (the default models), unrolled into locals: the decode hot loop. */
+function attendHead16(qkv: Float32Array, qo: number, K: Float32Array, V: Float32Array, base: number, pos: number, scores: Float32Array, att: Float32Array, scale: number): void {
+  const q0 = qkv[qo] * scale, q1 = qkv[qo + 1] * scale, q2 = qkv[qo + 2] * scale, q3 = qkv[qo + 3] * scale;
+  const q4 = qkv[qo + 4] * scale, q5 = qkv[qo + 5] * scale, q6 = qkv[qo + 6] * scale, q7 = qkv[qo + 7] * scale;
+  const q8 = qkv[qo + 8] * scale, q9 = qkv[qo + 9] * scale, q10 = qkv[qo + 10] * scale, q11 = qkv[qo + 11] * scale;
+  const q12 = qkv[qo + 12] * scale, q13 = qkv[qo + 13] * scale, q14 = qkv[qo + 14] * scale, q15 = qkv[qo + 15] * scale;
+  let max = -Infinity;
+  for (let t = 0, k = base; t <= pos; t++, k += 16) {
+    const s =
+      q0 * K[k] + q1 * K[k + 1] + q2 * K[k + 2] + q3 * K[k + 3] + q4 * K[k + 4] + q5 * K[k + 5] + q6 * K[k + 6] + q7 * K[k + 7] +
+      q8 * K[k + 8] + q9 * K[k + 9] + q10 * K[k + 10] + q11 * K[k + 11] + q12 * K[k + 12] + q13 * K[k + 13] + q14 * K[k + 14] + q15 * K[k + 15];
+    scores[t] = s;
+    if (s > max) max = s;
+  }
+  let sum = 0;
+  for (let t = 0; t <= pos; t++) sum += scores[t] = Math.exp(scores[t] - max);
+  let a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+  let a8 = 0, a9 = 0, a10 = 0, a11 = 0, a12 = 0, a13 = 0, a14 = 0, a15 = 0;
+  for (let t = 0, v = base; t <= pos; t++, v += 16) {
+    const p = scores[t];
+    a0 += p * V[v]; a1 += p * V[v + 1]; a2 += p * V[v + 2]; a3 += p * V[v + 3];
+    a4 += p * V[v + 4]; a5 += p * V[v + 5]; a6 += p * V[v + 6]; a7 += p * V[v + 7];
+    a8 += p * V[v + 8]; a9 += p * V[v + 9]; a10 += p * V[v + 10]; a11 += p * V[v + 11];
+    a12 += p * V[v + 12]; a13 += p * V[v + 13]; a14 += p * V[v + 14]; a15 += p * V[v + 15];
+  }
+  const inv = 1 / sum;
+  att[qo] = a0 * inv; att[qo + 1] = a1 * inv; att[qo + 2] = a2 * inv; att[qo + 3] = a3 * inv;
+  att[qo + 4] = a4 * inv; att[qo + 5] = a5 * inv; att[qo + 6] = a6 * inv; att[qo + 7] = a7 * inv;
+  att[qo + 8] = a8 * inv; att[qo + 9] = a9 * inv; att[qo + 10] = a10 * inv; att[qo + 11] = a11 * inv;
+  att[qo + 12] = a12 * inv; att[qo + 13] = a13 * inv; att[qo + 14] = a14 * inv; att[qo + 15] = a15 * inv;
 }
 
 function layerNorm(h: Float32Array, g: Float32Array, b: Float32Array, out: Float32Array, d: number): void {

@@ -197,22 +197,27 @@ export function createEngineServer(opts: EngineServerOptions): EngineServer {
         const order = ranker.sortDesc(lp);
         let actualRank = 0;
         for (let i = 0; i < V; i++) if (order[i] === actual) actualRank = i + 1;
-        w.push(`,{${vocabJson.entry(actual, lp[actual], actualRank)}`);
+        w.push(',{');
+        vocabJson.write(w, actual, lp[actual], actualRank);
         for (let i = 0; i < V; i++) {
           const t = order[i];
           if (t === actual) continue;
-          const pending = w.push(`,${vocabJson.entry(t, lp[t], i + 1)}`);
-          if (pending) await pending;
+          w.char(44);
+          vocabJson.write(w, t, lp[t], i + 1);
+          if (w.full) await w.flush();
         }
         w.push('}');
       } else {
         const top = topK(lp, k);
         const at = top.indexOf(actual);
-        let s = `,{${vocabJson.entry(actual, lp[actual], at >= 0 ? at + 1 : rankOf(lp, actual))}`;
-        top.forEach((t, i) => {
-          if (t !== actual) s += `,${vocabJson.entry(t, lp[t], i + 1)}`;
-        });
-        const pending = w.push(`${s}}`);
+        w.push(',{');
+        vocabJson.write(w, actual, lp[actual], at >= 0 ? at + 1 : rankOf(lp, actual));
+        for (let i = 0; i < top.length; i++) {
+          if (top[i] === actual) continue;
+          w.char(44);
+          vocabJson.write(w, top[i], lp[top[i]], i + 1);
+        }
+        const pending = w.push('}');
         if (pending) await pending;
       }
       await generator.tick(signal);
@@ -298,29 +303,48 @@ export function createEngineServer(opts: EngineServerOptions): EngineServer {
   };
 }
 
-/** Pre-serialized JSON fragments per token id for the full-vocabulary writer. */
+/** Pre-encoded JSON fragments per token id for the full-vocabulary writer, in one blob (few objects to keep). */
 class VocabJson {
   readonly #tokenizer: Tokenizer;
-  #pre: string[] | null = null;
-  #post: string[] | null = null;
+  #blob: Uint8Array | null = null;
+  /** For token t: pre = blob[at[2t], at[2t+1]) is `"t":{"logprob":`, post runs on to at[2t+2]. */
+  #at: Uint32Array | null = null;
 
   constructor(tokenizer: Tokenizer) {
     this.#tokenizer = tokenizer;
   }
 
-  entry(id: number, logprob: number, rank: number): string {
-    if (!this.#pre) {
-      const V = this.#tokenizer.vocabSize;
-      this.#pre = new Array(V);
-      this.#post = new Array(V);
-      for (let t = 0; t < V; t++) {
-        this.#pre[t] = `"${t}":{"logprob":`;
-        this.#post[t] = `,"decoded_token":${JSON.stringify(this.#tokenizer.tokenString(t))}}`;
-      }
+  #build(): void {
+    const V = this.#tokenizer.vocabSize;
+    const parts: Buffer[] = [];
+    const at = new Uint32Array(2 * V + 1);
+    let size = 0;
+    for (let t = 0; t < V; t++) {
+      const pre = Buffer.from(`"${t}":{"logprob":`);
+      const post = Buffer.from(`,"decoded_token":${JSON.stringify(this.#tokenizer.tokenString(t))}}`);
+      at[2 * t] = size;
+      at[2 * t + 1] = size + pre.length;
+      size += pre.length + post.length;
+      parts.push(pre, post);
     }
-    return `${this.#pre[id]}${num(logprob)},"rank":${rank}${this.#post![id]}`;
+    at[2 * V] = size;
+    this.#blob = Buffer.concat(parts);
+    this.#at = at;
+  }
+
+  /** `"id":{"logprob":x,"rank":r,"decoded_token":"..."}` */
+  write(w: BodyWriter, id: number, logprob: number, rank: number): void {
+    if (!this.#blob) this.#build();
+    const at = this.#at!;
+    w.copy(this.#blob!, at[2 * id], at[2 * id + 1]);
+    w.logprob(logprob);
+    w.copy(RANK, 0, RANK.length);
+    w.int(rank);
+    w.copy(this.#blob!, at[2 * id + 1], at[2 * id + 2]);
   }
 }
+
+const RANK = Buffer.from(',"rank":');
 
 /** Logprobs clamp at -9999 like vLLM's serializer (JSON has no -Infinity). */
 function num(x: number): string {
