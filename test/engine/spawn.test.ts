@@ -8,7 +8,7 @@ test('spawnReferenceEngine starts a child that serves the model and stops on SIG
   const engine = await spawnReferenceEngine('ref-gpt2', { configPath: null });
   try {
     assert.ok(engine.pid > 0);
-    const models = await (await fetch(`${engine.url}/v1/models`)).json();
+    const models = (await (await fetch(`${engine.url}/v1/models`)).json()) as any;
     assert.is(models.data[0].id, configuredModel('ref-gpt2').checkpoint);
     const r = await post(`${engine.url}/v1/completions`, { prompt: 'Hello world', max_tokens: 4, temperature: 0, prompt_logprobs: -1 });
     assert.is(r.status, 200);
