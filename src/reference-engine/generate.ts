@@ -55,6 +55,8 @@ export interface RunHooks {
   signal: AbortSignal;
   /** Awaited after every token (chaos: per-token delay, crash). */
   afterToken?: () => Promise<void> | void;
+  /** Called once the prompt has been processed, with its hidden states when they were kept. */
+  onPrefill?: (promptHidden: Float32Array | null) => void;
   onToken?: (ev: TokenEvent) => Promise<void> | void;
 }
 
@@ -105,6 +107,7 @@ export class Generator {
       await this.tick(hooks.signal);
     }
     const lastPromptHidden = hidden.slice();
+    hooks.onPrefill?.(promptHidden);
 
     const maxStop = req.stop.reduce((m, s) => Math.max(m, s.length), 0);
     const choices: ChoiceResult[] = [];

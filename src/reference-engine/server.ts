@@ -264,12 +264,31 @@ export function createEngineServer(opts: EngineServerOptions): EngineServer {
         promptTokens += promptLen;
         const echo = echoText(req, p);
         const sent = new Array<number>(req.n).fill(0);
+        // echo with logprobs: the first frame of each choice also carries the prompt tokens' entries (vLLM).
+        let promptIds: number[] = [];
+        let promptSteps: (StepLogprobs | null)[] = [];
+        const onPrefill = (hidden: Float32Array | null) => {
+          if (!(req.echo && req.logprobs !== null && hidden)) return;
+          const prompt = req.prompts[p];
+          const lp = new Float32Array(tokenizer.vocabSize);
+          promptIds = prompt.slice();
+          promptSteps = [null];
+          for (let j = 1; j < prompt.length; j++) {
+            generator.promptLogprobsAt(hidden, j, lp);
+            promptSteps.push(stepLogprobs(lp, prompt[j], req.logprobs));
+          }
+        };
         const onToken = (ev: TokenEvent) => {
           completionTokens++;
-          const prefix = ev.completionTokens === 1 ? echo : '';
+          const first = ev.completionTokens === 1;
+          const prefix = first ? echo : '';
           const text = prefix + ev.delta;
           // text_offset counts characters (code points, as Python's len) already sent for this choice.
-          const lp = ev.logprobs ? logprobsJson([ev.token], [ev.logprobs], sent[ev.choice] + codePoints(prefix)) : 'null';
+          const lp = ev.logprobs
+            ? first && promptSteps.length > 0
+              ? logprobsJson([...promptIds, ev.token], [...promptSteps, ev.logprobs], 0)
+              : logprobsJson([ev.token], [ev.logprobs], sent[ev.choice] + codePoints(prefix))
+            : 'null';
           sent[ev.choice] += codePoints(text);
           const usage = req.continuousUsage
             ? `{"prompt_tokens":${promptLen},"total_tokens":${promptLen + ev.completionTokens},"completion_tokens":${ev.completionTokens}}`
@@ -278,7 +297,7 @@ export function createEngineServer(opts: EngineServerOptions): EngineServer {
           w.push(`data: ${head}${choice}],"usage":${usage}}\n\n`);
           return w.flush();
         };
-        await generator.runPrompt(req, p, { signal, onToken, afterToken: afterToken as never });
+        await generator.runPrompt(req, p, { signal, onToken, onPrefill, afterToken: afterToken as never });
       }
       if (req.includeUsage) {
         w.push(`data: ${head}],"usage":{"prompt_tokens":${promptTokens},"total_tokens":${promptTokens + completionTokens},"completion_tokens":${completionTokens}}}\n\n`);

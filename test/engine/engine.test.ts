@@ -173,6 +173,15 @@ test('streaming frames concatenate to the non-streaming text for the same seed',
     assert.is(texts[i], c.text);
     assert.is(finish[i], c.finish_reason);
   });
+  const echoBody = { ...base, prompt: 'hey', max_tokens: 6, temperature: 0, echo: true, logprobs: 1, add_special_tokens: false };
+  const echoed = await completions(echoBody);
+  const echoFrames = (await postStream(`${ctx.url}/v1/completions`, { ...echoBody, stream: true })).slice(0, -1);
+  assert.is(echoFrames.map((f) => f.choices[0].text).join(''), echoed.json.choices[0].text);
+  assert.equal(echoFrames.flatMap((f) => f.choices[0].logprobs.tokens), echoed.json.choices[0].logprobs.tokens);
+  assert.equal(echoFrames.flatMap((f) => f.choices[0].logprobs.token_logprobs), echoed.json.choices[0].logprobs.token_logprobs);
+  assert.equal(echoFrames.flatMap((f) => f.choices[0].logprobs.text_offset), echoed.json.choices[0].logprobs.text_offset);
+  assert.is(echoed.json.choices[0].logprobs.tokens.length, 3 + 6);
+  assert.is(echoed.json.choices[0].logprobs.token_logprobs[0], null);
   const plain = await postStream(`${ctx.url}/v1/completions`, { ...base, max_tokens: 3, temperature: 0, stream: true });
   assert.is(plain.length, 4);
   assert.is(plain[0].usage, null);
