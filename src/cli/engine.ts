@@ -52,6 +52,12 @@ export async function engineCommand(args: string[], settings: Settings): Promise
   await new Promise<void>((resolve) => {
     process.once('SIGTERM', () => resolve());
     process.once('SIGINT', () => resolve());
+    // A gateway killed without the chance to stop its engines must not leave them holding ports: when the
+    // parent goes, the process is re-parented and its ppid changes.
+    const parent = process.ppid;
+    setInterval(() => {
+      if (process.ppid !== parent) resolve();
+    }, 1000).unref();
   });
   await engine.close();
   return 0;
