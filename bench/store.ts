@@ -46,12 +46,12 @@ async function bench(label: string, open: () => Promise<EventStore>, done: () =>
 }
 
 const dir = mkdtempSync(join(tmpdir(), 'svc-bench-store-'));
-await bench('pglite', () => openEventStore({ dataDir: dir, purpose: 'bench' }), async () => rmSync(dir, { recursive: true, force: true }));
+if (process.env.BENCH_SKIP_PGLITE !== '1') await bench('pglite', () => openEventStore({ dataDir: dir, purpose: 'bench' }), async () => rmSync(dir, { recursive: true, force: true }));
 
 const url = process.env.DATABASE_URL;
 if (url) {
   const schema = `bench_${randomBytes(4).toString('hex')}`;
-  await bench('postgres', () => openEventStore({ databaseUrl: url, schema }), async () => {
+  await bench('postgres', () => openEventStore({ databaseUrl: url, schema, maxInFlight: Number(process.env.BENCH_IN_FLIGHT ?? 0) || undefined }), async () => {
     const client = new pg.Client({ connectionString: url });
     await client.connect();
     await client.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);

@@ -26,6 +26,9 @@ export interface GroupCommitOptions {
   maxBatchEvents: number;
 }
 
+/** Below this many queued events a second connection is not worth a second commit. */
+const minSplitEvents = 16;
+
 interface Waiting extends PendingAppend {
   resolve(result: AppendResult): void;
   reject(error: unknown): void;
@@ -37,6 +40,7 @@ export class GroupCommitter {
   #inFlight = 0;
   readonly #busyStreams = new Set<string>();
   #idle: (() => void)[] = [];
+  #pumpScheduled = false;
 
   constructor(options: GroupCommitOptions) {
     this.#options = options;
@@ -45,7 +49,7 @@ export class GroupCommitter {
   append(request: PendingAppend): Promise<AppendResult> {
     return new Promise((resolve, reject) => {
       this.#queue.push({ ...request, resolve, reject });
-      this.#pump();
+      this.#schedulePump();
     });
   }
 
@@ -55,22 +59,41 @@ export class GroupCommitter {
     return new Promise((resolve) => this.#idle.push(resolve));
   }
 
+  /**
+   * Batches leave at the end of the current turn of the event loop, not at the first append: callers
+   * woken by the previous batch's acknowledgements append in the same turn, and all of them go in one
+   * batch instead of the first going alone.
+   */
+  #schedulePump(): void {
+    if (this.#pumpScheduled) return;
+    this.#pumpScheduled = true;
+    setImmediate(() => {
+      this.#pumpScheduled = false;
+      this.#pump();
+    });
+  }
+
   #pump(): void {
     while (this.#inFlight < this.#options.maxInFlight && this.#queue.length > 0) {
-      const batch = this.#takeBatch();
+      // Share what is queued among the free connections so that they work in parallel, but keep
+      // batches large enough that a round trip and a commit still serve many appends.
+      const free = this.#options.maxInFlight - this.#inFlight;
+      const queuedEvents = this.#queue.reduce((n, item) => n + item.events.length, 0);
+      const limit = Math.min(this.#options.maxBatchEvents, Math.max(minSplitEvents, Math.ceil(queuedEvents / free)));
+      const batch = this.#takeBatch(limit);
       if (batch.length === 0) return; // everything queued waits on a stream already in flight
       this.#inFlight += 1;
       void this.#run(batch);
     }
   }
 
-  #takeBatch(): Waiting[] {
+  #takeBatch(maxEvents: number): Waiting[] {
     const batch: Waiting[] = [];
     const rest: Waiting[] = [];
     const inBatch = new Set<string>();
     let events = 0;
     for (const item of this.#queue) {
-      const fits = batch.length === 0 || events + item.events.length <= this.#options.maxBatchEvents;
+      const fits = batch.length === 0 || events + item.events.length <= maxEvents;
       if (fits && !inBatch.has(item.streamId) && !this.#busyStreams.has(item.streamId)) {
         batch.push(item);
         inBatch.add(item.streamId);
@@ -92,7 +115,7 @@ export class GroupCommitter {
     } finally {
       for (const item of batch) this.#busyStreams.delete(item.streamId);
       this.#inFlight -= 1;
-      this.#pump();
+      this.#schedulePump();
       if (this.#inFlight === 0 && this.#queue.length === 0) {
         const idle = this.#idle;
         this.#idle = [];

@@ -23,7 +23,7 @@ export interface OpenEventStoreOptions {
   schema?: string;
   /** Who holds the data directory, shown to a second process that tries to open it. */
   purpose?: string;
-  /** Postgres: append batches in flight at once (default 4). */
+  /** Postgres: append batches in flight at once (default 2: one per core of the reference machine). */
   maxInFlight?: number;
   /** Postgres: pool size (default maxInFlight + 4). */
   poolSize?: number;

@@ -18,7 +18,7 @@ function quoteIdent(name: string): string {
 
 export async function createPostgresDriver(options: PostgresDriverOptions): Promise<SqlDriver> {
   const schema = options.schema;
-  const maxInFlight = options.maxInFlight ?? 4;
+  const maxInFlight = options.maxInFlight ?? 2;
   const config: pg.ClientConfig = {
     connectionString: options.connectionString,
     ...(schema ? { options: `-c search_path=${quoteIdent(schema)}` } : {}),

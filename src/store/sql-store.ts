@@ -203,6 +203,19 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
     return rows.length === 0 ? logStart : { transactionId: Number(rows[0].transaction_id), position: Number(rows[0].global_position) };
   }
 
+  /**
+   * The last event committed as far as this snapshot knows, visible to log readers or not yet (an
+   * older transaction anywhere on the server still runs). "Caught up" means having read up to here.
+   */
+  async function lastCommitted(): Promise<GlobalPosition> {
+    ensureOpen();
+    const { rows } = await driver.query<{ transaction_id: string; global_position: string | number }>(
+      `SELECT transaction_id::text AS transaction_id, global_position FROM events
+       ORDER BY transaction_id DESC, global_position DESC LIMIT 1`,
+    );
+    return rows.length === 0 ? logStart : { transactionId: Number(rows[0].transaction_id), position: Number(rows[0].global_position) };
+  }
+
   function subscribe(opts: SubscribeOptions): Subscription {
     ensureOpen();
     const batchSize = opts.batchSize ?? 500;
@@ -250,7 +263,7 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
         return position;
       },
       async caughtUp() {
-        const target = await head();
+        const target = await lastCommitted();
         if (comparePositions(position, target) >= 0) return;
         if (abort.signal.aborted) throw new Error('subscription stopped');
         await new Promise<void>((resolve, reject) => waiters.push({ target, resolve, reject }));
@@ -297,6 +310,15 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
 
     readAll,
     head,
+
+    async readable() {
+      const target = await lastCommitted();
+      for (let delay = 2; ; delay = Math.min(delay * 2, pollIntervalMs)) {
+        const generation = hub.generation;
+        if (comparePositions(await head(), target) >= 0) return;
+        await hub.wait(generation, delay);
+      }
+    },
 
     async countAfter(after) {
       ensureOpen();

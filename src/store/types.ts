@@ -93,6 +93,11 @@ export interface EventStore {
   readAll(after: GlobalPosition, limit: number): Promise<RecordedEvent[]>;
   /** The position of the last event a reader of the global log can see now (logStart when empty). */
   head(): Promise<GlobalPosition>;
+  /**
+   * Resolves once every event committed before the call can be read from the global log. A commit
+   * becomes readable when every transaction older than it has ended, anywhere on the server.
+   */
+  readable(): Promise<void>;
   /** Count of readable events after a position (projection lag). */
   countAfter(after: GlobalPosition): Promise<number>;
   /** Catch-up then live: reads from `after`, hands batches over, then waits for commits. */

@@ -153,6 +153,7 @@ for (const adapter of adaptersUnderTest()) {
     const runner = new ProjectionRunner({ store, projections: [{ ...ledgerProjection, name: 'test_status' }] });
     const meter = `meter-${randomUUID()}`;
     await store.append(meter, [settled(1)], 'no_stream');
+    await store.readable();
     const [idle] = await runner.status();
     assert.is(idle.name, 'test_status');
     assert.is(idle.lag, await store.countAfter({ transactionId: 0, position: 0 }));

@@ -9,6 +9,7 @@ import {
   type EventStore,
   type RecordedEvent,
 } from '../../src/store/index.ts';
+import pg from 'pg';
 import { adaptersUnderTest, deferred, event, uniqueStream } from './adapters.ts';
 
 async function rejectsWith<E extends Error>(promise: Promise<unknown>, type: new (...args: never[]) => E): Promise<E> {
@@ -21,7 +22,14 @@ async function rejectsWith<E extends Error>(promise: Promise<unknown>, type: new
   return assert.unreachable(`expected a ${type.name}`) as never;
 }
 
+/** The head once everything committed so far is readable, so a test's "start" is not behind earlier tests' events. */
+async function settledHead(store: EventStore) {
+  await store.readable();
+  return store.head();
+}
+
 async function readEverythingAfter(store: EventStore, after = logStart): Promise<RecordedEvent[]> {
+  await store.readable();
   const all: RecordedEvent[] = [];
   for (let position = after; ; ) {
     const batch = await store.readAll(position, 100);
@@ -151,12 +159,13 @@ for (const adapter of adaptersUnderTest()) {
   });
 
   it('readAll returns the global log in commit order, paged by position', async ({ store }) => {
-    const start = await store.head();
+    const start = await settledHead(store);
     const a = uniqueStream();
     const b = uniqueStream();
     await store.append(a, [event('A1'), event('A2')], 'no_stream');
     await store.append(b, [event('B1')], 'no_stream');
     await store.append(a, [event('A3')], 2);
+    await store.readable(); // other transactions on the server may still hide our commits for a moment
     const firstPage = await store.readAll(start, 2);
     assert.equal(firstPage.map((e) => e.type), ['A1', 'A2']);
     const rest = await store.readAll(firstPage[1].globalPosition, 10);
@@ -168,7 +177,7 @@ for (const adapter of adaptersUnderTest()) {
   });
 
   it('group commit: many concurrent appends all land, each once, and a conflict fails only its own append', async ({ store }) => {
-    const start = await store.head();
+    const start = await settledHead(store);
     const streams = Array.from({ length: 100 }, () => uniqueStream());
     const results = await Promise.allSettled(
       streams.map((s, i) => store.append(s, [event('G', { i }), event('G', { i })], i === 50 ? 7 : 'no_stream')),
@@ -240,7 +249,7 @@ for (const adapter of adaptersUnderTest()) {
   });
 
   it('a rolled-back append leaves nothing visible', async ({ store }) => {
-    const start = await store.head();
+    const start = await settledHead(store);
     const stream = uniqueStream();
     const failure = new Error('abandoned');
     try {
@@ -256,6 +265,7 @@ for (const adapter of adaptersUnderTest()) {
     assert.equal(await store.readAll(start, 10), []);
     // the stream is still new: the next append starts it at version 1
     await store.append(stream, [event('Kept')], 'no_stream');
+    await store.readable();
     const after = await store.readAll(start, 10);
     assert.equal(after.map((e) => [e.type, e.streamVersion]), [['Kept', 1]]);
   });
@@ -272,7 +282,7 @@ for (const adapter of adaptersUnderTest()) {
   });
 
   it('a slow early transaction that commits after a later one is not skipped by a reader of the global log', async ({ store }) => {
-    const start = await store.head();
+    const start = await settledHead(store);
     const early = uniqueStream();
     const late = uniqueStream();
     const appended = deferred();
@@ -307,13 +317,38 @@ for (const adapter of adaptersUnderTest()) {
       release.resolve();
       await Promise.all([slow, lateAppend, read]);
     }
+    await store.readable();
     await readOnce();
     assert.equal(seen.map((e) => e.type), ['Early', 'Late']);
     assert.ok(comparePositions(seen[0].globalPosition, seen[1].globalPosition) < 0);
   });
 
+  if (adapter.name === 'postgres') {
+    it('a commit waits behind any older open transaction on the server, then becomes readable', async ({ store }) => {
+      const start = await settledHead(store);
+      const other = new pg.Client({ connectionString: process.env.DATABASE_URL });
+      await other.connect();
+      try {
+        await other.query('BEGIN');
+        await other.query('SELECT pg_current_xact_id()'); // takes a transaction id, as any writer would
+        const stream = uniqueStream();
+        await store.append(stream, [event('Hidden')], 'no_stream');
+        assert.equal(await store.readAll(start, 10), [], 'not readable while the older transaction runs');
+        let readable = false;
+        const waiting = store.readable().then(() => (readable = true));
+        await store.ping(); // a round trip: readable() has had its chance to resolve wrongly
+        assert.is(readable, false);
+        await other.query('COMMIT');
+        await waiting;
+        assert.equal((await store.readAll(start, 10)).map((e) => e.type), ['Hidden']);
+      } finally {
+        await other.end();
+      }
+    });
+  }
+
   it('a live subscription catches up, then is woken within 50 ms of a commit', async ({ store }) => {
-    const start = await store.head();
+    const start = await settledHead(store);
     const stream = uniqueStream();
     await store.append(stream, [event('Before')], 'no_stream');
     // A second store instance is another process as far as Postgres knows: it is woken by NOTIFY.
