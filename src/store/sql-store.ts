@@ -35,7 +35,8 @@ export interface SqlStoreOptions {
 
 const uuidPattern = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
-const eventColumns = `global_position, transaction_id::text AS transaction_id, stream_id, stream_version,
+// `tx`, not `transaction_id`: an output column named like the input one would make ORDER BY sort the text.
+const eventColumns = `global_position, transaction_id::text AS tx, stream_id, stream_version,
   event_id::text AS event_id, event_type, data, metadata, recorded_at`;
 
 /** Only rows whose transaction is older than every running one: nothing can commit before them later. */
@@ -43,7 +44,7 @@ const visible = `transaction_id < pg_snapshot_xmin(pg_current_snapshot())`;
 
 interface EventRow {
   global_position: string | number;
-  transaction_id: string;
+  tx: string;
   stream_id: string;
   stream_version: string | number;
   event_id: string;
@@ -82,7 +83,7 @@ function toEvent(row: EventRow): RecordedEvent {
     metadata: row.metadata,
     streamId: row.stream_id,
     streamVersion: Number(row.stream_version),
-    globalPosition: { transactionId: Number(row.transaction_id), position: Number(row.global_position) },
+    globalPosition: { transactionId: Number(row.tx), position: Number(row.global_position) },
     recordedAt: row.recorded_at instanceof Date ? row.recorded_at : new Date(row.recorded_at),
   };
 }
@@ -196,11 +197,11 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
 
   async function head(): Promise<GlobalPosition> {
     ensureOpen();
-    const { rows } = await driver.query<{ transaction_id: string; global_position: string | number }>(
-      `SELECT transaction_id::text AS transaction_id, global_position FROM events WHERE ${visible}
+    const { rows } = await driver.query<{ tx: string; global_position: string | number }>(
+      `SELECT transaction_id::text AS tx, global_position FROM events WHERE ${visible}
        ORDER BY transaction_id DESC, global_position DESC LIMIT 1`,
     );
-    return rows.length === 0 ? logStart : { transactionId: Number(rows[0].transaction_id), position: Number(rows[0].global_position) };
+    return rows.length === 0 ? logStart : { transactionId: Number(rows[0].tx), position: Number(rows[0].global_position) };
   }
 
   /**
@@ -209,11 +210,11 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
    */
   async function lastCommitted(): Promise<GlobalPosition> {
     ensureOpen();
-    const { rows } = await driver.query<{ transaction_id: string; global_position: string | number }>(
-      `SELECT transaction_id::text AS transaction_id, global_position FROM events
+    const { rows } = await driver.query<{ tx: string; global_position: string | number }>(
+      `SELECT transaction_id::text AS tx, global_position FROM events
        ORDER BY transaction_id DESC, global_position DESC LIMIT 1`,
     );
-    return rows.length === 0 ? logStart : { transactionId: Number(rows[0].transaction_id), position: Number(rows[0].global_position) };
+    return rows.length === 0 ? logStart : { transactionId: Number(rows[0].tx), position: Number(rows[0].global_position) };
   }
 
   function subscribe(opts: SubscribeOptions): Subscription {
