@@ -30,6 +30,12 @@ interface Block {
   b2: Float32Array;
 }
 
+/**
+ * Causal attention looks at most this many positions back (a sliding window, as in Mistral): per-token cost
+ * stays flat, so long prompts (32k on ref-byte) and long generations stay fast on one CPU core.
+ */
+export const ATTENTION_WINDOW = 1024;
+
 /** Called with each block's output (the residual stream after block `layer`) at absolute position `pos`. */
 export type BlockHook = (layer: number, pos: number, h: Float32Array) => void;
 
@@ -182,8 +188,9 @@ export class Model {
           K[base + pos * dh + j] = qkv[d + qo + j];
           V[base + pos * dh + j] = qkv[2 * d + qo + j];
         }
-        if (dh === 16) attendHead16(qkv, qo, K, V, base, pos, scores, att, invSqrt);
-        else attendHead(qkv, qo, K, V, base, pos, dh, scores, att, invSqrt);
+        const from = pos >= ATTENTION_WINDOW ? pos - ATTENTION_WINDOW + 1 : 0;
+        if (dh === 16) attendHead16(qkv, qo, K, V, base, from, pos, scores, att, invSqrt);
+        else attendHead(qkv, qo, K, V, base, from, pos, dh, scores, att, invSqrt);
       }
       matVec(b.wo, att, b.bo, tmp, d, d);
       for (let i = 0; i < d; i++) h[i] += tmp[i];
@@ -263,9 +270,9 @@ function expNonPositive(x: number): number {
 }
 
 /** Causal attention of one head over positions 0..pos (generic head size). */
-function attendHead(qkv: Float32Array, qo: number, K: Float32Array, V: Float32Array, base: number, pos: number, dh: number, scores: Float32Array, att: Float32Array, scale: number): void {
+function attendHead(qkv: Float32Array, qo: number, K: Float32Array, V: Float32Array, base: number, from: number, pos: number, dh: number, scores: Float32Array, att: Float32Array, scale: number): void {
   let max = -Infinity;
-  for (let t = 0, ko = base; t <= pos; t++, ko += dh) {
+  for (let t = from, ko = base + from * dh; t <= pos; t++, ko += dh) {
     let s = 0;
     for (let j = 0; j < dh; j++) s += qkv[qo + j] * K[ko + j];
     s *= scale;
@@ -273,23 +280,23 @@ function attendHead(qkv: Float32Array, qo: number, K: Float32Array, V: Float32Ar
     if (s > max) max = s;
   }
   let sum = 0;
-  for (let t = 0; t <= pos; t++) sum += scores[t] = expNonPositive(scores[t] - max);
+  for (let t = from; t <= pos; t++) sum += scores[t] = expNonPositive(scores[t] - max);
   const inv = 1 / sum;
   for (let j = 0; j < dh; j++) att[qo + j] = 0;
-  for (let t = 0, vo = base; t <= pos; t++, vo += dh) {
+  for (let t = from, vo = base + from * dh; t <= pos; t++, vo += dh) {
     const p = scores[t] * inv;
     for (let j = 0; j < dh; j++) att[qo + j] += p * V[vo + j];
   }
 }
 
 /** The same for 16-wide heads (the default models), unrolled into locals: the decode hot loop. */
-function attendHead16(qkv: Float32Array, qo: number, K: Float32Array, V: Float32Array, base: number, pos: number, scores: Float32Array, att: Float32Array, scale: number): void {
+function attendHead16(qkv: Float32Array, qo: number, K: Float32Array, V: Float32Array, base: number, from: number, pos: number, scores: Float32Array, att: Float32Array, scale: number): void {
   const q0 = qkv[qo] * scale, q1 = qkv[qo + 1] * scale, q2 = qkv[qo + 2] * scale, q3 = qkv[qo + 3] * scale;
   const q4 = qkv[qo + 4] * scale, q5 = qkv[qo + 5] * scale, q6 = qkv[qo + 6] * scale, q7 = qkv[qo + 7] * scale;
   const q8 = qkv[qo + 8] * scale, q9 = qkv[qo + 9] * scale, q10 = qkv[qo + 10] * scale, q11 = qkv[qo + 11] * scale;
   const q12 = qkv[qo + 12] * scale, q13 = qkv[qo + 13] * scale, q14 = qkv[qo + 14] * scale, q15 = qkv[qo + 15] * scale;
   let max = -Infinity;
-  for (let t = 0, k = base; t <= pos; t++, k += 16) {
+  for (let t = from, k = base + from * 16; t <= pos; t++, k += 16) {
     const s =
       q0 * K[k] + q1 * K[k + 1] + q2 * K[k + 2] + q3 * K[k + 3] + q4 * K[k + 4] + q5 * K[k + 5] + q6 * K[k + 6] + q7 * K[k + 7] +
       q8 * K[k + 8] + q9 * K[k + 9] + q10 * K[k + 10] + q11 * K[k + 11] + q12 * K[k + 12] + q13 * K[k + 13] + q14 * K[k + 14] + q15 * K[k + 15];
@@ -297,10 +304,10 @@ function attendHead16(qkv: Float32Array, qo: number, K: Float32Array, V: Float32
     if (s > max) max = s;
   }
   let sum = 0;
-  for (let t = 0; t <= pos; t++) sum += scores[t] = expNonPositive(scores[t] - max);
+  for (let t = from; t <= pos; t++) sum += scores[t] = expNonPositive(scores[t] - max);
   let a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
   let a8 = 0, a9 = 0, a10 = 0, a11 = 0, a12 = 0, a13 = 0, a14 = 0, a15 = 0;
-  for (let t = 0, v = base; t <= pos; t++, v += 16) {
+  for (let t = from, v = base + from * 16; t <= pos; t++, v += 16) {
     const p = scores[t];
     a0 += p * V[v]; a1 += p * V[v + 1]; a2 += p * V[v + 2]; a3 += p * V[v + 3];
     a4 += p * V[v + 4]; a5 += p * V[v + 5]; a6 += p * V[v + 6]; a7 += p * V[v + 7];
@@ -327,23 +334,47 @@ function layerNorm(h: Float32Array, g: Float32Array, b: Float32Array, out: Float
   for (let i = 0; i < d; i++) out[i] = (h[i] - mean) * inv * g[i] + b[i];
 }
 
-/** out[r] = W[r,:] . x + bias[r]; W row-major [rows][cols], 4-way unrolled. */
+/**
+ * out[r] = W[r,:] . x + bias[r]; W row-major [rows][cols]. Four rows at a time share each load of x, two
+ * columns per step (about 1.5x a plain unrolled dot product in V8).
+ */
 function matVec(w: Float32Array, x: Float32Array, bias: Float32Array, out: Float32Array, rows: number, cols: number): void {
-  const c4 = cols & ~3;
-  for (let r = 0; r < rows; r++) {
+  const even = cols & ~1;
+  let r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    const o0 = r * cols;
+    const o1 = o0 + cols;
+    const o2 = o1 + cols;
+    const o3 = o2 + cols;
+    let s0 = 0, s1 = 0, s2 = 0, s3 = 0, t0 = 0, t1 = 0, t2 = 0, t3 = 0; // prettier-ignore
+    for (let c = 0; c < even; c += 2) {
+      const xc = x[c];
+      const xd = x[c + 1];
+      s0 += w[o0 + c] * xc;
+      s1 += w[o1 + c] * xc;
+      s2 += w[o2 + c] * xc;
+      s3 += w[o3 + c] * xc;
+      t0 += w[o0 + c + 1] * xd;
+      t1 += w[o1 + c + 1] * xd;
+      t2 += w[o2 + c + 1] * xd;
+      t3 += w[o3 + c + 1] * xd;
+    }
+    if (even < cols) {
+      const xc = x[even];
+      s0 += w[o0 + even] * xc;
+      s1 += w[o1 + even] * xc;
+      s2 += w[o2 + even] * xc;
+      s3 += w[o3 + even] * xc;
+    }
+    out[r] = s0 + t0 + bias[r];
+    out[r + 1] = s1 + t1 + bias[r + 1];
+    out[r + 2] = s2 + t2 + bias[r + 2];
+    out[r + 3] = s3 + t3 + bias[r + 3];
+  }
+  for (; r < rows; r++) {
     const o = r * cols;
     let s0 = 0;
-    let s1 = 0;
-    let s2 = 0;
-    let s3 = 0;
-    let c = 0;
-    for (; c < c4; c += 4) {
-      s0 += w[o + c] * x[c];
-      s1 += w[o + c + 1] * x[c + 1];
-      s2 += w[o + c + 2] * x[c + 2];
-      s3 += w[o + c + 3] * x[c + 3];
-    }
-    for (; c < cols; c++) s0 += w[o + c] * x[c];
-    out[r] = s0 + s1 + s2 + s3 + bias[r];
+    for (let c = 0; c < cols; c++) s0 += w[o + c] * x[c];
+    out[r] = s0 + bias[r];
   }
 }
