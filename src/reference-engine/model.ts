@@ -231,10 +231,13 @@ export class Model {
     const probs = new Float64Array(V);
     let acc = 0;
     let n = 0;
-    for (let run = 0; run < 4; run++) {
+    // Fewer samples for a large vocabulary: each costs a V x d unembedding.
+    const runs = V > 4096 ? 2 : 4;
+    const steps = V > 4096 ? 24 : 32;
+    for (let run = 0; run < runs; run++) {
       const cache = this.newCache(64);
       let token = bosId;
-      for (let i = 0; i < 32; i++) {
+      for (let i = 0; i < steps; i++) {
         this.forward(cache, token, hidden);
         this.logits(hidden, logits);
         let max = -Infinity;

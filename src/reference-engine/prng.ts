@@ -34,11 +34,21 @@ export class Prng {
     return ((this.nextU32() >>> 5) * 67108864 + (this.nextU32() >>> 6)) / 9007199254740992;
   }
 
-  /** Standard normal (Box-Muller). */
+  #spare = NaN;
+
+  /** Standard normal (Box-Muller; the second value of each pair is kept for the next call). */
   normal(): number {
+    if (this.#spare === this.#spare) {
+      const s = this.#spare;
+      this.#spare = NaN;
+      return s;
+    }
     let u = this.next();
     while (u === 0) u = this.next();
-    return Math.sqrt(-2 * Math.log(u)) * Math.cos(2 * Math.PI * this.next());
+    const r = Math.sqrt(-2 * Math.log(u));
+    const a = 2 * Math.PI * this.next();
+    this.#spare = r * Math.sin(a);
+    return r * Math.cos(a);
   }
 }
 
