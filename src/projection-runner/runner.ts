@@ -149,7 +149,15 @@ export class ProjectionRunner {
         if (batch.length === 0) break;
         next = this.#store.readAll(batch[batch.length - 1].globalPosition, batchSize);
         next.catch(() => {}); // awaited on the next turn; a failure there is reported then
-        await this.#applyBatch(projection, position, batch);
+        try {
+          await this.#applyBatch(projection, position, batch);
+        } catch (error) {
+          if (!(error instanceof CheckpointMoved)) throw error;
+          // A runner in another process applied this part meanwhile: go on from where it got to.
+          position = (await readCheckpoint(this.#store, name))?.position ?? logStart;
+          next = this.#store.readAll(position, batchSize);
+          continue;
+        }
         position = batch[batch.length - 1].globalPosition;
         done += batch.length;
         onProgress?.({ name, done, total: Math.max(total, done), elapsedMs: performance.now() - started });
