@@ -10,9 +10,12 @@ export class BodyWriter {
   #buf: Buffer = Buffer.allocUnsafe(PIECE);
   #at = 0;
   bytes = 0;
+  /** Deferred status line: a body that fits one buffer goes out with a Content-Length, like vLLM's JSON responses. */
+  #head: { status: number; headers: Record<string, string> } | null;
 
-  constructor(res: ServerResponse) {
+  constructor(res: ServerResponse, head?: { status: number; headers: Record<string, string> }) {
     this.#res = res;
+    this.#head = head ?? null;
   }
 
   /** True when the buffer is nearly full: the caller should `await flush()` (backpressure). */
@@ -128,6 +131,10 @@ export class BodyWriter {
   #write(chunk: Buffer): void {
     const res = this.#res;
     if (res.destroyed || res.writableEnded) throw new Error('client went away');
+    if (this.#head) {
+      res.writeHead(this.#head.status, this.#head.headers);
+      this.#head = null;
+    }
     this.bytes += chunk.length;
     if (!res.write(chunk)) this.#ok = false;
   }
@@ -153,6 +160,14 @@ export class BodyWriter {
   }
 
   async end(): Promise<void> {
+    if (this.#head) {
+      const body = this.#buf.subarray(0, this.#at);
+      this.#res.writeHead(this.#head.status, { ...this.#head.headers, 'content-length': String(body.length) });
+      this.#head = null;
+      this.bytes += body.length;
+      this.#res.end(body);
+      return;
+    }
     await this.flush();
     this.#res.end();
   }

@@ -139,8 +139,7 @@ export function createEngineServer(opts: EngineServerOptions): EngineServer {
     const runs: PromptRun[] = [];
     for (let p = 0; p < req.prompts.length; p++) runs.push(await generator.runPrompt(req, p, { signal, afterToken: afterToken as never }));
     if (signal.aborted) return;
-    res.writeHead(200, { 'content-type': 'application/json' });
-    const w = new BodyWriter(res);
+    const w = new BodyWriter(res, { status: 200, headers: { 'content-type': 'application/json' } });
     w.push(`{"id":"${id}","object":"text_completion","created":${Math.floor(Date.now() / 1000)},"model":${JSON.stringify(checkpoint)},"choices":[`);
     let promptTokens = 0;
     let completionTokens = 0;
