@@ -147,6 +147,25 @@ test('hf tokenizer.json (Llama-3 style): Split regex with (?i:...), TemplateProc
   assert.is(tok.decode(tok.encode(text, false)), text);
 });
 
+test('hf directory: tokenizer.json + tokenizer_config.json name BOS/EOS; unsupported components fail at load', async () => {
+  const { mkdirSync, copyFileSync } = await import('node:fs');
+  const sub = join(dir, 'model-dir');
+  mkdirSync(sub);
+  copyFileSync(writeTokenizerJson('gpt2-dir', 'gpt2'), join(sub, 'tokenizer.json'));
+  writeFileSync(join(sub, 'tokenizer_config.json'), JSON.stringify({ bos_token: { content: '<|endoftext|>' }, eos_token: '<|endoftext|>' }));
+  const tok = await loadTokenizer({ kind: 'hf', path: sub });
+  assert.is(tok.decode([tok.eosId]), '<|endoftext|>');
+  assert.is(tok.bosId, tok.eosId);
+  const bad = join(dir, 'bad.json');
+  writeFileSync(bad, JSON.stringify({ model: { type: 'Unigram', vocab: [] }, decoder: { type: 'Metaspace' } }));
+  try {
+    await loadTokenizer({ kind: 'hf', path: bad });
+    assert.unreachable('should fail');
+  } catch (err) {
+    assert.match((err as Error).message, /not supported/);
+  }
+});
+
 test('encode is cached and fast enough for the hot path', async () => {
   const tok = await loadTokenizer({ kind: 'r50k_base' });
   const again = await loadTokenizer({ kind: 'r50k_base' });
