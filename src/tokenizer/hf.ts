@@ -1,5 +1,6 @@
-// Hugging Face `tokenizer.json` (fast-tokenizer format): BPE model with byte-level pre-tokenizer/decoder,
-// the GPT-2 / Llama-3 family. Unsupported components fail at load with a message naming them.
+// Hugging Face `tokenizer.json` (fast-tokenizer format): BPE models, either byte-level (GPT-2, Llama-3, Qwen)
+// or SentencePiece-style with "▁" spaces and <0xXX> byte fallback (Llama-2, Mistral). Unsupported components
+// fail at load with a message naming them.
 import { readFile, stat } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import type { Tokenizer } from './index.ts';
@@ -37,8 +38,7 @@ export function buildHfTokenizer(json: Json, config: Json = {}): Tokenizer {
   const vocab = model.vocab as Record<string, number>;
   const added = ((json.added_tokens ?? []) as AddedToken[]).slice();
 
-  const decoderIsByteLevel = usesType(json.decoder, 'ByteLevel');
-  if (!decoderIsByteLevel) throw new Error(`decoder ${describe(json.decoder)} is not supported (ByteLevel only)`);
+  const decoding = decoderStyle(json.decoder);
 
   // Token bytes: vocabulary entries spell bytes in GPT-2's alphabet; added tokens are their UTF-8 content.
   let maxId = -1;
@@ -49,7 +49,7 @@ export function buildHfTokenizer(json: Json, config: Json = {}): Tokenizer {
   const pieces: string[] = new Array(maxId + 1);
   for (const [piece, id] of Object.entries(vocab)) {
     pieces[id] = piece;
-    bytes[id] = pieceBytes(piece, encoder);
+    bytes[id] = decoding.byteLevel ? pieceBytes(piece, encoder) : spPieceBytes(piece, encoder);
   }
   const special = new Set<number>();
   for (const t of added) {
@@ -74,6 +74,8 @@ export function buildHfTokenizer(json: Json, config: Json = {}): Tokenizer {
 
   const normalize = buildNormalizer(json.normalizer);
   const preTokenize = buildPreTokenizer(json.pre_tokenizer);
+  // SentencePiece decoders drop the space the encoder prepended to the first word.
+  const strip = decoding.stripLeadingSpace ? (t: string) => (t.startsWith(' ') ? t.slice(1) : t) : (t: string) => t;
   const template = buildTemplate(json.post_processor);
   const addedSplit = buildAddedSplitter(added);
 
@@ -86,24 +88,7 @@ export function buildHfTokenizer(json: Json, config: Json = {}): Tokenizer {
     if (direct !== undefined && (ignoreMerges || word.length === 1)) {
       ids = [direct];
     } else {
-      const symbols = Array.from(word);
-      while (symbols.length > 1) {
-        let best = Infinity;
-        let at = -1;
-        for (let i = 0; i < symbols.length - 1; i++) {
-          const r = ranks.get(`${symbols[i]}\u0000${symbols[i + 1]}`);
-          if (r !== undefined && r < best) {
-            best = r;
-            at = i;
-          }
-        }
-        if (at < 0) break;
-        const a = symbols[at];
-        const b = symbols[at + 1];
-        for (let i = at; i < symbols.length - 1; i++) {
-          if (symbols[i] === a && symbols[i + 1] === b) symbols.splice(i, 2, a + b);
-        }
-      }
+      const symbols = mergeSymbols(Array.from(word), ranks);
       ids = [];
       for (const s of symbols) {
         const id = vocab[s];
@@ -144,7 +129,7 @@ export function buildHfTokenizer(json: Json, config: Json = {}): Tokenizer {
           ids.push(seg);
           continue;
         }
-        for (const piece of preTokenize([normalize(seg)])) {
+        for (const piece of preTokenize([normalize(seg)], ids.length === 0 || (addSpecialTokens && ids.length === template.prefix.length))) {
           if (piece.length === 0) continue;
           const out = bpe(piece);
           for (let i = 0; i < out.length; i++) ids.push(out[i]);
@@ -153,8 +138,8 @@ export function buildHfTokenizer(json: Json, config: Json = {}): Tokenizer {
       if (addSpecialTokens) ids.push(...template.suffix);
       return ids;
     },
-    decode: (ids, skip) => table.decode(ids, skip),
-    tokenString: (id) => table.tokenString(id),
+    decode: (ids, skip) => strip(table.decode(ids, skip)),
+    tokenString: (id) => strip(table.tokenString(id)),
     tokenPiece: (id) => table.tokenPiece(id),
     tokenBytes: (id) => table.bytes[id] ?? new Uint8Array(0),
     isSpecial: (id) => table.special[id] === 1,
@@ -170,6 +155,117 @@ function pieceBytes(piece: string, encoder: InstanceType<typeof TextEncoder>): U
     else out.push(...encoder.encode(ch));
   }
   return Uint8Array.from(out);
+}
+
+/**
+ * Applies BPE merges, lowest rank first (leftmost among equals), like Hugging Face's tokenizers. Short words use
+ * a plain scan; long ones (a whole prompt when there is no pre-tokenizer) a heap over a linked list, O(n log n).
+ */
+export function mergeSymbols(symbols: string[], ranks: Map<string, number>): string[] {
+  if (symbols.length < 48) {
+    while (symbols.length > 1) {
+      let best = Infinity;
+      let at = -1;
+      for (let i = 0; i < symbols.length - 1; i++) {
+        const r = ranks.get(`${symbols[i]}\u0000${symbols[i + 1]}`);
+        if (r !== undefined && r < best) {
+          best = r;
+          at = i;
+        }
+      }
+      if (at < 0) break;
+      const a = symbols[at];
+      const b = symbols[at + 1];
+      for (let i = at; i < symbols.length - 1; i++) {
+        if (symbols[i] === a && symbols[i + 1] === b) symbols.splice(i, 2, a + b);
+      }
+    }
+    return symbols;
+  }
+  const n = symbols.length;
+  const next = new Int32Array(n);
+  const prev = new Int32Array(n);
+  for (let i = 0; i < n; i++) {
+    next[i] = i + 1 < n ? i + 1 : -1;
+    prev[i] = i - 1;
+  }
+  const heap: number[] = []; // keys: rank * 2^24 + left position
+  const push = (key: number) => {
+    heap.push(key);
+    let i = heap.length - 1;
+    while (i > 0) {
+      const parent = (i - 1) >> 1;
+      if (heap[parent] <= heap[i]) break;
+      [heap[parent], heap[i]] = [heap[i], heap[parent]];
+      i = parent;
+    }
+  };
+  const pop = (): number => {
+    const top = heap[0];
+    const last = heap.pop()!;
+    if (heap.length > 0) {
+      heap[0] = last;
+      let i = 0;
+      for (;;) {
+        const l = 2 * i + 1;
+        const r = l + 1;
+        let m = i;
+        if (l < heap.length && heap[l] < heap[m]) m = l;
+        if (r < heap.length && heap[r] < heap[m]) m = r;
+        if (m === i) break;
+        [heap[m], heap[i]] = [heap[i], heap[m]];
+        i = m;
+      }
+    }
+    return top;
+  };
+  const SHIFT = 16777216;
+  const consider = (left: number) => {
+    const right = next[left];
+    if (left < 0 || right < 0) return;
+    const r = ranks.get(`${symbols[left]}\u0000${symbols[right]}`);
+    if (r !== undefined) push(r * SHIFT + left);
+  };
+  for (let i = 0; i < n - 1; i++) consider(i);
+  while (heap.length > 0) {
+    const key = pop();
+    const left = key % SHIFT;
+    const rank = Math.floor(key / SHIFT);
+    const right = next[left];
+    if (right < 0 || symbols[left] === '') continue;
+    if (ranks.get(`${symbols[left]}\u0000${symbols[right]}`) !== rank) continue; // stale entry
+    symbols[left] += symbols[right];
+    symbols[right] = '';
+    next[left] = next[right];
+    if (next[right] >= 0) prev[next[right]] = left;
+    consider(prev[left]);
+    consider(left);
+  }
+  const out: string[] = [];
+  for (let i = 0; i >= 0; i = next[i]) out.push(symbols[i]);
+  return out;
+}
+
+/** SentencePiece-style piece: "▁" is a space, "<0xAB>" is the byte 0xAB. */
+function spPieceBytes(piece: string, encoder: InstanceType<typeof TextEncoder>): Uint8Array {
+  const m = /^<0x([0-9A-Fa-f]{2})>$/.exec(piece);
+  if (m) return Uint8Array.of(parseInt(m[1], 16));
+  return encoder.encode(piece.replaceAll('\u2581', ' '));
+}
+
+function decoderStyle(node: Json | null | undefined): { byteLevel: boolean; stripLeadingSpace: boolean } {
+  if (usesType(node, 'ByteLevel')) return { byteLevel: true, stripLeadingSpace: false };
+  const parts: Json[] = node?.type === 'Sequence' ? (node.decoders as Json[]) : node ? [node] : [];
+  let ok = parts.length > 0;
+  let stripLeadingSpace = false;
+  for (const d of parts) {
+    if (d.type === 'Metaspace') stripLeadingSpace = d.prepend_scheme !== 'never' && d.add_prefix_space !== false;
+    else if (d.type === 'Strip') stripLeadingSpace = (d.start ?? 0) > 0;
+    else if (d.type === 'Replace') ok &&= d.pattern?.String === '\u2581' && d.content === ' ';
+    else if (d.type !== 'ByteFallback' && d.type !== 'Fuse') ok = false;
+  }
+  if (!ok) throw new Error(`decoder ${describe(node)} is not supported (ByteLevel, or Metaspace/Replace+ByteFallback+Fuse+Strip)`);
+  return { byteLevel: false, stripLeadingSpace };
 }
 
 function splitMerge(m: string): [string, string] {
@@ -230,7 +326,8 @@ function buildNormalizer(node: Json | null | undefined): (s: string) => string {
   }
 }
 
-type PreTokenizer = (pieces: string[]) => string[];
+/** `first` is true for the text at the start of the input (Metaspace's prepend_scheme "first"). */
+type PreTokenizer = (pieces: string[], first: boolean) => string[];
 
 function buildPreTokenizer(node: Json | null | undefined): PreTokenizer {
   if (!node) return (p) => p;
@@ -259,7 +356,19 @@ function buildPreTokenizer(node: Json | null | undefined): PreTokenizer {
     }
     case 'Sequence': {
       const parts = (node.pretokenizers as Json[]).map(buildPreTokenizer);
-      return (pieces) => parts.reduce((acc, f) => f(acc), pieces);
+      return (pieces, first) => parts.reduce((acc, f) => f(acc, first), pieces);
+    }
+    case 'Metaspace': {
+      const mark = (node.replacement as string | undefined) ?? '\u2581';
+      const scheme = (node.prepend_scheme as string | undefined) ?? (node.add_prefix_space === false ? 'never' : 'always');
+      const split = node.split !== false;
+      return (pieces, first) =>
+        pieces.flatMap((p, i) => {
+          let s = p.replaceAll(' ', mark);
+          if ((scheme === 'always' || (scheme === 'first' && first && i === 0)) && !s.startsWith(mark)) s = mark + s;
+          if (!split) return [s];
+          return s.split(new RegExp(`(?=${escapeRegExp(mark)})`)).filter((x) => x.length > 0);
+        });
     }
     default:
       throw new Error(`pre_tokenizer ${describe(node)} is not supported`);

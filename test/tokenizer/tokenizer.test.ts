@@ -4,6 +4,7 @@ import { mkdtempSync, writeFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { loadTokenizer } from '../../src/tokenizer/index.ts';
+import { mergeSymbols } from '../../src/tokenizer/hf.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'tok-'));
 
@@ -163,6 +164,64 @@ test('hf directory: tokenizer.json + tokenizer_config.json name BOS/EOS; unsuppo
     assert.unreachable('should fail');
   } catch (err) {
     assert.match((err as Error).message, /not supported/);
+  }
+});
+
+test('hf tokenizer.json (Llama-2 / Mistral style): ▁ spaces, byte fallback, BOS template, leading space stripped', async () => {
+  const vocab: Record<string, number> = { '<unk>': 0, '<s>': 1, '</s>': 2 };
+  for (let b = 0; b < 256; b++) vocab[`<0x${b.toString(16).toUpperCase().padStart(2, '0')}>`] = 3 + b;
+  const merges = [['▁', 't'], ['h', 'e'], ['▁t', 'he'], ['c', 'a'], ['ca', 't'], ['▁', 'cat']];
+  for (const c of ['▁', 't', 'h', 'e', 'c', 'a']) vocab[c] = Object.keys(vocab).length;
+  for (const [a, b] of merges) vocab[a + b] ??= Object.keys(vocab).length;
+  const added = [
+    { id: 0, content: '<unk>', special: true },
+    { id: 1, content: '<s>', special: true },
+    { id: 2, content: '</s>', special: true },
+  ];
+  for (const [name, pre, normalizer] of [
+    ['sp-legacy', null, { type: 'Sequence', normalizers: [{ type: 'Prepend', prepend: '▁' }, { type: 'Replace', pattern: { String: ' ' }, content: '▁' }] }],
+    ['sp-metaspace', { type: 'Metaspace', replacement: '▁', prepend_scheme: 'first', split: false }, null],
+  ] as const) {
+    const json = {
+      version: '1.0', added_tokens: added, normalizer, pre_tokenizer: pre,
+      post_processor: { type: 'TemplateProcessing', single: [{ SpecialToken: { id: '<s>', type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } }], pair: [], special_tokens: { '<s>': { id: '<s>', ids: [1], tokens: ['<s>'] } } },
+      decoder: { type: 'Sequence', decoders: [{ type: 'Replace', pattern: { String: '▁' }, content: ' ' }, { type: 'ByteFallback' }, { type: 'Fuse' }, { type: 'Strip', content: ' ', start: 1, stop: 0 }] },
+      model: { type: 'BPE', dropout: null, unk_token: '<unk>', continuing_subword_prefix: null, end_of_word_suffix: null, fuse_unk: true, byte_fallback: true, vocab, merges: merges.map(([a, b]) => `${a} ${b}`) },
+    };
+    const path = join(dir, `${name}.json`);
+    writeFileSync(path, JSON.stringify(json));
+    const tok = await loadTokenizer({ kind: 'hf', path });
+    assert.is(tok.bosId, 1, name);
+    assert.is(tok.eosId, 2, name);
+    const ids = tok.encode('the cat ✓', true);
+    assert.equal(ids, [1, vocab['▁the'], vocab['▁cat'], vocab['▁'], 3 + 0xe2, 3 + 0x9c, 3 + 0x93], name);
+    assert.is(tok.decode(ids, true), 'the cat ✓', name);
+    assert.is(tok.tokenString(vocab['▁cat']), 'cat', name);
+    const d = tok.newStreamDecoder();
+    assert.is(ids.slice(1).map((id) => d.push(id)).join(''), ' the cat ✓', name);
+  }
+});
+
+test('BPE merges (short-word scan and long-word heap) match the one-pair-at-a-time reference', () => {
+  const merges = [['a', 'b'], ['b', 'a'], ['ab', 'a'], ['a', 'a'], ['aa', 'b'], ['c', 'c'], ['ab', 'ab'], ['cc', 'a'], ['ba', 'c']];
+  const ranks = new Map(merges.map(([a, b], i) => [`${a}\u0000${b}`, i]));
+  const scan = (symbols: string[]) => {
+    for (;;) {
+      let best = Infinity;
+      let at = -1;
+      for (let i = 0; i < symbols.length - 1; i++) {
+        const r = ranks.get(`${symbols[i]}\u0000${symbols[i + 1]}`);
+        if (r !== undefined && r < best) (best = r), (at = i);
+      }
+      if (at < 0) return symbols;
+      symbols.splice(at, 2, symbols[at] + symbols[at + 1]);
+    }
+  };
+  let seed = 7;
+  const rand = () => ((seed = (seed * 1103515245 + 12345) & 0x7fffffff), seed / 0x7fffffff);
+  for (let k = 0; k < 200; k++) {
+    const word = Array.from({ length: 2 + Math.floor(rand() * 200) }, () => 'abc'[Math.floor(rand() * 3)]);
+    assert.equal(mergeSymbols(word.slice(), ranks), scan(word.slice()));
   }
 });
 
