@@ -102,8 +102,11 @@ export function buildHfTokenizer(json: Json, config: Json = {}): Tokenizer {
         } else if (unkId !== undefined) ids.push(unkId);
       }
     }
-    if (cache.size >= PIECE_CACHE_LIMIT) cache.clear();
-    cache.set(word, ids);
+    // Long "words" (a whole prompt when there is no pre-tokenizer) are not worth keeping.
+    if (word.length <= 256) {
+      if (cache.size >= PIECE_CACHE_LIMIT) cache.clear();
+      cache.set(word, ids);
+    }
     return ids;
   }
 
