@@ -36,7 +36,8 @@ export async function engineCommand(args: string[], settings: Settings): Promise
     return 2;
   }
   const port = Number(flags.port ?? 0);
-  const bootDelay = Number(flags['boot-delay-ms'] ?? process.env.SVC_ENGINE_BOOT_DELAY_MS ?? 0);
+  // The environment's slow boot is a chaos setting; an explicit flag always applies.
+  const bootDelay = Number(flags['boot-delay-ms'] ?? (flags.chaos === true ? (process.env.SVC_ENGINE_BOOT_DELAY_MS ?? 0) : 0));
   if (!Number.isInteger(port) || port < 0 || port > 65535 || !Number.isFinite(bootDelay) || bootDelay < 0) {
     process.stderr.write('svc engine: --port must be 0..65535 and --boot-delay-ms a non-negative number\n');
     return 2;
