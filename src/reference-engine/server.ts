@@ -36,7 +36,6 @@ export function createEngineServer(opts: EngineServerOptions): EngineServer {
   const sockets = new Set<Socket>();
   const inflight = new Set<AbortController>();
   const vocabJson = new VocabJson(tokenizer);
-  const ranker = new Ranker(tokenizer.vocabSize);
   let crashed = false;
 
   const crash = () => {
@@ -188,12 +187,14 @@ export function createEngineServer(opts: EngineServerOptions): EngineServer {
   async function writePromptLogprobs(w: BodyWriter, hidden: Float32Array, prompt: number[], k: number, signal: AbortSignal): Promise<void> {
     const V = tokenizer.vocabSize;
     const lp = new Float32Array(V);
+    // Per request: its order array is read across awaits while other requests sort too.
+    const ranker = k === -1 ? new Ranker(V) : null;
     w.push('[null');
     for (let j = 1; j < prompt.length; j++) {
       generator.promptLogprobsAt(hidden, j, lp);
       const actual = prompt[j];
       if (k === -1) {
-        const order = ranker.sortDesc(lp);
+        const order = ranker!.sortDesc(lp);
         let actualRank = 0;
         for (let i = 0; i < V; i++) if (order[i] === actual) actualRank = i + 1;
         w.push(',{');

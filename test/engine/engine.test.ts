@@ -247,6 +247,19 @@ test('norm_match keeps each steered position norm; 3-D vectors steer only their 
   assert.is(twoD.status, 400);
 });
 
+test('concurrent requests give the same bodies as one at a time (no shared scratch state leaks)', async () => {
+  const bodies = [
+    { ...base, prompt: 'x'.repeat(300), max_tokens: 20, seed: 3, logprobs: 2, prompt_logprobs: -1 },
+    { ...base, prompt: 'y'.repeat(250), max_tokens: 30, seed: 4, n: 2, logprobs: 5, prompt_logprobs: 3 },
+    { ...base, prompt: 'z'.repeat(200), max_tokens: 40, seed: 5, prompt_logprobs: -1 },
+  ];
+  const strip = (j: any) => ({ ...j, id: null, created: null });
+  const alone: any[] = [];
+  for (const b of bodies) alone.push(strip((await completions(b)).json));
+  const together = (await Promise.all(bodies.map((b) => completions(b)))).map((r) => strip(r.json));
+  assert.equal(together, alone);
+});
+
 test('a long generation does not block /health or other requests', async () => {
   const long = fetch(`${ctx.url}/v1/completions`, {
     method: 'POST',
