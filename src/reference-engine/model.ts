@@ -39,7 +39,11 @@ export const ATTENTION_WINDOW = 1024;
 /** Called with each block's output (the residual stream after block `layer`) at absolute position `pos`. */
 export type BlockHook = (layer: number, pos: number, h: Float32Array) => void;
 
-/** Per-sequence keys and values of every layer, head-major ([head][position][d_head]) so attention reads contiguously. */
+/**
+ * Per-sequence keys and values of every layer, head-major ([head][slot][d_head]) so attention reads contiguously.
+ * Slots are positions modulo the capacity, a power of two that grows by doubling up to the attention window and
+ * then serves as a ring: a 32k-token sequence keeps only its last 1,024 positions (2 MB on ref-byte).
+ */
 export class KvCache {
   readonly k: Float32Array[];
   readonly v: Float32Array[];
@@ -51,7 +55,10 @@ export class KvCache {
   constructor(nLayers: number, d: number, heads: number, capacity = 64, from?: KvCache) {
     this.#d = d;
     this.#heads = heads;
-    this.capacity = capacity;
+    let cap = 1;
+    while (cap < capacity && cap < ATTENTION_WINDOW) cap *= 2;
+    this.capacity = from ? from.capacity : cap;
+    capacity = this.capacity;
     if (from) {
       this.k = from.k.map((a) => a.slice());
       this.v = from.v.map((a) => a.slice());
@@ -63,9 +70,9 @@ export class KvCache {
   }
 
   ensure(positions: number): void {
-    if (positions <= this.capacity) return;
+    if (positions <= this.capacity || this.capacity >= ATTENTION_WINDOW) return;
     let cap = this.capacity;
-    while (cap < positions) cap *= 2;
+    while (cap < positions && cap < ATTENTION_WINDOW) cap *= 2;
     const dh = this.#d / this.#heads;
     const grow = (old: Float32Array) => {
       const next = new Float32Array(cap * this.#d);
@@ -146,7 +153,7 @@ export class Model {
     this.#att = new Float32Array(d);
     this.#tmp = new Float32Array(d);
     this.#mlp = new Float32Array(m);
-    this.#scores = new Float32Array(maxLen);
+    this.#scores = new Float32Array(Math.min(maxLen, ATTENTION_WINDOW));
     this.#calibrateSpecialTokens();
   }
 
@@ -181,16 +188,18 @@ export class Model {
       const K = cache.k[l];
       const V = cache.v[l];
       const cap = cache.capacity;
+      const mask = cap - 1;
+      const slot = pos & mask;
       for (let hd = 0; hd < H; hd++) {
         const base = hd * cap * dh;
         const qo = hd * dh;
         for (let j = 0; j < dh; j++) {
-          K[base + pos * dh + j] = qkv[d + qo + j];
-          V[base + pos * dh + j] = qkv[2 * d + qo + j];
+          K[base + slot * dh + j] = qkv[d + qo + j];
+          V[base + slot * dh + j] = qkv[2 * d + qo + j];
         }
         const from = pos >= ATTENTION_WINDOW ? pos - ATTENTION_WINDOW + 1 : 0;
-        if (dh === 16) attendHead16(qkv, qo, K, V, base, from, pos, scores, att, invSqrt);
-        else attendHead(qkv, qo, K, V, base, from, pos, dh, scores, att, invSqrt);
+        if (dh === 16) attendHead16(qkv, qo, K, V, base, from, pos, mask, scores, att, invSqrt);
+        else attendHead(qkv, qo, K, V, base, from, pos, mask, dh, scores, att, invSqrt);
       }
       matVec(b.wo, att, b.bo, tmp, d, d);
       for (let i = 0; i < d; i++) h[i] += tmp[i];
@@ -272,46 +281,52 @@ function expNonPositive(x: number): number {
   return p * POW2_NEG[-i];
 }
 
-/** Causal attention of one head over positions 0..pos (generic head size). */
-function attendHead(qkv: Float32Array, qo: number, K: Float32Array, V: Float32Array, base: number, from: number, pos: number, dh: number, scores: Float32Array, att: Float32Array, scale: number): void {
+/** Causal attention of one head over positions from..pos (slot = position & mask), generic head size. */
+function attendHead(qkv: Float32Array, qo: number, K: Float32Array, V: Float32Array, base: number, from: number, pos: number, mask: number, dh: number, scores: Float32Array, att: Float32Array, scale: number): void {
   let max = -Infinity;
-  for (let t = from, ko = base + from * dh; t <= pos; t++, ko += dh) {
+  for (let t = from, i = 0; t <= pos; t++, i++) {
+    const ko = base + (t & mask) * dh;
     let s = 0;
     for (let j = 0; j < dh; j++) s += qkv[qo + j] * K[ko + j];
     s *= scale;
-    scores[t] = s;
+    scores[i] = s;
     if (s > max) max = s;
   }
+  const n = pos - from + 1;
   let sum = 0;
-  for (let t = from; t <= pos; t++) sum += scores[t] = expNonPositive(scores[t] - max);
+  for (let i = 0; i < n; i++) sum += scores[i] = expNonPositive(scores[i] - max);
   const inv = 1 / sum;
   for (let j = 0; j < dh; j++) att[qo + j] = 0;
-  for (let t = from, vo = base + from * dh; t <= pos; t++, vo += dh) {
-    const p = scores[t] * inv;
+  for (let t = from, i = 0; t <= pos; t++, i++) {
+    const p = scores[i] * inv;
+    const vo = base + (t & mask) * dh;
     for (let j = 0; j < dh; j++) att[qo + j] += p * V[vo + j];
   }
 }
 
 /** The same for 16-wide heads (the default models), unrolled into locals: the decode hot loop. */
-function attendHead16(qkv: Float32Array, qo: number, K: Float32Array, V: Float32Array, base: number, from: number, pos: number, scores: Float32Array, att: Float32Array, scale: number): void {
+function attendHead16(qkv: Float32Array, qo: number, K: Float32Array, V: Float32Array, base: number, from: number, pos: number, mask: number, scores: Float32Array, att: Float32Array, scale: number): void {
   const q0 = qkv[qo] * scale, q1 = qkv[qo + 1] * scale, q2 = qkv[qo + 2] * scale, q3 = qkv[qo + 3] * scale;
   const q4 = qkv[qo + 4] * scale, q5 = qkv[qo + 5] * scale, q6 = qkv[qo + 6] * scale, q7 = qkv[qo + 7] * scale;
   const q8 = qkv[qo + 8] * scale, q9 = qkv[qo + 9] * scale, q10 = qkv[qo + 10] * scale, q11 = qkv[qo + 11] * scale;
   const q12 = qkv[qo + 12] * scale, q13 = qkv[qo + 13] * scale, q14 = qkv[qo + 14] * scale, q15 = qkv[qo + 15] * scale;
   let max = -Infinity;
-  for (let t = from, k = base + from * 16; t <= pos; t++, k += 16) {
+  for (let t = from, i = 0; t <= pos; t++, i++) {
+    const k = base + ((t & mask) << 4);
     const s =
       q0 * K[k] + q1 * K[k + 1] + q2 * K[k + 2] + q3 * K[k + 3] + q4 * K[k + 4] + q5 * K[k + 5] + q6 * K[k + 6] + q7 * K[k + 7] +
       q8 * K[k + 8] + q9 * K[k + 9] + q10 * K[k + 10] + q11 * K[k + 11] + q12 * K[k + 12] + q13 * K[k + 13] + q14 * K[k + 14] + q15 * K[k + 15];
-    scores[t] = s;
+    scores[i] = s;
     if (s > max) max = s;
   }
+  const n = pos - from + 1;
   let sum = 0;
-  for (let t = from; t <= pos; t++) sum += scores[t] = expNonPositive(scores[t] - max);
+  for (let i = 0; i < n; i++) sum += scores[i] = expNonPositive(scores[i] - max);
   let a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
   let a8 = 0, a9 = 0, a10 = 0, a11 = 0, a12 = 0, a13 = 0, a14 = 0, a15 = 0;
-  for (let t = from, v = base + from * 16; t <= pos; t++, v += 16) {
-    const p = scores[t];
+  for (let t = from, i = 0; t <= pos; t++, i++) {
+    const v = base + ((t & mask) << 4);
+    const p = scores[i];
     a0 += p * V[v]; a1 += p * V[v + 1]; a2 += p * V[v + 2]; a3 += p * V[v + 3];
     a4 += p * V[v + 4]; a5 += p * V[v + 5]; a6 += p * V[v + 6]; a7 += p * V[v + 7];
     a8 += p * V[v + 8]; a9 += p * V[v + 9]; a10 += p * V[v + 10]; a11 += p * V[v + 11];
