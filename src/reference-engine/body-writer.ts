@@ -4,6 +4,7 @@
 import type { ServerResponse } from 'node:http';
 
 const PIECE = 64 * 1024;
+const HEADROOM = 16 * 1024;
 
 export class BodyWriter {
   readonly #res: ServerResponse;
@@ -18,9 +19,12 @@ export class BodyWriter {
     this.#head = head ?? null;
   }
 
-  /** True when the buffer is nearly full: the caller should `await flush()` (backpressure). */
+  /**
+   * True when the buffer is nearly full: the caller should `await flush()` (backpressure). The unchecked
+   * appends (copy, char, int, logprob) rely on this headroom: one vocabulary entry stays far below 16 KB.
+   */
   get full(): boolean {
-    return this.#at > PIECE - 4096;
+    return this.#at > PIECE - HEADROOM;
   }
 
   /** Appends text; flushes when the buffer is nearly full (await the promise it then returns). */
@@ -37,7 +41,7 @@ export class BodyWriter {
     if (this.full) return this.flush();
   }
 
-  /** Appends pre-encoded bytes (caller keeps each piece well under 4 KB). */
+  /** Appends pre-encoded bytes (each piece well under the headroom). */
   bytesOf(b: Uint8Array): void {
     this.#buf.set(b, this.#at);
     this.#at += b.length;
