@@ -128,6 +128,8 @@ test('full-vocabulary prompt logprobs sum to 1 and ranks agree with values', asy
       if (i > 0) assert.ok(e.logprob <= byRank[i - 1].logprob);
     });
   }
+  const top100 = await completions({ ...base, prompt: 'Hello there, '.repeat(25), max_tokens: 1, prompt_logprobs: 100 });
+  for (const e of top100.json.choices[0].prompt_logprobs.slice(1)) assert.ok([100, 101].includes(Object.keys(e).length));
   const top2 = await completions({ ...base, prompt: 'Hello', max_tokens: 1, prompt_logprobs: 2 });
   for (const e of top2.json.choices[0].prompt_logprobs.slice(1)) assert.ok(Object.keys(e).length === 2 || Object.keys(e).length === 3);
 });
