@@ -45,6 +45,36 @@ async function bench(label: string, open: () => Promise<EventStore>, done: () =>
   }
 }
 
+/**
+ * The issue's yardsticks, measured in the same minute so that figures from a busy machine can be
+ * compared: plain multi-row INSERTs of 64 events (no checks, no ids) and one event per commit.
+ */
+async function baselines(url: string, schema: string): Promise<void> {
+  const client = new pg.Client({ connectionString: url });
+  await client.connect();
+  try {
+    await client.query(`CREATE TABLE "${schema}".plain_insert (id bigserial PRIMARY KEY, stream_id text NOT NULL, data jsonb NOT NULL)`);
+    const values = Array.from({ length: 64 }, (_, i) => `($${2 * i + 1}, $${2 * i + 2})`).join(', ');
+    const data = JSON.stringify(payload);
+    let started = performance.now();
+    let events = 0;
+    while (performance.now() - started < seconds * 1000) {
+      await client.query(`INSERT INTO "${schema}".plain_insert (stream_id, data) VALUES ${values}`, Array.from({ length: 64 }, () => [`bench-${randomUUID()}`, data]).flat());
+      events += 64;
+    }
+    console.log(`baseline  plain 64-row INSERTs, 1 connection: ${Math.round(events / ((performance.now() - started) / 1000)).toLocaleString('en-US').padStart(7)} events/s`);
+    started = performance.now();
+    events = 0;
+    while (performance.now() - started < seconds * 1000) {
+      await client.query(`INSERT INTO "${schema}".plain_insert (stream_id, data) VALUES ($1, $2)`, [`bench-${randomUUID()}`, data]);
+      events += 1;
+    }
+    console.log(`baseline  one event per commit, 1 writer:   ${Math.round(events / ((performance.now() - started) / 1000)).toLocaleString('en-US').padStart(7)} events/s`);
+  } finally {
+    await client.end();
+  }
+}
+
 const dir = mkdtempSync(join(tmpdir(), 'svc-bench-store-'));
 if (process.env.BENCH_SKIP_PGLITE !== '1') await bench('pglite', () => openEventStore({ dataDir: dir, purpose: 'bench' }), async () => rmSync(dir, { recursive: true, force: true }));
 
@@ -57,6 +87,16 @@ if (url) {
     await client.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
     await client.end();
   });
+  const scratch = `bench_${randomBytes(4).toString('hex')}`;
+  const admin = new pg.Client({ connectionString: url });
+  await admin.connect();
+  await admin.query(`CREATE SCHEMA "${scratch}"`);
+  try {
+    await baselines(url, scratch);
+  } finally {
+    await admin.query(`DROP SCHEMA "${scratch}" CASCADE`);
+    await admin.end();
+  }
 } else {
   console.log('store postgres: skipped (set DATABASE_URL)');
 }
