@@ -60,6 +60,9 @@ export interface RunHooks {
   onToken?: (ev: TokenEvent) => Promise<void> | void;
 }
 
+/** Prompt tokens processed layer by layer together (between yields to the event loop). */
+const PREFILL_CHUNK = 32;
+
 /** Yields to the event loop when this much time has passed, so /health and other requests stay served. */
 const SLICE_MS = 4;
 
@@ -101,9 +104,12 @@ export class Generator {
 
     const base = model.newCache(Math.min(this.maxModelLen, nextPow2(prompt.length + Math.min(maxTokens, 256))));
     const hidden = new Float32Array(d);
-    for (let i = 0; i < prompt.length; i++) {
-      model.forward(base, prompt[i], hidden, hook);
-      if (promptHidden && i < prompt.length - 1) promptHidden.set(hidden, i * d);
+    const chunkOut = new Float32Array(PREFILL_CHUNK * d);
+    for (let i = 0; i < prompt.length; i += PREFILL_CHUNK) {
+      const part = prompt.slice(i, i + PREFILL_CHUNK);
+      model.forwardChunk(base, part, chunkOut, hook);
+      if (promptHidden) promptHidden.set(chunkOut.subarray(0, Math.min(part.length, prompt.length - 1 - i) * d), i * d);
+      if (i + part.length === prompt.length) hidden.set(chunkOut.subarray((part.length - 1) * d, part.length * d));
       await this.tick(hooks.signal);
     }
     const lastPromptHidden = hidden.slice();

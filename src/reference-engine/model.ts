@@ -108,6 +108,7 @@ export class Model {
   readonly #tmp: Float32Array;
   readonly #mlp: Float32Array;
   readonly #scores: Float32Array;
+  #chunk = new Float32Array(0);
 
   constructor(shape: ModelShape) {
     this.shape = shape;
@@ -166,55 +167,84 @@ export class Model {
    * in `out` (d floats). `hook` sees every block's output and may change it in place (steering).
    */
   forward(cache: KvCache, token: number, out: Float32Array, hook?: BlockHook): void {
-    const { dModel: d, nHeads: H, dMlp: m, nLayers: L } = this.shape;
-    const dh = d / H;
+    const d = this.shape.dModel;
     const pos = cache.length;
     cache.ensure(pos + 1);
     const h = this.#h;
+    const te = token * d;
+    const pe = pos * d;
+    for (let i = 0; i < d; i++) h[i] = this.#wte[te + i] + this.#wpe[pe + i];
+    for (let l = 0; l < this.shape.nLayers; l++) this.#block(l, cache, pos, h, hook);
+    cache.length = pos + 1;
+    layerNorm(h, this.#lnfg, this.#lnfb, out, d);
+  }
+
+  /**
+   * Prompt processing: the same arithmetic as `forward` for tokens[0..n), but layer by layer over the whole
+   * chunk, so each layer's weights and keys/values stay in cache. `out` receives n final-norm hidden states.
+   */
+  forwardChunk(cache: KvCache, tokens: ArrayLike<number>, out: Float32Array, hook?: BlockHook): void {
+    const d = this.shape.dModel;
+    const n = tokens.length;
+    const pos0 = cache.length;
+    cache.ensure(pos0 + n);
+    if (this.#chunk.length < n * d) this.#chunk = new Float32Array(n * d);
+    const rows: Float32Array[] = [];
+    for (let r = 0; r < n; r++) {
+      const h = this.#chunk.subarray(r * d, (r + 1) * d);
+      const te = tokens[r] * d;
+      const pe = (pos0 + r) * d;
+      for (let i = 0; i < d; i++) h[i] = this.#wte[te + i] + this.#wpe[pe + i];
+      rows.push(h);
+    }
+    for (let l = 0; l < this.shape.nLayers; l++) {
+      for (let r = 0; r < n; r++) this.#block(l, cache, pos0 + r, rows[r], hook);
+    }
+    cache.length = pos0 + n;
+    for (let r = 0; r < n; r++) layerNorm(rows[r], this.#lnfg, this.#lnfb, out.subarray(r * d, (r + 1) * d), d);
+  }
+
+  /** Decoder block `l` at absolute position `pos` on residual `h` (in place); its keys/values go to the cache. */
+  #block(l: number, cache: KvCache, pos: number, h: Float32Array, hook?: BlockHook): void {
+    const { dModel: d, nHeads: H, dMlp: m } = this.shape;
+    const dh = d / H;
     const x = this.#x;
     const qkv = this.#qkv;
     const att = this.#att;
     const tmp = this.#tmp;
     const mlp = this.#mlp;
     const scores = this.#scores;
-    const te = token * d;
-    const pe = pos * d;
-    for (let i = 0; i < d; i++) h[i] = this.#wte[te + i] + this.#wpe[pe + i];
     const invSqrt = 1 / Math.sqrt(dh);
-    for (let l = 0; l < L; l++) {
-      const b = this.#blocks[l];
-      layerNorm(h, b.ln1g, b.ln1b, x, d);
-      matVec(b.wqkv, x, b.bqkv, qkv, 3 * d, d);
-      const K = cache.k[l];
-      const V = cache.v[l];
-      const cap = cache.capacity;
-      const mask = cap - 1;
-      const slot = pos & mask;
-      for (let hd = 0; hd < H; hd++) {
-        const base = hd * cap * dh;
-        const qo = hd * dh;
-        for (let j = 0; j < dh; j++) {
-          K[base + slot * dh + j] = qkv[d + qo + j];
-          V[base + slot * dh + j] = qkv[2 * d + qo + j];
-        }
-        const from = pos >= ATTENTION_WINDOW ? pos - ATTENTION_WINDOW + 1 : 0;
-        if (dh === 16) attendHead16(qkv, qo, K, V, base, from, pos, mask, scores, att, invSqrt);
-        else attendHead(qkv, qo, K, V, base, from, pos, mask, dh, scores, att, invSqrt);
+    const b = this.#blocks[l];
+    layerNorm(h, b.ln1g, b.ln1b, x, d);
+    matVec(b.wqkv, x, b.bqkv, qkv, 3 * d, d);
+    const K = cache.k[l];
+    const V = cache.v[l];
+    const cap = cache.capacity;
+    const mask = cap - 1;
+    const slot = pos & mask;
+    const from = pos >= ATTENTION_WINDOW ? pos - ATTENTION_WINDOW + 1 : 0;
+    for (let hd = 0; hd < H; hd++) {
+      const base = hd * cap * dh;
+      const qo = hd * dh;
+      for (let j = 0; j < dh; j++) {
+        K[base + slot * dh + j] = qkv[d + qo + j];
+        V[base + slot * dh + j] = qkv[2 * d + qo + j];
       }
-      matVec(b.wo, att, b.bo, tmp, d, d);
-      for (let i = 0; i < d; i++) h[i] += tmp[i];
-      layerNorm(h, b.ln2g, b.ln2b, x, d);
-      matVec(b.w1, x, b.b1, mlp, m, d);
-      for (let i = 0; i < m; i++) {
-        const v = mlp[i];
-        mlp[i] = 0.5 * v * (1 + Math.tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
-      }
-      matVec(b.w2, mlp, b.b2, tmp, d, m);
-      for (let i = 0; i < d; i++) h[i] += tmp[i];
-      if (hook) hook(l, pos, h);
+      if (dh === 16) attendHead16(qkv, qo, K, V, base, from, pos, mask, scores, att, invSqrt);
+      else attendHead(qkv, qo, K, V, base, from, pos, mask, dh, scores, att, invSqrt);
     }
-    cache.length = pos + 1;
-    layerNorm(h, this.#lnfg, this.#lnfb, out, d);
+    matVec(b.wo, att, b.bo, tmp, d, d);
+    for (let i = 0; i < d; i++) h[i] += tmp[i];
+    layerNorm(h, b.ln2g, b.ln2b, x, d);
+    matVec(b.w1, x, b.b1, mlp, m, d);
+    for (let i = 0; i < m; i++) {
+      const v = mlp[i];
+      mlp[i] = 0.5 * v * (1 + Math.tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+    }
+    matVec(b.w2, mlp, b.b2, tmp, d, m);
+    for (let i = 0; i < d; i++) h[i] += tmp[i];
+    if (hook) hook(l, pos, h);
   }
 
   /** Raw logits (V floats) from a final-norm hidden state. */
