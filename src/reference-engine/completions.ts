@@ -25,7 +25,7 @@ export async function fullCompletion(ctx: CompletionContext, req: CompletionRequ
   const { generator, checkpoint, vocabJson } = ctx;
   const tokenizer = generator.tokenizer;
   const runs: PromptRun[] = [];
-  for (let p = 0; p < req.prompts.length; p++) runs.push(await generator.runPrompt(req, p, { signal, afterToken: afterToken as never }));
+  for (let p = 0; p < req.prompts.length; p++) runs.push(await generator.runPrompt(req, p, { signal, afterToken }));
   if (signal.aborted) return;
   const w = new BodyWriter(res, { status: 200, headers: { 'content-type': 'application/json' } });
   w.push(`{"id":"${id}","object":"text_completion","created":${Math.floor(Date.now() / 1000)},"model":${JSON.stringify(checkpoint)},"choices":[`);
@@ -122,7 +122,7 @@ export async function streamCompletion(ctx: CompletionContext, req: CompletionRe
         w.push(`data: ${head}${choice}],"usage":${usage}}\n\n`);
         return w.flush();
       };
-      await generator.runPrompt(req, p, { signal, onToken, onPrefill, afterToken: afterToken as never });
+      await generator.runPrompt(req, p, { signal, onToken, onPrefill, afterToken });
     }
     if (req.includeUsage) {
       w.push(`data: ${head}],"usage":{"prompt_tokens":${promptTokens},"total_tokens":${promptTokens + completionTokens},"completion_tokens":${completionTokens}}}\n\n`);

@@ -54,7 +54,7 @@ export interface PromptRun {
 export interface RunHooks {
   signal: AbortSignal;
   /** Awaited after every token (chaos: per-token delay, crash). */
-  afterToken?: () => Promise<void> | void;
+  afterToken?: () => unknown;
   /** Called once the prompt has been processed, with its hidden states when they were kept. */
   onPrefill?: (promptHidden: Float32Array | null) => void;
   onToken?: (ev: TokenEvent) => Promise<void> | void;
