@@ -1,6 +1,6 @@
 // Parses a /v1/completions body the way vLLM does: unknown fields ignored, vLLM defaults, 400s with `param`.
 import type { Tokenizer } from '../tokenizer/index.ts';
-import { decodeTensor, CodecError } from '../codec/index.ts';
+import { decodeTensor, CodecError, type EncodedTensor } from '../codec/index.ts';
 import type { SamplingParams } from './sampling.ts';
 import { badRequest } from './errors.ts';
 
@@ -201,7 +201,7 @@ function parseSteering(raw: unknown, limits: EngineLimits): SteeringVector[] {
     }
     let tensor;
     try {
-      tensor = decodeTensor(s.activations as never);
+      tensor = decodeTensor(s.activations as EncodedTensor); // validated inside
     } catch (err) {
       if (err instanceof CodecError) throw badRequest(`activations: ${err.message}`, `${at}.activations`);
       throw err;
