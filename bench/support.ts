@@ -5,9 +5,17 @@ import { fileURLToPath } from 'node:url';
 
 export const root = fileURLToPath(new URL('..', import.meta.url));
 
+const children = new Set<ChildProcess>();
+// A benchmark that fails half-way must not leave its gateway or engine running.
+process.once('exit', () => {
+  for (const child of children) if (child.exitCode === null) child.kill('SIGKILL');
+});
+
 /** Spawns a process and resolves with the first JSON line on stdout that carries a URL (or a regex match on stderr). */
 export async function spawnWithUrl(args: string[], env: NodeJS.ProcessEnv, stderrPattern?: RegExp): Promise<{ child: ChildProcess; url: string }> {
   const child = spawn(process.execPath, args, { cwd: root, env, stdio: ['ignore', 'pipe', 'pipe'] });
+  children.add(child);
+  child.once('exit', () => children.delete(child));
   const url = await new Promise<string>((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`no URL from ${args.join(' ')} in 60 s`)), 60_000);
     createInterface({ input: child.stdout! }).on('line', (line) => {
