@@ -36,12 +36,13 @@ END $$;
 -- callers. Each append succeeds, is recognised as an idempotent repeat, or fails on its own; one
 -- append's failure never fails the others. Each stream appears at most once per batch.
 --   p_streams[i], p_expected[i] (-1 any, -2 no_stream, -3 stream_exists, N >= 0), p_counts[i]: append i
---   p_ev_append[k], p_ev_ord[k], p_ids[k], p_types[k], p_data[k], p_meta[k]: event k, the p_ev_ord[k]-th of append p_ev_append[k]
+--   p_ev_append[k], p_ev_ord[k], p_ids[k], p_types[k], p_data->k, p_meta->k: event k, the p_ev_ord[k]-th of
+--   append p_ev_append[k] (data and metadata come as two JSON arrays: one parse each, no array-literal escaping)
 -- Outcomes: ok, idempotent, conflict (version), duplicate (ids stored elsewhere), retry (an `any`
 -- append lost a race with another process's append; send it again).
 CREATE OR REPLACE FUNCTION svc_append_batch(
   p_streams text[], p_expected bigint[], p_counts int[],
-  p_ev_append int[], p_ev_ord int[], p_ids uuid[], p_types text[], p_data jsonb[], p_meta jsonb[],
+  p_ev_append int[], p_ev_ord int[], p_ids uuid[], p_types text[], p_data jsonb, p_meta jsonb,
   p_channel text)
 RETURNS SETOF svc_append_outcome
 LANGUAGE plpgsql AS $fn$
@@ -73,7 +74,8 @@ BEGIN
   ), ins AS (
     INSERT INTO events (stream_id, stream_version, event_id, event_type, data, metadata)
     SELECT d.stream_id, d.cur + ev.ord, ev.event_id, ev.event_type, ev.data, ev.metadata
-    FROM unnest(p_ev_append, p_ev_ord, p_ids, p_types, p_data, p_meta) WITH ORDINALITY
+    FROM ROWS FROM (unnest(p_ev_append), unnest(p_ev_ord), unnest(p_ids), unnest(p_types),
+                    jsonb_array_elements(p_data), jsonb_array_elements(p_meta)) WITH ORDINALITY
            AS ev(append_idx, ord, event_id, event_type, data, metadata, k)
     JOIN decided d ON d.idx = ev.append_idx
     WHERE d.ok

@@ -78,8 +78,12 @@ export class GroupCommitter {
       // Share what is queued among the free connections so that they work in parallel, but keep
       // batches large enough that a round trip and a commit still serve many appends.
       const free = this.#options.maxInFlight - this.#inFlight;
-      const queuedEvents = this.#queue.reduce((n, item) => n + item.events.length, 0);
-      const limit = Math.min(this.#options.maxBatchEvents, Math.max(minSplitEvents, Math.ceil(queuedEvents / free)));
+      let limit = this.#options.maxBatchEvents;
+      if (free > 1) {
+        let queuedEvents = 0;
+        for (const item of this.#queue) queuedEvents += item.events.length;
+        limit = Math.min(limit, Math.max(minSplitEvents, Math.ceil(queuedEvents / free)));
+      }
       const batch = this.#takeBatch(limit);
       if (batch.length === 0) return; // everything queued waits on a stream already in flight
       this.#inFlight += 1;

@@ -94,11 +94,13 @@ function validateAppend(streamId: string, events: readonly NewEvent[], expected:
   if (typeof expected === 'number' ? !Number.isSafeInteger(expected) || expected < 0 : !['any', 'no_stream', 'stream_exists'].includes(expected)) {
     throw new TypeError(`append to ${streamId}: invalid expected version ${String(expected)}`);
   }
-  const ids = new Set<string>();
+  const ids = events.length > 1 ? new Set<string>() : null;
   for (const event of events) {
     if (typeof event.id !== 'string' || !uuidPattern.test(event.id)) throw new TypeError(`append to ${streamId}: event id must be a UUID`);
-    if (ids.has(event.id.toLowerCase())) throw new TypeError(`append to ${streamId}: event id ${event.id} appears twice`);
-    ids.add(event.id.toLowerCase());
+    if (ids) {
+      if (ids.has(event.id.toLowerCase())) throw new TypeError(`append to ${streamId}: event id ${event.id} appears twice`);
+      ids.add(event.id.toLowerCase());
+    }
     if (typeof event.type !== 'string' || event.type.length === 0) throw new TypeError(`append to ${streamId}: event type must be a non-empty string`);
   }
 }
@@ -114,8 +116,8 @@ function batchParams(batch: readonly PendingAppend[], channel: string | null): u
   const evOrd: number[] = [];
   const ids: string[] = [];
   const types: string[] = [];
-  const data: string[] = [];
-  const meta: string[] = [];
+  const data: unknown[] = [];
+  const meta: unknown[] = [];
   batch.forEach((append, i) => {
     streams.push(append.streamId);
     expected.push(typeof append.expected === 'number' ? append.expected : expectedCode[append.expected]);
@@ -125,11 +127,11 @@ function batchParams(batch: readonly PendingAppend[], channel: string | null): u
       evOrd.push(j + 1);
       ids.push(event.id);
       types.push(event.type);
-      data.push(JSON.stringify(event.data ?? null));
-      meta.push(event.metadata ? JSON.stringify(event.metadata) : '{}');
+      data.push(event.data ?? null);
+      meta.push(event.metadata ?? {});
     });
   });
-  return [streams, expected, counts, evAppend, evOrd, ids, types, data, meta, channel];
+  return [streams, expected, counts, evAppend, evOrd, ids, types, JSON.stringify(data), JSON.stringify(meta), channel];
 }
 
 function toOutcome(append: PendingAppend, row: BatchRow): BatchOutcome {
@@ -156,7 +158,7 @@ function toOutcome(append: PendingAppend, row: BatchRow): BatchOutcome {
 async function runBatch(db: Queryable, channel: string | null, batch: readonly PendingAppend[]): Promise<BatchOutcome[]> {
   const { rows } = await db.query<BatchRow>(
     `SELECT idx, outcome, version, last_position, last_tx
-     FROM svc_append_batch($1::text[], $2::bigint[], $3::int[], $4::int[], $5::int[], $6::uuid[], $7::text[], $8::jsonb[], $9::jsonb[], $10::text)`,
+     FROM svc_append_batch($1::text[], $2::bigint[], $3::int[], $4::int[], $5::int[], $6::uuid[], $7::text[], $8::jsonb, $9::jsonb, $10::text)`,
     batchParams(batch, channel),
   );
   return batch.map((append, i) => toOutcome(append, rows[i]));
