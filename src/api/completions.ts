@@ -16,6 +16,8 @@ export interface CompletionRouteOptions {
 
 /** Smallest non-streaming body worth compressing when the client accepts gzip. */
 const gzipMinBytes = 1024;
+/** Bodies up to this size are gathered before sending rather than piped. */
+const smallBodyBytes = 256 * 1024;
 const deadlineReason = Symbol('deadline');
 
 function acceptsGzip(request: FastifyRequest): boolean {
@@ -72,6 +74,10 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
       // Level 1: the large bodies here (full-vocabulary logprobs) are highly redundant JSON, so speed wins.
       reply.header('content-encoding', 'gzip');
       return reply.send(upstream.body.pipe(createGzip({ level: 1, flush: zlibConstants.Z_NO_FLUSH })));
+    }
+    if (length <= smallBodyBytes) {
+      // A small body is gathered and written in one go: cheaper than a pipe for the common case.
+      return reply.send(Buffer.from(await upstream.body.arrayBuffer()));
     }
     if (Number.isFinite(length)) reply.header('content-length', length);
     return reply.send(upstream.body);
