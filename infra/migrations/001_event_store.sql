@@ -48,6 +48,7 @@ RETURNS SETOF svc_append_outcome
 LANGUAGE plpgsql AS $fn$
 DECLARE
   v_out svc_append_outcome[];
+  v_all_ok boolean;
   v_rec svc_append_outcome;
   v_expected bigint;
   v_count int;
@@ -90,12 +91,13 @@ BEGIN
       d.idx,
       CASE WHEN NOT d.ok THEN 'check' WHEN w.n = d.n THEN 'ok' ELSE 'raced' END,
       CASE WHEN d.ok THEN d.cur + d.n ELSE d.cur END,
-      w.last_position, w.last_tx)::svc_append_outcome ORDER BY d.idx)
-  INTO v_out
+      w.last_position, w.last_tx)::svc_append_outcome ORDER BY d.idx),
+    bool_and(d.ok AND coalesce(w.n, 0) = d.n)
+  INTO v_out, v_all_ok
   FROM decided d LEFT JOIN written w ON w.stream_id = d.stream_id;
 
   -- The rare path: version mismatches (maybe idempotent repeats) and appends that lost a race.
-  FOR i IN 1 .. coalesce(array_length(v_out, 1), 0) LOOP
+  FOR i IN 1 .. CASE WHEN v_all_ok THEN 0 ELSE coalesce(array_length(v_out, 1), 0) END LOOP
     v_rec := v_out[i];
     CONTINUE WHEN v_rec.outcome = 'ok';
     v_expected := p_expected[i];

@@ -152,6 +152,8 @@ function toOutcome(append: PendingAppend, row: BatchRow): BatchOutcome {
       return { error: new DuplicateEventId(append.streamId, version) };
     case 'retry':
       return { retry: true };
+    default:
+      return { error: new Error(`append to ${append.streamId}: unexpected outcome ${String(row.outcome)}`) };
   }
 }
 
