@@ -37,7 +37,14 @@ function runFile(file) {
     let out = '';
     child.stdout.on('data', (d) => (out += d));
     child.stderr.on('data', (d) => (out += d));
+    // A hung file fails alone instead of stalling the whole run.
+    const limitMs = Number(process.env.TEST_FILE_TIMEOUT_MS ?? 300_000);
+    const timer = setTimeout(() => {
+      out += `\n[run-tests] killed after ${limitMs / 1000} s\n`;
+      child.kill('SIGKILL');
+    }, limitMs);
     child.on('close', (code) => {
+      clearTimeout(timer);
       const clean = out.replace(/\x1b\[[0-9;]*m/g, '');
       const num = (label) => Number((clean.match(new RegExp(`${label}:\\s+(\\d+)`)) ?? [])[1] ?? 0);
       const total = num('Total');

@@ -62,6 +62,12 @@ export function createEngineServer(opts: EngineServerOptions): EngineServer {
       case 'GET /health':
         res.writeHead(chaos?.dead ? 503 : 200, { 'content-length': 0 });
         return void res.end();
+      case 'GET /metrics': {
+        // vLLM's Prometheus gauge of requests being generated; a client that leaves is no longer counted.
+        const text = `# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=${JSON.stringify(checkpoint)}} ${inflight.size}\n`;
+        res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4', 'content-length': Buffer.byteLength(text) });
+        return void res.end(text);
+      }
       case 'GET /version':
         return sendJson(res, 200, { version: 'reference' });
       case 'GET /v1/models':

@@ -100,6 +100,42 @@ failures('an explicit max_tokens that cannot finish in the window: 400 deadline_
   await streamed.arrayBuffer();
 });
 
+async function runningOnEngine(): Promise<number> {
+  const text = await (await fetch(`${engineUrl}/metrics`)).text();
+  return Number(text.match(/vllm:num_requests_running\{[^}]*\} (\d+)/)![1]);
+}
+
+failures('a client that disconnects cancels the upstream generation', async () => {
+  // 150 ms a token for 200 tokens: 30 s if nobody cancels it (the window is 2 s, but streams ignore it and
+  // the non-streaming request is cancelled by its client well before).
+  await chaos('delay', { delay_ms: 150, count: 2 });
+  for (const stream of [true, false]) {
+    const client = new AbortController();
+    const pending = fetch(`${gw.url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      // Non-streaming requests must fit the 2 s window: 30 tokens (4.5 s at this pace) are accepted, and would
+      // be cut by the deadline at 2 s; the client leaves long before that.
+      body: JSON.stringify({ prompt: 'cancel me', max_tokens: stream ? 200 : 30, temperature: 0, stream }),
+      signal: client.signal,
+    });
+    if (stream) {
+      const res = await pending;
+      assert.is(res.status, 200);
+      await res.body!.getReader().read();
+    } else {
+      pending.catch(() => undefined);
+      // no byte comes back before the generation ends; wait until the engine has started it
+      while ((await runningOnEngine()) === 0) await new Promise((r) => setTimeout(r, 20));
+    }
+    assert.is(await runningOnEngine(), 1, 'the generation is running');
+    client.abort();
+    const deadline = Date.now() + (stream ? 5_000 : 800);
+    while ((await runningOnEngine()) > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+    assert.is(await runningOnEngine(), 0, `the ${stream ? 'streaming' : 'non-streaming'} generation stopped when the client left`);
+  }
+});
+
 failures('a crashed engine: 502 upstream_unreachable after retries', async () => {
   await chaos('crash', { count: 1 });
   const res = await complete();
