@@ -10,6 +10,8 @@ import { EngineClient } from '../engine-client/index.ts';
 import { ModelRegistry } from '../registry/index.ts';
 import { spawnReferenceEngine } from '../reference-engine/index.ts';
 import { openEventStore, type EventStore } from '../store/index.ts';
+import { ProjectionRunner } from '../projection-runner/index.ts';
+import { projections } from '../../projections/index.ts';
 
 export interface GatewayOptions {
   /** Where log lines go (default: stdout). Tests pass a stream to inspect them. */
@@ -84,6 +86,15 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     const failed = started.find((r): r is PromiseRejectedResult => r.status === 'rejected');
     if (failed) throw failed.reason;
     const store = await storeOpening;
+
+    // Read models follow the log from their checkpoints (catch-up, then live); stopped before the store.
+    const runner = new ProjectionRunner({
+      store,
+      projections,
+      onError: (projection, error) => logger.error({ projection, err: (error as Error)?.message }, 'projection batch failed; retrying'),
+    });
+    await runner.start();
+    stoppers.push(() => runner.stop());
 
     const engines = new EngineClient(
       settings.models.map((m) => ({ modelId: m.id, url: engineUrls.get(m.id)!, checkpoint: m.checkpoint, gpuShape: m.gpu_shape })),
