@@ -301,7 +301,15 @@ e2e('/openapi.json is version 0.1.0 with only /v1 routes and /health; /swagger s
   assert.ok(doc.paths['/v1/models/{model_id}/status'].get.responses['422']);
   const ui = await fetch(`${gw.url}/swagger`, { redirect: 'follow' });
   assert.is(ui.status, 200);
-  assert.match(await ui.text(), /swagger/i);
+  const html = await ui.text();
+  assert.match(html, /swagger/i);
+  // The UI works offline: its scripts and its initializer (pointing at our document) come from the gateway.
+  for (const asset of ['swagger-ui-bundle.js', 'swagger-ui-standalone-preset.js', 'swagger-initializer.js']) {
+    const res = await fetch(`${gw.url}/swagger/static/${asset}`);
+    assert.is(res.status, 200, asset);
+    const text = await res.text();
+    if (asset === 'swagger-initializer.js') assert.match(text, /openapi\.json/);
+  }
 });
 
 e2e.run();

@@ -1,0 +1,77 @@
+import { suite } from 'uvu';
+import * as assert from 'uvu/assert';
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { ConfigError, defaultConfigPath, loadSettings, parseServiceConfig, resolveAdminToken } from '../../src/config/index.ts';
+
+const config = suite('configuration');
+const svc = fileURLToPath(new URL('../../bin/svc.js', import.meta.url));
+const base = () => JSON.parse(readFileSync(defaultConfigPath, 'utf8'));
+
+function rejects(mutate: (c: any) => void, field: RegExp) {
+  const c = base();
+  mutate(c);
+  try {
+    parseServiceConfig(c, 'models.json');
+    assert.unreachable('accepted');
+  } catch (err) {
+    assert.instance(err, ConfigError);
+    assert.match((err as Error).message, field);
+  }
+}
+
+config('the built-in configuration is valid and has one default model', () => {
+  const settings = loadSettings({});
+  assert.is(settings.port, 8080);
+  assert.is(settings.host, '127.0.0.1');
+  assert.is(settings.models.filter((m) => m.default).length, 1);
+});
+
+config('invalid configuration names the field', () => {
+  rejects((c) => (c.models[0].capabilities.max_logprobs = 101), /models\[0\]\.capabilities\.max_logprobs/);
+  rejects((c) => delete c.models[1].checkpoint, /models\[1\]\.checkpoint/);
+  rejects((c) => (c.models[0].typo = 1), /models\[0\]\.typo/);
+  rejects((c) => (c.models[1].engine = 'ftp://x'), /models\[1\]\.engine/);
+  rejects((c) => (c.models[1].default = true), /default/);
+  rejects((c) => (c.models[1].id = c.models[0].id), /models\[1\]\.id/);
+  rejects((c) => (c.models[0].tokenizer = { kind: 'sentencepiece' }), /models\[0\]\.tokenizer/);
+});
+
+config('bad environment variables name the variable', () => {
+  assert.throws(() => loadSettings({ PORT: 'eighty' }), /PORT/);
+  assert.throws(() => loadSettings({ PORT: '70000' }), /PORT/);
+});
+
+config('svc serve with an invalid models file exits 1 with a message naming the field', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'svc-config-'));
+  try {
+    const c = base();
+    c.models[0].capabilities.max_model_len = 'long';
+    writeFileSync(join(dir, 'models.json'), JSON.stringify(c));
+    const run = spawnSync(process.execPath, [svc, 'serve'], { env: { ...process.env, SVC_CONFIG: join(dir, 'models.json'), DATA_DIR: join(dir, 'data'), PORT: '0' }, encoding: 'utf8', timeout: 60_000 });
+    assert.is(run.status, 1);
+    assert.match(run.stderr, /models\[0\]\.capabilities\.max_model_len/);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+config('the generated admin token is stored readable by the owner only and reused', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'svc-token-'));
+  try {
+    const first = resolveAdminToken({}, dir);
+    assert.ok(first.created);
+    assert.is(statSync(join(dir, 'admin-token')).mode & 0o777, 0o600);
+    const second = resolveAdminToken({}, dir);
+    assert.not.ok(second.created);
+    assert.is(second.token, first.token);
+    assert.is(resolveAdminToken({ SVC_ADMIN_TOKEN: 'set-by-env' }, dir).token, 'set-by-env');
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+config.run();
