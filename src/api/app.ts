@@ -77,15 +77,21 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
 
   // JSON bodies only, parsed once with the platform parser; other media types are a client error.
   app.removeAllContentTypeParsers();
-  app.addContentTypeParser(/^application\/([\w.+-]+\+)?json$/, { parseAs: 'buffer' }, (_request, body: Buffer, done) => {
+  // A request that matched no route is answered 404/405 whatever its body, so its body is not judged.
+  const unrouted = (request: FastifyRequest) => request.routeOptions.url === undefined;
+  app.addContentTypeParser(/^application\/([\w.+-]+\+)?json$/, { parseAs: 'buffer' }, (request, body: Buffer, done) => {
+    if (unrouted(request)) return done(null, undefined);
     try {
       done(null, JSON.parse(body.toString('utf8')));
     } catch {
       done(apiError('bad_json', 'request body is not valid JSON'), undefined);
     }
   });
-  app.addContentTypeParser('*', (_request, _payload, done) => {
-    done(apiError('invalid_request', 'Content-Type must be application/json'), undefined);
+  app.addContentTypeParser('*', (request, payload, done) => {
+    if (!unrouted(request)) return done(apiError('invalid_request', 'Content-Type must be application/json'), undefined);
+    payload.resume();
+    payload.once('end', () => done(null, undefined));
+    payload.once('error', () => done(null, undefined));
   });
 
   healthRoute(app, options.health);

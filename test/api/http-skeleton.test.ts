@@ -78,6 +78,15 @@ http('wrong method on a known route: 405 with Allow, in the envelope', async () 
   assertEnvelope(await json(res), res, 'method_not_allowed');
 });
 
+http('the route is judged before the body: unknown route with bad JSON is 404, wrong method with a body is 405', async () => {
+  const unknown = await fetch(`${gw.url}/v1/unknown`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{bad' });
+  assert.is(unknown.status, 404);
+  assertEnvelope(await json(unknown), unknown, 'not_found');
+  const wrong = await fetch(`${gw.url}/health`, { method: 'POST', headers: { 'content-type': 'text/plain' }, body: 'x' });
+  assert.is(wrong.status, 405);
+  assertEnvelope(await json(wrong), wrong, 'method_not_allowed');
+});
+
 http('malformed JSON: 400 bad_json', async () => {
   const res = await fetch(`${gw.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"prompt": "x",' });
   assert.is(res.status, 400);
