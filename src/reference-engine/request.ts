@@ -83,7 +83,8 @@ export function parseCompletionRequest(body: Body, tokenizer: Tokenizer, limits:
   const streamOptions = (so ?? {}) as Body;
   const logprobs = int(body, 'logprobs', null, (v) => v >= 0 && v <= limits.maxLogprobs, `must be between 0 and ${limits.maxLogprobs}`);
   const promptLogprobs = int(body, 'prompt_logprobs', null, (v) => v === -1 || (v >= 0 && v <= limits.maxLogprobs), `must be -1 or between 0 and ${limits.maxLogprobs}`);
-  if (stream && promptLogprobs !== null) throw badRequest('`prompt_logprobs` are not available when `stream=True`.', 'prompt_logprobs');
+  // vLLM refuses only top-k (> 0) and full-vocabulary (-1) prompt logprobs on a stream; 0 is accepted (the stream carries no prompt_logprobs).
+  if (stream && promptLogprobs !== null && promptLogprobs !== 0) throw badRequest('`prompt_logprobs` are not available when `stream=True`.', 'prompt_logprobs');
   const stopRaw = body.stop;
   let stop: string[] = [];
   if (typeof stopRaw === 'string') stop = [stopRaw];
@@ -144,14 +145,15 @@ function parsePrompts(prompt: unknown, tokenizer: Tokenizer, addSpecialTokens: b
   const shape = 'prompt must be a string, a list of strings, a list of token ids or a list of token-id lists';
   const fromText = (s: string) => {
     const ids = tokenizer.encode(s, addSpecialTokens);
-    if (ids.length === 0) throw badRequest('The prompt cannot be empty.', 'prompt');
+    // vLLM raises these as plain ValueErrors: no `param`, so they are not mistaken for its context-limit errors (param `input_tokens`).
+    if (ids.length === 0) throw badRequest('The decoder prompt cannot be empty');
     return ids;
   };
   const fromIds = (ids: unknown[]) => {
-    if (ids.length === 0) throw badRequest('The prompt cannot be empty.', 'prompt');
+    if (ids.length === 0) throw badRequest('The decoder prompt cannot be empty');
     for (const id of ids) {
       if (!isInt(id)) throw badRequest(shape, 'prompt');
-      if (id < 0 || id >= tokenizer.vocabSize) throw badRequest(`Token id ${id} is out of vocabulary`, 'prompt');
+      if (id < 0 || id >= tokenizer.vocabSize) throw badRequest(`Token id ${id} is out of vocabulary`);
     }
     return ids as number[];
   };

@@ -61,8 +61,10 @@ test('validation errors use vLLM shape with param', async () => {
     [{ ...base, stream_options: { include_usage: true } }, 'stream_options'],
     [{ ...base, prompt: [] }, 'prompt'],
     [{ ...base, prompt: [1, 'a'] }, 'prompt'],
-    [{ ...base, prompt: [999] }, 'prompt'],
-    [{ ...base, prompt: '', add_special_tokens: false }, 'prompt'],
+    [{ ...base, prompt_logprobs: -1, stream: true }, 'prompt_logprobs'],
+    // vLLM raises these as plain ValueErrors without a param: a gateway must not read them as context-limit errors.
+    [{ ...base, prompt: [999] }, null],
+    [{ ...base, prompt: '', add_special_tokens: false }, null],
     [{ ...base, max_tokens: 40000 }, 'max_tokens'],
     [{ ...base, vllm_xargs: { output_residual_stream: '[4]' } }, 'vllm_xargs.output_residual_stream'],
   ];
@@ -187,6 +189,14 @@ test('streaming frames concatenate to the non-streaming text for the same seed',
   const plain = await postStream(`${ctx.url}/v1/completions`, { ...base, max_tokens: 3, temperature: 0, stream: true });
   assert.is(plain.length, 4);
   assert.is(plain[0].usage, null);
+});
+
+test('prompt_logprobs 0 is accepted on a stream (only > 0 and -1 are refused), and the frames carry no prompt_logprobs', async () => {
+  const body = { ...base, max_tokens: 3, temperature: 0 };
+  const plain = await postStream(`${ctx.url}/v1/completions`, { ...body, stream: true });
+  const withZero = await postStream(`${ctx.url}/v1/completions`, { ...body, stream: true, prompt_logprobs: 0 });
+  assert.equal(withZero, plain.map((f) => (typeof f === 'string' ? f : { ...f, id: withZero[0].id, created: withZero[0].created })));
+  for (const f of withZero.slice(0, -1)) assert.equal(Object.keys(f.choices[0]), ['index', 'text', 'logprobs', 'finish_reason', 'stop_reason']);
 });
 
 function steering(values: number[], shape: number[], layers: number[], extra: Record<string, unknown> = {}) {
