@@ -1,3 +1,4 @@
+import { PassThrough } from 'node:stream';
 import { createGzip, constants as zlibConstants } from 'node:zlib';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { apiError, ApiError } from '../errors/index.ts';
@@ -63,7 +64,7 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     if (prepared.stream) {
       // SSE frames are piped as they arrive and never compressed, so no frame is held back.
       reply.header('content-type', 'text/event-stream; charset=utf-8').header('cache-control', 'no-cache').header('x-accel-buffering', 'no');
-      return reply.send(upstream.body);
+      return reply.send(relayEvents(upstream, request.id, engines.upstreamHeaders(model.id)));
     }
 
     reply.header('content-type', 'application/json').header('vary', 'Accept-Encoding');
@@ -95,6 +96,22 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
       throw apiError('chat_completions_unsupported', 'chat completions are not supported: these are base models and prompts are never templated; send raw text to POST /v1/completions');
     });
   });
+}
+
+/**
+ * Pipes SSE frames through unchanged. If the engine's connection breaks mid-stream, the client gets the
+ * contract's mid-stream error (`data: {"error": ...}`) and `data: [DONE]` instead of a torn stream.
+ */
+function relayEvents(upstream: EngineResponse, requestId: string, headers: Record<string, string>): PassThrough {
+  const out = new PassThrough();
+  upstream.body.once('error', () => {
+    if (out.destroyed) return; // the client left first; nothing to tell
+    const error = apiError('upstream_unreachable', 'the model server connection broke during the stream', { headers });
+    out.end(`data: ${JSON.stringify(error.body(requestId))}\n\ndata: [DONE]\n\n`);
+  });
+  out.once('close', () => upstream.body.destroy());
+  upstream.body.pipe(out);
+  return out;
 }
 
 async function sendCapture(reply: FastifyReply, prepared: PreparedCompletion, upstream: EngineResponse, headers: Record<string, string>): Promise<FastifyReply> {

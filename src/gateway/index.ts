@@ -28,6 +28,8 @@ export interface Gateway {
   logger: Logger;
   /** Base URL of each model's engine. */
   engineUrls: Map<string, string>;
+  /** Process id of each reference engine the gateway started. */
+  enginePids: Map<string, number>;
   close(): Promise<void>;
 }
 
@@ -61,6 +63,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     const registry = new ModelRegistry(settings.models);
     stoppers.push(async () => registry.close());
     const engineUrls = new Map<string, string>();
+    const enginePids = new Map<string, number>();
     const engineBoots = new Map<string, { stage: string; at: number; alive: () => boolean }>();
     const startEngine = async (model: ModelConfig) => {
       if (model.engine !== 'reference') {
@@ -70,6 +73,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
       const engine = await spawnReferenceEngine(model.id, { configPath: settings.configPath, chaos: options.chaosEngines });
       stoppers.push(() => engine.stop());
       engineUrls.set(model.id, engine.url);
+      enginePids.set(model.id, engine.pid);
       let alive = true;
       void engine.exited.then(() => (alive = false));
       engineBoots.set(model.id, { stage: 'ready', at: Date.now(), alive: () => alive });
@@ -153,6 +157,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
       registry,
       logger,
       engineUrls,
+      enginePids,
       close: () => (closing ??= stopAll().then(() => new Promise<void>((resolve) => logger.flush(() => resolve())))),
     };
   } catch (err) {

@@ -136,6 +136,31 @@ failures('a client that disconnects cancels the upstream generation', async () =
   }
 });
 
+failures('an engine that dies mid-stream: the stream ends with an error frame and [DONE], not torn', async () => {
+  const gpt2 = gw.engineUrls.get('ref-gpt2')!;
+  await fetch(`${gpt2}/_chaos`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ mode: 'delay', delay_ms: 200, count: 1 }) }).then((r) => r.arrayBuffer());
+  const res = await fetch(`${gw.url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'ref-gpt2', prompt: 'die', max_tokens: 20, temperature: 0, stream: true }),
+  });
+  assert.is(res.status, 200);
+  const reader = res.body!.getReader();
+  let text = Buffer.from((await reader.read()).value!).toString('utf8');
+  assert.match(text, /^data: \{/, 'a first frame arrived');
+  process.kill(gw.enginePids.get('ref-gpt2')!, 'SIGKILL');
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    text += Buffer.from(value).toString('utf8');
+  }
+  const frames = text.split('\n\n').filter(Boolean);
+  assert.is(frames[frames.length - 1], 'data: [DONE]');
+  const error = JSON.parse(frames[frames.length - 2].slice('data: '.length));
+  assert.is(error.error.code, 'upstream_unreachable');
+  assert.type(error.request_id, 'string');
+});
+
 failures('a crashed engine: 502 upstream_unreachable after retries', async () => {
   await chaos('crash', { count: 1 });
   const res = await complete();
