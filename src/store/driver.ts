@@ -1,7 +1,12 @@
 import type { Queryable } from './types.ts';
 
+/** Runs a statement that the connection parses and plans once and keeps under `name`. */
+export interface PreparedQueryable extends Queryable {
+  queryPrepared<Row = Record<string, unknown>>(name: string, sql: string, params: unknown[]): Promise<{ rows: Row[] }>;
+}
+
 /** What the shared SQL event store needs from a database connection; one per adapter. */
-export interface SqlDriver extends Queryable {
+export interface SqlDriver extends PreparedQueryable {
   readonly kind: 'postgres' | 'pglite';
   /** NOTIFY channel the append function signals on; null where every reader lives in this process. */
   readonly notifyChannel: string | null;
@@ -13,7 +18,7 @@ export interface SqlDriver extends Queryable {
   close(): Promise<void>;
 }
 
-export interface DriverTransaction extends Queryable {
+export interface DriverTransaction extends PreparedQueryable {
   /** Runs a script of several statements (migrations). */
   exec(sql: string): Promise<void>;
 }

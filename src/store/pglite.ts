@@ -17,10 +17,13 @@ export async function createPgliteDriver(options: PgliteDriverOptions): Promise<
     // PGlite runs one statement at a time; batching still saves a statement per append.
     maxInFlight: 1,
     query: (sql, params) => db.query(sql, params as unknown[]) as never,
+    // PGlite has no named statements; it is in this process, so there is no round trip to save.
+    queryPrepared: (_name, sql, params) => db.query(sql, params) as never,
     transaction: (fn) =>
       db.transaction((tx) => {
         const wrapped: DriverTransaction = {
           query: (sql, params) => tx.query(sql, params as unknown[]) as never,
+          queryPrepared: (_name, sql, params) => tx.query(sql, params) as never,
           exec: async (sql) => {
             await tx.exec(sql);
           },

@@ -63,6 +63,7 @@ export async function createPostgresDriver(options: PostgresDriverOptions): Prom
     notifyChannel: channel,
     maxInFlight,
     query: (sql, params) => pool.query(sql, params as unknown[]) as never,
+    queryPrepared: (name, text, values) => pool.query({ name, text, values }) as never,
     async transaction(fn) {
       const client = await pool.connect();
       let broken = false;
@@ -70,6 +71,7 @@ export async function createPostgresDriver(options: PostgresDriverOptions): Prom
         await client.query('BEGIN');
         const tx: DriverTransaction = {
           query: (sql, params) => client.query(sql, params as unknown[]) as never,
+          queryPrepared: (name, text, values) => client.query({ name, text, values }) as never,
           exec: async (sql) => {
             await client.query(sql);
           },

@@ -3,7 +3,7 @@
  * (infra/migrations), one append function, one reading rule for the global log.
  */
 import { DuplicateEventId, StoreClosed, WrongExpectedVersion } from './errors.ts';
-import type { SqlDriver } from './driver.ts';
+import type { PreparedQueryable, SqlDriver } from './driver.ts';
 import { GroupCommitter, type BatchOutcome, type PendingAppend } from './group-commit.ts';
 import { comparePositions } from './position.ts';
 import {
@@ -14,7 +14,6 @@ import {
   type GlobalPosition,
   type NewEvent,
   type PingResult,
-  type Queryable,
   type RecordedEvent,
   type StoreTransaction,
   type StreamRead,
@@ -157,12 +156,12 @@ function toOutcome(append: PendingAppend, row: BatchRow): BatchOutcome {
   }
 }
 
-async function runBatch(db: Queryable, channel: string | null, batch: readonly PendingAppend[]): Promise<BatchOutcome[]> {
-  const { rows } = await db.query<BatchRow>(
-    `SELECT idx, outcome, version, last_position, last_tx
-     FROM svc_append_batch($1::text[], $2::bigint[], $3::int[], $4::int[], $5::int[], $6::uuid[], $7::text[], $8::jsonb, $9::jsonb, $10::text)`,
-    batchParams(batch, channel),
-  );
+const appendBatchSql = `SELECT idx, outcome, version, last_position, last_tx
+  FROM svc_append_batch($1::text[], $2::bigint[], $3::int[], $4::int[], $5::int[], $6::uuid[], $7::text[], $8::jsonb, $9::jsonb, $10::text)`;
+
+async function runBatch(db: PreparedQueryable, channel: string | null, batch: readonly PendingAppend[]): Promise<BatchOutcome[]> {
+  // Prepared once per connection: the call is parsed and planned once, not per batch.
+  const { rows } = await db.queryPrepared<BatchRow>('svc_append_batch', appendBatchSql, batchParams(batch, channel));
   return batch.map((append, i) => toOutcome(append, rows[i]));
 }
 
