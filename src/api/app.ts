@@ -60,7 +60,8 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     bodyLimit: maxBodyBytes,
     return503OnClosing: false,
     forceCloseConnections: 'idle',
-    routerOptions: { ignoreTrailingSlash: true },
+    // Long path parameters reach our own validation (400) instead of the router's limit.
+    routerOptions: { ignoreTrailingSlash: true, maxParamLength: 2048 },
     frameworkErrors: (err, request, reply) => {
       reply.header('x-request-id', request.id);
       const error = err.code === 'FST_ERR_BAD_URL' ? apiError('invalid_request', 'malformed URL') : toApiError(err);
@@ -73,13 +74,13 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     done();
   });
   installErrorHandling(app);
-  await app.register(cors, { origin: '*', credentials: false, exposedHeaders, maxAge: 600 });
+  await app.register(cors, { origin: '*', credentials: false, exposedHeaders, maxAge: 600, strictPreflight: false });
 
   // JSON bodies only, parsed once with the platform parser; other media types are a client error.
   app.removeAllContentTypeParsers();
   // A request that matched no route is answered 404/405 whatever its body, so its body is not judged.
   const unrouted = (request: FastifyRequest) => request.routeOptions.url === undefined;
-  app.addContentTypeParser(/^application\/([\w.+-]+\+)?json$/, { parseAs: 'buffer' }, (request, body: Buffer, done) => {
+  app.addContentTypeParser(/^application\/([\w.+-]+\+)?json\s*(;.*)?$/i, { parseAs: 'buffer' }, (request, body: Buffer, done) => {
     if (unrouted(request)) return done(null, undefined);
     try {
       done(null, JSON.parse(body.toString('utf8')));

@@ -71,7 +71,7 @@ const completionErrorStatuses = [400, 401, 403, 404, 413, 429, 500, 502, 503, 50
 export function openApiDocument(): Record<string, unknown> {
   const json = (ref: string) => ({ 'application/json': { schema: { $ref: `#/components/schemas/${ref}` } } });
   return {
-    openapi: '3.0.3',
+    openapi: '3.1.0',
     info: {
       title: 'Base-Model Text Completion Service',
       version: interfaceVersion,
@@ -115,6 +115,7 @@ export function openApiDocument(): Record<string, unknown> {
             ...errorResponses([400, 401, 404, 500]),
             422: {
               description: 'Validation error schema (documented for compatibility; the API answers 400 invalid_request in the error envelope instead)',
+              headers: commonHeaders,
               content: json('HTTPValidationError'),
             },
           },

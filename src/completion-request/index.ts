@@ -124,7 +124,8 @@ export function prepareCompletion(body: unknown, ctx: CompletionContext): Prepar
   if (stream && capture) throw invalid('output_residual_stream', 'output_residual_stream: capture requests cannot stream; send stream false');
 
   // Fan-out and work.
-  if (explicitMax === null && (promptCount > 1 || n > 1)) {
+  // A list of prompts is a batch even when it holds one (the contract: "A string[] or int[][] is a batch").
+  if (explicitMax === null && (batch || n > 1)) {
     throw invalid('max_tokens', `max_tokens: required for a batch of prompts or n > 1 (prompt_count ${promptCount}, n ${n})`);
   }
   if (explicitMax !== null && promptCount * n * explicitMax > caps.max_output_work_tokens) {

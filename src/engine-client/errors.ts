@@ -27,7 +27,7 @@ export function parseEngineError(status: number, text: string): EngineFailure {
 }
 
 // Parameters vLLM names when it refuses a request for its context limit.
-const contextParams = new Set(['input_tokens', 'max_tokens', 'prompt', 'max_model_len']);
+const contextParams = new Set(['input_tokens', 'max_tokens']);
 
 /** Whether a failure is worth one more try on the same engine (the engine may recover); OOM and death are not. */
 export function isRetryable(failure: EngineFailure): boolean {
@@ -44,7 +44,9 @@ function kindOf(failure: EngineFailure): 'engine_oom' | 'engine_engine_dead' | '
 
 /** Maps an engine's error response to our catalogue; the engine's own message is kept for 4xx only. */
 export function engineErrorToApiError(failure: EngineFailure, upstreamHeaders: Record<string, string>): ApiError {
-  const fields = { upstream_status: failure.status, ...(failure.param ? { param: failure.param } : {}) };
+  // Extras travel inside vllm_xargs; the client knows them as top-level fields.
+  const param = failure.param?.replace(/^vllm_xargs\./, '') ?? null;
+  const fields = { upstream_status: failure.status, ...(param ? { param } : {}) };
   const options = { fields, headers: upstreamHeaders };
   if (failure.status === 400 || failure.status === 422) {
     const code = failure.param && contextParams.has(failure.param) ? 'engine_context_length' : 'engine_invalid_request';

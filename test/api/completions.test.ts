@@ -2,6 +2,7 @@ import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { gunzipSync } from 'node:zlib';
 import { request } from 'undici';
+import SwaggerParser from '@apidevtools/swagger-parser';
 import { startTestGateway, json, type TestGateway } from '../support/gateway.ts';
 
 const e2e = suite('completions end to end (gateway + reference engine over HTTP)');
@@ -283,14 +284,23 @@ e2e('GET /v1/models/{id}/status: boot and warm; 400 for a malformed id', async (
   assert.is(res.status, 200);
   const body = await json(res);
   assert.ok('boot' in body && 'warm' in body && 'activation_boot' in body);
-  const bad = await fetch(`${gw.url}/v1/models/${encodeURIComponent('bad id!')}/status`);
-  assert.is(bad.status, 400);
-  assert.is((await json(bad)).error.code, 'invalid_request');
+  for (const id of [encodeURIComponent('bad id!'), 'x'.repeat(65), 'y'.repeat(300)]) {
+    const bad = await fetch(`${gw.url}/v1/models/${id}/status`);
+    assert.is(bad.status, 400, id);
+    const body = await json(bad);
+    assert.is(body.error.code, 'invalid_request');
+    assert.is(body.request_id, bad.headers.get('x-request-id'));
+  }
+  const unknown = await fetch(`${gw.url}/v1/models/no-such-model/status`);
+  assert.is(unknown.status, 400);
+  assert.is((await json(unknown)).error.code, 'model_not_found');
 });
 
 e2e('/openapi.json is version 0.1.0 with only /v1 routes and /health; /swagger serves a UI', async () => {
   const doc = await json(await fetch(`${gw.url}/openapi.json`));
   assert.is(doc.info.version, '0.1.0');
+  assert.match(doc.openapi, /^3\.1\./, 'TypeBox emits JSON Schema 2020-12 keywords (type null, const): OpenAPI 3.1');
+  await SwaggerParser.validate(structuredClone(doc));
   for (const path of Object.keys(doc.paths)) assert.ok(path === '/health' || path.startsWith('/v1/'), path);
   const completions = doc.paths['/v1/completions'].post;
   for (const status of ['400', '401', '413', '429', '502', '503', '504']) {

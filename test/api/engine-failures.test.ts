@@ -190,6 +190,7 @@ failures('what only the engine can judge: its 400s map to engine_context_length 
     assert.is(badLayer.status, 400);
     assert.is(badLayerBody.error.code, 'engine_invalid_request');
     assert.match(badLayerBody.error.message, /layer/);
+    assert.is(badLayerBody.error.param, 'apply_steering_vectors[0].layer_indices', 'named as the client knows the field');
     assert.is(badLayer.headers.get('x-svc-upstream-model'), 'svc/ref-byte-4l-64d-dummy');
   } finally {
     await blind.stop();

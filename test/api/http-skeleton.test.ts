@@ -99,6 +99,19 @@ http('empty JSON body: 400 bad_json', async () => {
   assertEnvelope(await json(res), res, 'bad_json');
 });
 
+http('application/json with a charset parameter is JSON', async () => {
+  const res = await fetch(`${gw.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json; charset=utf-8' }, body: '{"prompt": "a", "max_tokens": 1}' });
+  assert.is(res.status, 200);
+  await res.arrayBuffer();
+});
+
+http('a bare OPTIONS request is answered, not refused in plain text', async () => {
+  const res = await fetch(`${gw.url}/v1/completions`, { method: 'OPTIONS' });
+  assert.ok(res.status < 400, `status ${res.status}`);
+  assert.ok(res.headers.get('x-request-id'));
+  await res.arrayBuffer();
+});
+
 http('non-JSON content type: 400 invalid_request naming Content-Type', async () => {
   const res = await fetch(`${gw.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'text/plain' }, body: 'hello' });
   assert.is(res.status, 400);

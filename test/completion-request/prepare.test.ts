@@ -142,6 +142,8 @@ const rows: Row[] = [
   { name: 'max_tokens: 1,000,001', body: { model: 'byte-big', prompt: 'a', max_tokens: 1_000_001, stream: true }, reject: bad('max_tokens: must be an integer from 1 to 1000000') },
   { name: 'max_tokens: null on a single prompt', body: { prompt: 'a', max_tokens: null, stream: true }, accept: maxIs(32_000) },
   { name: 'max_tokens: omitted on a string batch', body: { prompt: ['a', 'b'] }, reject: bad('max_tokens: required for a batch of prompts or n > 1') },
+  { name: 'max_tokens: omitted on a batch of one string (a list is a batch)', body: { prompt: ['a'] }, reject: bad('max_tokens: required for a batch of prompts or n > 1 (prompt_count 1, n 1)') },
+  { name: 'max_tokens: omitted on a batch of one token-id list', body: { prompt: [[1, 2]] }, reject: bad('max_tokens: required') },
   { name: 'max_tokens: null on a token-id batch', body: { prompt: [[1], [2]], max_tokens: null }, reject: bad('max_tokens: required') },
   { name: 'max_tokens: omitted with n = 2', body: { prompt: 'a', n: 2 }, reject: bad('max_tokens: required for a batch of prompts or n > 1 (prompt_count 1, n 2)') },
 
