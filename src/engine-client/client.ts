@@ -29,12 +29,17 @@ export interface EngineClientOptions {
 const connectErrorCodes = new Set(['ECONNREFUSED', 'ECONNRESET', 'EHOSTUNREACH', 'ENOTFOUND', 'EAI_AGAIN', 'UND_ERR_CONNECT_TIMEOUT', 'UND_ERR_SOCKET', 'EPIPE']);
 
 class Backend {
-  readonly pool: Pool;
+  pool: Pool;
   inflight = 0;
   readonly headers: Record<string, string>;
 
   constructor(readonly target: BackendTarget, readonly maxConnections: number) {
-    this.pool = new Pool(target.url, {
+    this.pool = Backend.#poolFor(target.url, maxConnections);
+    this.headers = { 'x-svc-upstream-model': target.checkpoint, 'x-svc-upstream-gpu': target.gpuShape };
+  }
+
+  static #poolFor(url: string, maxConnections: number): Pool {
+    return new Pool(url, {
       connections: maxConnections,
       pipelining: 1,
       // Generations can take the whole request window; our own deadline timer bounds them.
@@ -43,7 +48,13 @@ class Backend {
       keepAliveTimeout: 30_000,
       connectTimeout: 5_000,
     });
-    this.headers = { 'x-svc-upstream-model': target.checkpoint, 'x-svc-upstream-gpu': target.gpuShape };
+  }
+
+  /** Points the backend at a new address (a restarted engine); requests in flight finish on the old pool. */
+  retarget(url: string): void {
+    const old = this.pool;
+    this.pool = Backend.#poolFor(url, this.maxConnections);
+    void old.close().catch(() => undefined);
   }
 }
 
@@ -58,6 +69,11 @@ export class EngineClient {
     for (const target of targets) this.#backends.set(target.modelId, new Backend(target, max));
     this.#retries = options.retries ?? 2;
     this.#retryBaseDelayMs = options.retryBaseDelayMs ?? 100;
+  }
+
+  /** Sends a model's future requests to a new engine address. */
+  retarget(modelId: string, url: string): void {
+    this.#backend(modelId).retarget(url);
   }
 
   /** Headers naming the backend that served or failed a request. */

@@ -8,8 +8,8 @@ import { openApiRoutes } from '../api/openapi.ts';
 import type { ModelConfig, Settings } from '../config/index.ts';
 import { EngineClient } from '../engine-client/index.ts';
 import { ModelRegistry } from '../registry/index.ts';
-import { spawnReferenceEngine } from '../reference-engine/index.ts';
 import { openEventStore, type EventStore } from '../store/index.ts';
+import { SupervisedEngine } from './reference-engines.ts';
 import { ProjectionRunner } from '../projection-runner/index.ts';
 import { projections } from '../../projections/index.ts';
 
@@ -64,19 +64,28 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     stoppers.push(async () => registry.close());
     const engineUrls = new Map<string, string>();
     const enginePids = new Map<string, number>();
-    const engineBoots = new Map<string, { stage: string; at: number; alive: () => boolean }>();
+    const referenceEngines = new Map<string, SupervisedEngine>();
+    let engines: EngineClient | null = null;
     const startEngine = async (model: ModelConfig) => {
       if (model.engine !== 'reference') {
         engineUrls.set(model.id, model.engine.replace(/\/+$/, ''));
         return;
       }
-      const engine = await spawnReferenceEngine(model.id, { configPath: settings.configPath, chaos: options.chaosEngines });
+      const engine: SupervisedEngine = new SupervisedEngine(model.id, {
+        configPath: settings.configPath,
+        chaos: options.chaosEngines,
+        logger,
+        onRestart: (url) => {
+          engineUrls.set(model.id, url);
+          enginePids.set(model.id, engine.pid);
+          engines?.retarget(model.id, url);
+        },
+      });
       stoppers.push(() => engine.stop());
+      await engine.start();
+      referenceEngines.set(model.id, engine);
       engineUrls.set(model.id, engine.url);
       enginePids.set(model.id, engine.pid);
-      let alive = true;
-      void engine.exited.then(() => (alive = false));
-      engineBoots.set(model.id, { stage: 'ready', at: Date.now(), alive: () => alive });
       logger.info({ model: model.id, url: engine.url, pid: engine.pid }, 'reference engine started');
     };
     const openStore = async () => {
@@ -100,7 +109,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     await runner.start();
     stoppers.push(() => runner.stop());
 
-    const engines = new EngineClient(
+    engines = new EngineClient(
       settings.models.map((m) => ({ modelId: m.id, url: engineUrls.get(m.id)!, checkpoint: m.checkpoint, gpuShape: m.gpu_shape })),
     );
     stoppers.push(() => engines.close());
@@ -136,10 +145,10 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
         modelStatusRoutes(scope, settings.models, {
           // A boot stage stays fresh for 15 minutes after it was published.
           boot: (id) => {
-            const boot = engineBoots.get(id);
-            return boot && Date.now() - boot.at < 15 * 60_000 ? { stage: boot.stage, at: new Date(boot.at).toISOString() } : null;
+            const engine = referenceEngines.get(id);
+            return engine?.alive && Date.now() - engine.bootedAt < 15 * 60_000 ? { stage: 'ready', at: new Date(engine.bootedAt).toISOString() } : null;
           },
-          runnerUp: (id) => engineBoots.get(id)?.alive() ?? null,
+          runnerUp: (id) => referenceEngines.get(id)?.alive ?? null,
           lastCompletionAt: (id) => lastCompletion.get(id) ?? null,
         });
         await openApiRoutes(scope);

@@ -166,6 +166,19 @@ failures('a crashed engine: 502 upstream_unreachable after retries', async () =>
   const res = await complete();
   assertUpstreamError(res, await json(res), 502, 'upstream_unreachable');
   assert.ok(res.headers.get('retry-after'));
+  // The gateway starts the engine again (after a 1 s backoff) and points the model at its new address.
+  const deadline = Date.now() + 20_000;
+  let status = 0;
+  while (Date.now() < deadline) {
+    const next = await complete();
+    status = next.status;
+    await next.arrayBuffer();
+    if (status === 200) break;
+    await new Promise((r) => setTimeout(r, 250));
+  }
+  assert.is(status, 200, 'served again by the restarted engine');
+  const health = await json(await fetch(`${gw.url}/v1/models/ref-byte/status`));
+  assert.is(health.warm, true);
 });
 
 failures('what only the engine can judge: its 400s map to engine_context_length and engine_invalid_request', async () => {

@@ -1,0 +1,82 @@
+import type { Logger } from 'pino';
+import { spawnReferenceEngine, type SpawnedEngine } from '../reference-engine/index.ts';
+
+export interface SupervisedEngineOptions {
+  configPath: string | null;
+  chaos?: boolean;
+  logger: Logger;
+  /** Called with the new address after a restart. */
+  onRestart(url: string): void;
+}
+
+const firstBackoffMs = 1_000;
+const maxBackoffMs = 30_000;
+/** An engine that stayed up this long resets the backoff. */
+const stableAfterMs = 60_000;
+
+/**
+ * A reference engine child process that is started again, with backoff, when it dies on its own, so a
+ * crash costs the requests in flight and a few seconds, not the model until the gateway restarts.
+ */
+export class SupervisedEngine {
+  #engine: SpawnedEngine | null = null;
+  #stopping = false;
+  #backoffMs = firstBackoffMs;
+  #restartTimer: NodeJS.Timeout | null = null;
+  bootedAt = 0;
+
+  constructor(
+    readonly modelId: string,
+    private readonly options: SupervisedEngineOptions,
+  ) {}
+
+  get url(): string {
+    return this.#engine!.url;
+  }
+
+  get pid(): number {
+    return this.#engine!.pid;
+  }
+
+  get alive(): boolean {
+    return this.#engine !== null && this.#restartTimer === null;
+  }
+
+  async start(): Promise<void> {
+    const engine = await spawnReferenceEngine(this.modelId, { configPath: this.options.configPath, chaos: this.options.chaos });
+    this.#engine = engine;
+    this.bootedAt = Date.now();
+    void engine.exited.then((code) => this.#exited(engine, code));
+  }
+
+  #exited(engine: SpawnedEngine, code: number | null): void {
+    if (this.#stopping || engine !== this.#engine) return;
+    const upMs = Date.now() - this.bootedAt;
+    if (upMs > stableAfterMs) this.#backoffMs = firstBackoffMs;
+    const delay = this.#backoffMs;
+    this.#backoffMs = Math.min(this.#backoffMs * 2, maxBackoffMs);
+    this.options.logger.error({ model: this.modelId, pid: engine.pid, code, restart_in_ms: delay }, 'reference engine exited; restarting');
+    this.#restartTimer = setTimeout(() => void this.#restart(), delay);
+    this.#restartTimer.unref();
+  }
+
+  async #restart(): Promise<void> {
+    if (this.#stopping) return;
+    try {
+      await this.start();
+      this.#restartTimer = null;
+      this.options.logger.info({ model: this.modelId, url: this.url, pid: this.pid }, 'reference engine restarted');
+      this.options.onRestart(this.url);
+    } catch (err) {
+      this.options.logger.error({ model: this.modelId, err: (err as Error).message }, 'reference engine restart failed');
+      this.#restartTimer = null;
+      this.#exited(this.#engine!, null);
+    }
+  }
+
+  async stop(): Promise<void> {
+    this.#stopping = true;
+    if (this.#restartTimer) clearTimeout(this.#restartTimer);
+    await this.#engine?.stop();
+  }
+}
