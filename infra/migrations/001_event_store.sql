@@ -6,7 +6,9 @@ CREATE TABLE IF NOT EXISTS events (
   -- readers order and checkpoint by (transaction_id, global_position) and only read rows whose
   -- transaction is older than every running one, so a slow early transaction is never skipped
   transaction_id  xid8 NOT NULL DEFAULT pg_current_xact_id(),
-  stream_id       text NOT NULL,
+  -- byte-wise comparison: stream ids are identifiers, and the primary key is searched on every append
+  -- (a linguistic collation, even C.UTF-8, costs a locale-aware comparison at every step of the search)
+  stream_id       text COLLATE "C" NOT NULL,
   -- 1 for a stream's first event; a stream's version is its last event's
   stream_version  bigint NOT NULL,
   event_id        uuid NOT NULL,
