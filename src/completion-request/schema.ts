@@ -2,7 +2,7 @@
 // requests (compiled once in index.ts) and feed the OpenAPI document.
 import { Type, type Static } from 'typebox';
 
-/** Largest seed the contract allows (2^63-1). As a JS number it reads as 2^63, see docs/completion-request.md. */
+/** Largest seed the contract allows (2^63-1). As a JS number it reads as 2^63, see the README (completion requests: seed). */
 export const MAX_SEED = 9223372036854775807;
 /** Longest base64 `data` of one steering vector's tensor (characters). */
 export const MAX_STEERING_DATA_CHARS = 524_288;
