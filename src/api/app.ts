@@ -26,6 +26,12 @@ export interface AppOptions {
   routes?: (app: FastifyInstance) => void | Promise<void>;
 }
 
+/** `X-Svc-Workload` is telemetry only: recorded when it is one of the known values, otherwise ignored. */
+function workloadOf(request: FastifyRequest): 'interactive' | 'batch' | undefined {
+  const value = request.headers['x-svc-workload'];
+  return value === 'interactive' || value === 'batch' ? value : undefined;
+}
+
 /** One metadata line per request: id, method, route pattern, status, latency, key prefix. Never a body. */
 class MetadataLogController extends LogController {
   constructor() {
@@ -44,6 +50,7 @@ class MetadataLogController extends LogController {
         status: reply.statusCode,
         latency_ms: Math.round(reply.elapsedTime * 100) / 100,
         key_prefix: (request as { keyPrefix?: string }).keyPrefix,
+        workload: workloadOf(request),
       },
       'request',
     );

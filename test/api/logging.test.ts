@@ -33,7 +33,8 @@ logging('requests of every kind leave only metadata behind', async () => {
     await post(JSON.stringify({ prompt: `${marker} echo`, max_tokens: 2, echo: true, logprobs: 1 })),
     await post(JSON.stringify({ prompt: marker, [`${marker}field`]: marker })),
     await post(`{"prompt": "${marker}`),
-    await post(JSON.stringify({ prompt: marker, max_tokens: 2 }), { 'x-request-id': 'logging-test-1' }),
+    await post(JSON.stringify({ prompt: marker, max_tokens: 2 }), { 'x-request-id': 'logging-test-1', 'x-svc-workload': 'batch' }),
+    await post(JSON.stringify({ prompt: marker, max_tokens: 2 }), { 'x-request-id': 'logging-test-2', 'x-svc-workload': 'urgent!' }),
     await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ messages: [{ role: 'user', content: marker }] }) }),
   ];
   const statuses = [];
@@ -41,12 +42,15 @@ logging('requests of every kind leave only metadata behind', async () => {
     statuses.push(res.status);
     await res.arrayBuffer();
   }
-  assert.equal(statuses, [200, 200, 200, 200, 400, 400, 200, 400]);
+  assert.equal(statuses, [200, 200, 200, 200, 400, 400, 200, 200, 400]);
 
   await gw.close();
   const logs = gw.logs();
   assert.ok(logs.includes('logging-test-1'), 'request metadata is logged');
   assert.ok(logs.includes('"route":"/v1/completions"'));
+  const line = (id: string) => JSON.parse(logs.split('\n').find((l) => l.includes(`"request_id":"${id}"`))!);
+  assert.is(line('logging-test-1').workload, 'batch', 'X-Svc-Workload is recorded as telemetry');
+  assert.is(line('logging-test-2').workload, undefined, 'an unrecognised workload is ignored');
   assert.not.ok(logs.includes(marker), 'the prompt, a field name made of it, or the key never reaches the logs');
 
   for (const file of filesUnder(gw.dataDir)) {
