@@ -1,11 +1,12 @@
 import { readFileSync, mkdirSync, existsSync, writeFileSync, chmodSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { randomBytes } from 'node:crypto';
-import { fileURLToPath } from 'node:url';
 import { Compile } from 'typebox/compile';
 import { ServiceConfig, type ModelConfig } from './schema.ts';
 
 export * from './schema.ts';
+export { packageRoot, svcCommand } from './paths.ts';
+import { packageRoot } from './paths.ts';
 
 /** Everything the running service needs to know, resolved once at start. */
 export interface Settings {
@@ -30,7 +31,7 @@ export class ConfigError extends Error {
 
 const checkServiceConfig = Compile(ServiceConfig);
 
-export const defaultConfigPath = fileURLToPath(new URL('../../infra/config/default.json', import.meta.url));
+export const defaultConfigPath = join(packageRoot, 'infra', 'config', 'default.json');
 
 /** Validates a models file; the error names the offending field as a JSON path. */
 export function parseServiceConfig(raw: unknown, source: string): ServiceConfig {

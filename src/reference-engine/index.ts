@@ -1,9 +1,8 @@
 // The reference engine: a CPU transformer with dummy weights speaking vLLM's (+ vllm-lens) wire protocol.
 import { spawn } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
 import { createInterface } from 'node:readline';
 import type { AddressInfo } from 'node:net';
-import type { ModelConfig } from '../config/index.ts';
+import { svcCommand, type ModelConfig } from '../config/index.ts';
 import { loadTokenizer } from '../tokenizer/index.ts';
 import { Model } from './model.ts';
 import { Generator } from './generate.ts';
@@ -72,14 +71,13 @@ export interface SpawnedEngine {
   exited: Promise<number | null>;
 }
 
-const svcBin = fileURLToPath(new URL('../../bin/svc.js', import.meta.url));
 
 /** Runs `svc engine --model <id> --port 0` as a child process and resolves once it listens. */
 export function spawnReferenceEngine(
   modelId: string,
   opts: { configPath: string | null; chaos?: boolean; env?: NodeJS.ProcessEnv; bootDelayMs?: number },
 ): Promise<SpawnedEngine> {
-  const args = [svcBin, 'engine', '--model', modelId, '--port', '0'];
+  const args = [...svcCommand(), 'engine', '--model', modelId, '--port', '0'];
   if (opts.chaos) args.push('--chaos');
   if (opts.bootDelayMs) args.push('--boot-delay-ms', String(opts.bootDelayMs));
   const env = { ...process.env, ...opts.env };

@@ -1,10 +1,10 @@
 /** Applies infra/migrations/*.sql in name order, each once, under a lock so concurrent starts are safe. */
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { packageRoot } from '../config/index.ts';
 import type { SqlDriver } from './driver.ts';
 
-export const migrationsDir = fileURLToPath(new URL('../../infra/migrations/', import.meta.url));
+export const migrationsDir = join(packageRoot, 'infra', 'migrations');
 
 export async function migrate(driver: SqlDriver): Promise<string[]> {
   const files = readdirSync(migrationsDir).filter((f) => f.endsWith('.sql')).sort();

@@ -1,6 +1,10 @@
 /** PGlite adapter: PostgreSQL compiled to WebAssembly, in this process, data under DATA_DIR. */
 import { PGlite } from '@electric-sql/pglite';
+import { spawn } from 'node:child_process';
+import { existsSync } from 'node:fs';
 import { join, resolve } from 'node:path';
+import { createRequire } from 'node:module';
+import { pathToFileURL } from 'node:url';
 import type { DriverTransaction, SqlDriver } from './driver.ts';
 
 export interface PgliteDriverOptions {
@@ -8,8 +12,32 @@ export interface PgliteDriverOptions {
   dataDir: string | null;
 }
 
+/**
+ * Creates a new database directory in a short-lived child process. PGlite's initdb grows the
+ * WebAssembly heap to ~800 MB, and a WebAssembly heap never shrinks: done in the server's own process,
+ * that memory would stay resident for the server's whole life (opening an existing directory costs
+ * ~150 MB).
+ */
+async function initDataDir(dir: string): Promise<void> {
+  const pglite = pathToFileURL(createRequire(import.meta.url).resolve('@electric-sql/pglite')).href;
+  const script = `const { PGlite } = await import(${JSON.stringify(pglite)}); const db = await PGlite.create(process.argv[1]); await db.close();`;
+  await new Promise<void>((done, fail) => {
+    const child = spawn(process.execPath, ['--input-type=module', '-e', script, dir], { stdio: ['ignore', 'ignore', 'pipe'] });
+    let stderr = '';
+    child.stderr!.on('data', (d) => (stderr += d));
+    child.once('error', fail);
+    child.once('exit', (code) => (code === 0 ? done() : fail(new Error(`creating the embedded database in ${dir} failed (${code}): ${stderr.slice(-2000)}`))));
+  });
+}
+
 export async function createPgliteDriver(options: PgliteDriverOptions): Promise<SqlDriver> {
-  const db = options.dataDir === null ? await PGlite.create() : await PGlite.create(join(resolve(options.dataDir), 'pglite'));
+  let db: PGlite;
+  if (options.dataDir === null) db = await PGlite.create();
+  else {
+    const dir = join(resolve(options.dataDir), 'pglite');
+    if (!existsSync(join(dir, 'PG_VERSION'))) await initDataDir(dir);
+    db = await PGlite.create(dir);
+  }
   return {
     kind: 'pglite',
     // Every reader lives in this process and is woken directly; no NOTIFY needed.
