@@ -6,7 +6,8 @@ import { tmpdir, cpus, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { Agent, request } from 'undici';
 import autocannon from 'autocannon';
-import { memoryOf, percentile, spawnWithUrl, stop } from './support.ts';
+import { execFileSync } from 'node:child_process';
+import { memoryOf, percentile, root, spawnWithUrl, stop } from './support.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'svc-bench-gw-'));
 const engine = await spawnWithUrl(['--import', 'tsx', 'bench/instant-engine.ts', 'bench/instant'], process.env);
@@ -34,7 +35,12 @@ const config = {
   ],
 };
 writeFileSync(join(dir, 'models.json'), JSON.stringify(config));
-const gateway = await spawnWithUrl(['bin/svc.js', 'serve'], { ...process.env, SVC_CONFIG: join(dir, 'models.json'), DATA_DIR: join(dir, 'data'), PORT: '0', LOG_LEVEL: 'warn', DATABASE_URL: '' }, /listening on (http:\/\/\S+)/);
+// The gateway's store: PostgreSQL when DATABASE_URL is set (production's shape), else embedded PGlite,
+// whose WebAssembly Postgres alone holds some 250-450 MB of the gateway's RSS.
+const storeKind = process.env.DATABASE_URL ? 'postgres' : 'pglite';
+// Measure what `npm start` runs: the compiled gateway.
+execFileSync(process.execPath, [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', join(root, 'tsconfig.build.json')], { stdio: 'inherit' });
+const gateway = await spawnWithUrl(['dist/src/cli/main.js', 'serve'], { ...process.env, SVC_CONFIG: join(dir, 'models.json'), DATA_DIR: join(dir, 'data'), PORT: '0', LOG_LEVEL: 'warn' }, /listening on (http:\/\/\S+)/);
 
 const body = JSON.stringify({ prompt: 'The quick brown fox', max_tokens: 16, temperature: 0 });
 const streamBody = JSON.stringify({ prompt: 'The quick brown fox', max_tokens: 16, temperature: 0, stream: true });
@@ -70,6 +76,29 @@ async function latency(url: string, payload: string, firstByte: boolean, n: numb
 // BENCH_PARTS=latency,throughput,relay picks parts (all by default).
 const parts = new Set((process.env.BENCH_PARTS ?? 'latency,throughput,relay').split(','));
 
+// The relay runs first, on the freshly started gateway, so its figure is the relay's own footprint and not
+// heap left grown by the load phases.
+// 1 GB full-vocabulary relay, read as fast as the client can, with and without gzip.
+async function relay(gzip: boolean): Promise<{ bytes: number; seconds: number; peakMb: number; beforeMb: number }> {
+  const beforeMb = memoryOf(gateway.child.pid!).rssMb;
+  const started = performance.now();
+  let peak = 0;
+  const sampler = setInterval(() => (peak = Math.max(peak, memoryOf(gateway.child.pid!).rssMb)), 50);
+  const res = await request(`${gateway.url}/v1/completions`, {
+    method: 'POST',
+    body: JSON.stringify({ prompt: 'x'.repeat(1000), max_tokens: 1, prompt_logprobs: -1 }),
+    headers: { 'content-type': 'application/json', ...(gzip ? { 'accept-encoding': 'gzip' } : {}) },
+  });
+  let bytes = 0;
+  for await (const chunk of res.body) bytes += chunk.length;
+  clearInterval(sampler);
+  return { bytes, seconds: (performance.now() - started) / 1000, peakMb: Math.max(peak, memoryOf(gateway.child.pid!).rssMb), beforeMb };
+}
+const skipped = { bytes: NaN, seconds: NaN, peakMb: NaN, beforeMb: NaN };
+const plainRelay = parts.has('relay') ? await relay(false) : skipped;
+const gzipRelay = parts.has('relay') ? await relay(true) : skipped;
+
+
 // Interleave direct and gateway rounds so machine noise hits both alike.
 const rounds = 4;
 const perRound = 1000;
@@ -95,32 +124,13 @@ async function throughput(url: string, payload: string): Promise<number> {
 const directRps = parts.has('throughput') ? await throughput(`${engine.url}/v1/completions`, engineBody) : NaN;
 const gatewayRps = parts.has('throughput') ? await throughput(`${gateway.url}/v1/completions`, body) : NaN;
 
-// 1 GB full-vocabulary relay, read as fast as the client can, with and without gzip.
-async function relay(gzip: boolean): Promise<{ bytes: number; seconds: number; peakMb: number }> {
-  const started = performance.now();
-  let peak = 0;
-  const sampler = setInterval(() => (peak = Math.max(peak, memoryOf(gateway.child.pid!).rssMb)), 50);
-  const res = await request(`${gateway.url}/v1/completions`, {
-    method: 'POST',
-    body: JSON.stringify({ prompt: 'x'.repeat(1000), max_tokens: 1, prompt_logprobs: -1 }),
-    headers: { 'content-type': 'application/json', ...(gzip ? { 'accept-encoding': 'gzip' } : {}) },
-  });
-  let bytes = 0;
-  for await (const chunk of res.body) bytes += chunk.length;
-  clearInterval(sampler);
-  return { bytes, seconds: (performance.now() - started) / 1000, peakMb: Math.max(peak, memoryOf(gateway.child.pid!).rssMb) };
-}
-const skipped = { bytes: NaN, seconds: NaN, peakMb: NaN };
-const plainRelay = parts.has('relay') ? await relay(false) : skipped;
-const gzipRelay = parts.has('relay') ? await relay(true) : skipped;
-
 const f = (x: number | undefined) => (x === undefined ? 'n/a' : x.toFixed(3));
 const lines = [
-  `gateway overhead bench — ${new Date().toISOString()} — ${cpus().length} cores (${cpus()[0]?.model}), ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.version}`,
+  `gateway overhead bench (store: ${storeKind}) — ${new Date().toISOString()} — ${cpus().length} cores (${cpus()[0]?.model}), ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.version}`,
   `non-streaming latency ms (median of ${rounds} rounds x ${perRound}): direct p50 ${f(col(acc.direct, 0))} p99 ${f(col(acc.direct, 1))} | gateway p50 ${f(col(acc.gw, 0))} p99 ${f(col(acc.gw, 1))} | added p50 ${f(col(acc.gw, 0) - col(acc.direct, 0))} p99 ${f(col(acc.gw, 1) - col(acc.direct, 1))}`,
   `streaming time to first byte ms: direct p50 ${f(col(acc.directTtfb, 0))} | gateway p50 ${f(col(acc.gwTtfb, 0))} | added p50 ${f(col(acc.gwTtfb, 0) - col(acc.directTtfb, 0))} p99 ${f(col(acc.gwTtfb, 1) - col(acc.directTtfb, 1))}`,
   `requests/s at 64 connections (10 s, autocannon in-process): direct ${Math.round(directRps)} | gateway ${Math.round(gatewayRps)}`,
-  `1 GB full-vocabulary relay: plain ${(plainRelay.bytes / 2 ** 20).toFixed(0)} MiB in ${plainRelay.seconds.toFixed(1)} s, gateway peak RSS ${plainRelay.peakMb.toFixed(0)} MB | gzip ${(gzipRelay.bytes / 2 ** 20).toFixed(0)} MiB on the wire in ${gzipRelay.seconds.toFixed(1)} s, gateway peak RSS ${gzipRelay.peakMb.toFixed(0)} MB`,
+  `1 GB full-vocabulary relay: plain ${(plainRelay.bytes / 2 ** 20).toFixed(0)} MiB in ${plainRelay.seconds.toFixed(1)} s, gateway RSS ${plainRelay.beforeMb.toFixed(0)} MB before, peak ${plainRelay.peakMb.toFixed(0)} MB | gzip ${(gzipRelay.bytes / 2 ** 20).toFixed(0)} MiB on the wire in ${gzipRelay.seconds.toFixed(1)} s, RSS ${gzipRelay.beforeMb.toFixed(0)} MB before, peak ${gzipRelay.peakMb.toFixed(0)} MB`,
 ];
 process.stdout.write(`${lines.join('\n')}\n`);
 

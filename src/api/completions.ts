@@ -74,7 +74,7 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     if (acceptsGzip(request) && !(length < gzipMinBytes)) {
       // Level 1: the large bodies here (full-vocabulary logprobs) are highly redundant JSON, so speed wins.
       reply.header('content-encoding', 'gzip');
-      return reply.send(upstream.body.pipe(createGzip({ level: 1, flush: zlibConstants.Z_NO_FLUSH })));
+      return reply.send(upstream.body.pipe(createGzip({ level: 1, chunkSize: 128 * 1024, flush: zlibConstants.Z_NO_FLUSH })));
     }
     if (length <= smallBodyBytes) {
       // A small body is gathered and written in one go: cheaper than a pipe for the common case.
