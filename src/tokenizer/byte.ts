@@ -30,11 +30,6 @@ export function byteTokenizer(): Tokenizer {
       for (let i = 0; i < raw.length; i++) out[at++] = raw[i];
       return out;
     },
-    decode: (ids, skip) => table.decode(ids, skip),
-    tokenString: (id) => table.tokenString(id),
-    tokenPiece: (id) => table.tokenPiece(id),
-    tokenBytes: (id) => table.bytes[id] ?? new Uint8Array(0),
-    isSpecial: (id) => table.special[id] === 1,
-    newStreamDecoder: (opts) => table.newStreamDecoder(opts?.skipSpecialTokens ?? true),
+    ...table.lookups(),
   };
 }

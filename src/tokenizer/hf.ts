@@ -141,12 +141,9 @@ export function buildHfTokenizer(json: Json, config: Json = {}): Tokenizer {
       if (addSpecialTokens) ids.push(...template.suffix);
       return ids;
     },
+    ...table.lookups(),
     decode: (ids, skip) => strip(table.decode(ids, skip)),
     tokenString: (id) => strip(table.tokenString(id)),
-    tokenPiece: (id) => table.tokenPiece(id),
-    tokenBytes: (id) => table.bytes[id] ?? new Uint8Array(0),
-    isSpecial: (id) => table.special[id] === 1,
-    newStreamDecoder: (opts) => table.newStreamDecoder(opts?.skipSpecialTokens ?? true),
   };
 }
 

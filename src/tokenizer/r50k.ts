@@ -42,11 +42,6 @@ export async function loadR50kTokenizer(): Promise<Tokenizer> {
       if (addSpecialTokens) ids.unshift(ENDOFTEXT_ID);
       return ids;
     },
-    decode: (ids, skip) => table.decode(ids, skip),
-    tokenString: (id) => table.tokenString(id),
-    tokenPiece: (id) => table.tokenPiece(id),
-    tokenBytes: (id) => table.bytes[id] ?? new Uint8Array(0),
-    isSpecial: (id) => table.special[id] === 1,
-    newStreamDecoder: (opts) => table.newStreamDecoder(opts?.skipSpecialTokens ?? true),
+    ...table.lookups(),
   };
 }

@@ -1,3 +1,4 @@
+import type { Tokenizer } from './index.ts';
 // Shared machinery of every tokenizer: each token id maps to a byte string; decoding concatenates bytes.
 
 const utf8 = new TextDecoder('utf-8');
@@ -62,6 +63,18 @@ export class TokenTable {
       at += b.length;
     }
     return utf8.decode(out);
+  }
+
+  /** The Tokenizer methods every vocabulary answers from its table alike. */
+  lookups(): Pick<Tokenizer, 'decode' | 'tokenString' | 'tokenPiece' | 'tokenBytes' | 'isSpecial' | 'newStreamDecoder'> {
+    return {
+      decode: (ids, skip) => this.decode(ids, skip),
+      tokenString: (id) => this.tokenString(id),
+      tokenPiece: (id) => this.tokenPiece(id),
+      tokenBytes: (id) => this.bytes[id] ?? new Uint8Array(0),
+      isSpecial: (id) => this.special[id] === 1,
+      newStreamDecoder: (opts) => this.newStreamDecoder(opts?.skipSpecialTokens ?? true),
+    };
   }
 
   newStreamDecoder(skipSpecialTokens = false): StreamDecoder {
