@@ -30,7 +30,6 @@ export const errorCatalogue = {
   not_found: { status: 404, type: 'not_found_error' },
   method_not_allowed: { status: 405, type: 'invalid_request_error' },
   request_too_large: { status: 413, type: 'invalid_request_error', noRetry: true },
-  unsupported_media_type: { status: 415, type: 'invalid_request_error' },
   budget_exceeded: { status: 429, type: 'rate_limit_error', retryAfter: 60 },
   spend_cap: { status: 429, type: 'rate_limit_error', retryAfter: 3600 },
   queue_full: { status: 429, type: 'rate_limit_error', retryAfter: 1 },
@@ -44,7 +43,6 @@ export const errorCatalogue = {
   platform_cold_boot: { status: 503, type: 'upstream_error', retryAfter: 30, upstream: true },
   circuit_open: { status: 503, type: 'upstream_error', retryAfter: 30, upstream: true },
   tokenizer_unavailable: { status: 503, type: 'server_error', retryAfter: 10 },
-  service_unavailable: { status: 503, type: 'server_error', retryAfter: 5 },
   upstream_deadline: { status: 504, type: 'upstream_error', noRetry: true, upstream: true },
   internal_error: { status: 500, type: 'server_error' },
 } as const satisfies Record<string, CatalogueEntry>;
