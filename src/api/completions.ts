@@ -1,4 +1,4 @@
-import { PassThrough } from 'node:stream';
+import { PassThrough, pipeline } from 'node:stream';
 import { createGzip, constants as zlibConstants } from 'node:zlib';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { apiError, ApiError } from '../errors/index.ts';
@@ -74,7 +74,10 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     if (acceptsGzip(request) && !(length < gzipMinBytes)) {
       // Level 1: the large bodies here (full-vocabulary logprobs) are highly redundant JSON, so speed wins.
       reply.header('content-encoding', 'gzip');
-      return reply.send(upstream.body.pipe(createGzip({ level: 1, chunkSize: 128 * 1024, flush: zlibConstants.Z_NO_FLUSH })));
+      const gzip = createGzip({ level: 1, chunkSize: 128 * 1024, flush: zlibConstants.Z_NO_FLUSH });
+      // pipeline, not pipe: a body that breaks half-way destroys the gzip stream, so the response ends too.
+      pipeline(upstream.body, gzip, () => undefined);
+      return reply.send(gzip);
     }
     if (length <= smallBodyBytes) {
       // A small body is gathered and written in one go: cheaper than a pipe for the common case.
