@@ -1,4 +1,5 @@
-import { PassThrough, pipeline } from 'node:stream';
+import { PassThrough, type Readable, type Writable } from 'node:stream';
+import { once } from 'node:events';
 import { createGzip, constants as zlibConstants } from 'node:zlib';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { apiError, ApiError } from '../errors/index.ts';
@@ -75,8 +76,7 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
       // Level 1: the large bodies here (full-vocabulary logprobs) are highly redundant JSON, so speed wins.
       reply.header('content-encoding', 'gzip');
       const gzip = createGzip({ level: 1, chunkSize: 128 * 1024, flush: zlibConstants.Z_NO_FLUSH });
-      // pipeline, not pipe: a body that breaks half-way destroys the gzip stream, so the response ends too.
-      pipeline(upstream.body, gzip, () => undefined);
+      void feed(upstream.body, gzip);
       return reply.send(gzip);
     }
     if (length <= smallBodyBytes) {
@@ -99,6 +99,27 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
       throw apiError('chat_completions_unsupported', 'chat completions are not supported: these are base models and prompts are never templated; send raw text to POST /v1/completions');
     });
   });
+}
+
+/**
+ * Writes a body into a compressor with backpressure. An explicit loop rather than `pipe`: piping
+ * undici's body into zlib ran five times slower here (the parser paused and resumed on every chunk).
+ * A body that breaks half-way destroys the compressor, so the client's response ends too.
+ */
+async function feed(source: Readable, sink: Writable): Promise<void> {
+  try {
+    for await (const chunk of source) {
+      if (sink.write(chunk)) continue;
+      await Promise.race([once(sink, 'drain'), once(sink, 'close')]);
+      if (sink.destroyed) {
+        source.destroy(); // the client left
+        return;
+      }
+    }
+    sink.end();
+  } catch (err) {
+    sink.destroy(err as Error);
+  }
 }
 
 /**

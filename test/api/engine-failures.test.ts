@@ -136,6 +136,28 @@ failures('a client that disconnects cancels the upstream generation', async () =
   }
 });
 
+failures('a client that leaves a gzipped full-vocabulary body half-read cancels the generation', async () => {
+  const gpt2 = gw.engineUrls.get('ref-gpt2')!;
+  const running = async () => Number((await (await fetch(`${gpt2}/metrics`)).text()).match(/num_requests_running\{[^}]*\} (\d+)/)![1]);
+  const client = new AbortController();
+  // ~300 positions x 50,257 entries: about a gigabyte of JSON, far more than is read here.
+  const res = await fetch(`${gw.url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', 'accept-encoding': 'gzip' },
+    body: JSON.stringify({ model: 'ref-gpt2', prompt: 'the quick brown fox jumps over the lazy dog '.repeat(30), max_tokens: 1, prompt_logprobs: -1 }),
+    signal: client.signal,
+  });
+  assert.is(res.status, 200);
+  assert.is(res.headers.get('content-encoding'), 'gzip');
+  const reader = res.body!.getReader();
+  await reader.read();
+  assert.is(await running(), 1);
+  client.abort();
+  const deadline = Date.now() + 5_000;
+  while ((await running()) > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+  assert.is(await running(), 0, 'the engine stopped writing the body');
+});
+
 failures('an engine that dies mid-stream: the stream ends with an error frame and [DONE], not torn', async () => {
   const gpt2 = gw.engineUrls.get('ref-gpt2')!;
   await fetch(`${gpt2}/_chaos`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ mode: 'delay', delay_ms: 200, count: 1 }) }).then((r) => r.arrayBuffer());
