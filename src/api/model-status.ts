@@ -22,12 +22,10 @@ export type ModelStatus = Static<typeof ModelStatus>;
 export interface ModelStatusSource {
   /** Latest fresh boot stage of the model's engine, or null. */
   boot(modelId: string): Static<typeof BootStage>;
-  /** Whether a runner is known to be up (null when the platform does not say). */
-  runnerUp(modelId: string): boolean | null;
-  lastCompletionAt(modelId: string): number | null;
+  /** Advisory warmth: a runner is up, or a completion was served recently. */
+  warm(modelId: string): boolean;
 }
 
-const recentCompletionMs = 15 * 60_000;
 const modelIdPattern = /^[A-Za-z0-9._-]{1,64}$/;
 
 export function modelStatusRoutes(app: FastifyInstance, models: ModelConfig[], source: ModelStatusSource): void {
@@ -37,11 +35,9 @@ export function modelStatusRoutes(app: FastifyInstance, models: ModelConfig[], s
     if (!modelIdPattern.test(id)) throw apiError('invalid_request', 'model_id: must match ^[A-Za-z0-9._-]{1,64}$');
     const model = byId.get(id);
     if (!model) throw apiError('model_not_found', `model "${id}" does not exist; available: ${models.filter((m) => m.status !== 'staging').map((m) => m.id).join(', ')}`);
-    const last = source.lastCompletionAt(id);
-    const warm = source.runnerUp(id) ?? (last !== null && Date.now() - last < recentCompletionMs);
     const boot = source.boot(id);
     // The reference engine serves activations from the same process, so both boots are the same boot.
-    const body: ModelStatus = { model_id: id, boot, warm, ...(model.activations ? { activation_boot: boot } : {}) };
+    const body: ModelStatus = { model_id: id, boot, warm: source.warm(id), ...(model.activations ? { activation_boot: boot } : {}) };
     return body;
   });
 }

@@ -33,6 +33,9 @@ export interface Gateway {
   close(): Promise<void>;
 }
 
+/** How long a boot stage or a completion counts as recent (boot freshness, warm estimate). */
+const freshForMs = 15 * 60_000;
+
 /**
  * Stops accepting, lets in-flight requests finish (up to `graceMs`), and closes keep-alive connections
  * as soon as they fall idle, so a client's pooled connection does not hold the process open.
@@ -115,6 +118,14 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     stoppers.push(() => engines.close());
 
     const lastCompletion = new Map<string, number>();
+    // One warmth rule for /health and the status route: a runner known to be up (a live reference
+    // engine), else a completion served in the last 15 minutes.
+    const warm = (id: string): boolean => {
+      const runnerUp = referenceEngines.get(id)?.alive;
+      if (runnerUp !== undefined) return runnerUp;
+      const last = lastCompletion.get(id);
+      return last !== undefined && Date.now() - last < freshForMs;
+    };
     const backends = (): BackendHealth[] =>
       settings.models.map((m) => {
         const last = lastCompletion.get(m.id) ?? null;
@@ -127,7 +138,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
           breaker_last_failure_kind: null,
           last_completion_at: last === null ? null : new Date(last).toISOString(),
           last_completion_seconds_ago: last === null ? null : Math.floor((Date.now() - last) / 1000),
-          warm_estimate: last !== null && Date.now() - last < 15 * 60_000 ? 'warm' : 'cold',
+          warm_estimate: warm(m.id) ? 'warm' : 'cold',
         };
       });
 
@@ -143,13 +154,11 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
         });
         modelRoutes(scope, settings.models);
         modelStatusRoutes(scope, settings.models, {
-          // A boot stage stays fresh for 15 minutes after it was published.
           boot: (id) => {
             const engine = referenceEngines.get(id);
-            return engine?.alive && Date.now() - engine.bootedAt < 15 * 60_000 ? { stage: 'ready', at: new Date(engine.bootedAt).toISOString() } : null;
+            return engine?.alive && Date.now() - engine.bootedAt < freshForMs ? { stage: 'ready', at: new Date(engine.bootedAt).toISOString() } : null;
           },
-          runnerUp: (id) => referenceEngines.get(id)?.alive ?? null,
-          lastCompletionAt: (id) => lastCompletion.get(id) ?? null,
+          warm,
         });
         await openApiRoutes(scope);
       },
