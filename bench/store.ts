@@ -2,13 +2,17 @@
  * Event store throughput: events/s for 1 writer and for 64 concurrent writers, on each adapter.
  * Each writer appends one event per call to its own stream with an exact expected version
  * (optimistic-concurrency check included) and waits for the acknowledgement before the next.
- * PGlite always (on disk, in a temp dir); PostgreSQL when DATABASE_URL is set (in a scratch schema).
+ * PGlite always (on disk, in a temp dir); PostgreSQL when DATABASE_URL is set (in a scratch schema),
+ * plus the same 64 writers spread over 3 processes sharing one schema (what notifications and
+ * cross-process locks cost). BENCH_NOTIFY=0 opens the stores without cross-process wake-up hints.
  *   node --import tsx bench/store.ts [seconds per run, default 3]
  */
 import { randomBytes, randomUUID } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { openEventStore, type EventStore } from '../src/store/index.ts';
 
@@ -75,6 +79,51 @@ async function baselines(url: string, schema: string): Promise<void> {
   }
 }
 
+const notify = process.env.BENCH_NOTIFY !== '0';
+
+/** One of the 3 processes: opens its own store on the shared schema, waits for the start signal, writes. */
+async function child(url: string, schema: string, writers: number): Promise<void> {
+  const store = await openEventStore({ databaseUrl: url, schema, notifyOtherProcesses: notify });
+  await run(store, 4); // warm-up
+  process.stdout.write('ready\n');
+  await new Promise((resolve) => process.stdin.once('data', resolve));
+  const rate = await run(store, writers);
+  process.stdout.write(`${rate}\n`);
+  await store.close();
+}
+
+async function processes(url: string, count: number, writers: number): Promise<void> {
+  const schema = `bench_${randomBytes(4).toString('hex')}`;
+  const setup = await openEventStore({ databaseUrl: url, schema });
+  await setup.close();
+  const self = fileURLToPath(import.meta.url);
+  try {
+    const children = Array.from({ length: count }, (_, i) => {
+      const each = Math.floor(writers / count) + (i < writers % count ? 1 : 0);
+      const proc = spawn(process.execPath, ['--import', 'tsx', self, String(seconds), '--child', schema, String(each)], { stdio: ['pipe', 'pipe', 'inherit'], env: process.env });
+      let out = '';
+      const ready = new Promise<void>((resolve) => proc.stdout.on('data', (d) => ((out += d), out.includes('ready') && resolve())));
+      const done = new Promise<number>((resolve, reject) => proc.on('exit', (code) => (code === 0 ? resolve(Number(out.trim().split('\n').pop())) : reject(new Error(`child exited ${code}`)))));
+      return { proc, ready, done };
+    });
+    await Promise.all(children.map((c) => c.ready));
+    for (const c of children) c.proc.stdin.end('go\n');
+    const rates = await Promise.all(children.map((c) => c.done));
+    const total = rates.reduce((a, b) => a + b, 0);
+    console.log(`store postgres ${writers} writers in ${count} processes${notify ? '' : ' (no NOTIFY)'}: ${Math.round(total).toLocaleString('en-US').padStart(7)} events/s`);
+  } finally {
+    const client = new pg.Client({ connectionString: url });
+    await client.connect();
+    await client.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+    await client.end();
+  }
+}
+
+if (process.argv[3] === '--child') {
+  await child(process.env.DATABASE_URL!, process.argv[4], Number(process.argv[5]));
+  process.exit(0);
+}
+
 const dir = mkdtempSync(join(tmpdir(), 'svc-bench-store-'));
 if (process.env.BENCH_SKIP_PGLITE !== '1') await bench('pglite', () => openEventStore({ dataDir: dir, purpose: 'bench' }), async () => rmSync(dir, { recursive: true, force: true }));
 
@@ -87,6 +136,7 @@ if (url) {
     await client.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
     await client.end();
   });
+  await processes(url, 3, 64);
   const scratch = `bench_${randomBytes(4).toString('hex')}`;
   const admin = new pg.Client({ connectionString: url });
   await admin.connect();

@@ -1,8 +1,15 @@
 /**
- * One process owns an embedded store's data directory. The lock is a file created exclusively and
- * holding the owner's pid; a lock whose owner is gone is taken over.
+ * One process owns an embedded store's data directory. The lock file is created atomically with its
+ * content (written to a private file, then hard-linked into place: the link fails if a lock exists),
+ * so no reader ever sees a half-written lock. A stale lock is taken over under a second exclusive
+ * file, the takeover claim, after checking that the lock is still the stale one: of several openers
+ * racing for a stale lock exactly one wins. Stale means: on this host, its process is gone; from
+ * another host (containers sharing a volume, where a pid means nothing), its holder stopped
+ * refreshing the file's modification time for a lease period.
  */
-import { closeSync, mkdirSync, openSync, readFileSync, rmSync, writeSync } from 'node:fs';
+import { linkSync, mkdirSync, readFileSync, statSync, unlinkSync, utimesSync, writeFileSync } from 'node:fs';
+import { randomUUID } from 'node:crypto';
+import { hostname } from 'node:os';
 import { join, resolve } from 'node:path';
 import { DataDirLocked } from './errors.ts';
 
@@ -11,11 +18,21 @@ export interface DataDirLock {
   release(): void;
 }
 
+export interface DataDirLockOptions {
+  /** Another host's lock is stale once not refreshed for this long (default 60 s; refreshed every quarter). */
+  leaseMs?: number;
+}
+
 interface LockOwner {
   pid: number;
+  host: string;
   purpose: string;
   since: string;
+  token: string;
 }
+
+/** A takeover claim left by an opener that died mid-takeover is removed after this long. */
+const claimExpiryMs = 10_000;
 
 function alive(pid: number): boolean {
   try {
@@ -26,50 +43,123 @@ function alive(pid: number): boolean {
   }
 }
 
-function readOwner(path: string): LockOwner | null {
+function readRaw(path: string): string | null {
   try {
-    return JSON.parse(readFileSync(path, 'utf8')) as LockOwner;
+    return readFileSync(path, 'utf8');
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === 'ENOENT') return null;
+    throw error;
+  }
+}
+
+function parse(raw: string): LockOwner | null {
+  try {
+    return JSON.parse(raw) as LockOwner;
   } catch {
     return null;
   }
 }
 
-export function acquireDataDirLock(dataDir: string, purpose: string): DataDirLock {
+function pause(ms: number): void {
+  Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ms);
+}
+
+/** Creates `path` holding `content`, atomically; false if it exists. */
+function createExclusive(path: string, content: string): boolean {
+  const draft = `${path}.${randomUUID()}.draft`;
+  writeFileSync(draft, content, { mode: 0o600 });
+  try {
+    linkSync(draft, path);
+    return true;
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === 'EEXIST') return false;
+    throw error;
+  } finally {
+    unlinkSync(draft);
+  }
+}
+
+function isStale(path: string, owner: LockOwner | null, leaseMs: number): boolean {
+  // unreadable content cannot come from this code (it creates the file whole): an older version's or a damaged lock
+  if (!owner || typeof owner.pid !== 'number') return true;
+  if ((owner.host ?? hostname()) === hostname()) return !alive(owner.pid);
+  try {
+    return Date.now() - statSync(path).mtimeMs > leaseMs;
+  } catch {
+    return true;
+  }
+}
+
+export function acquireDataDirLock(dataDir: string, purpose: string, options: DataDirLockOptions = {}): DataDirLock {
+  const leaseMs = options.leaseMs ?? 60_000;
   const dir = resolve(dataDir);
   mkdirSync(dir, { recursive: true });
   const path = join(dir, 'store.lock');
-  for (let attempt = 0; attempt < 3; attempt++) {
-    let fd: number;
-    try {
-      fd = openSync(path, 'wx', 0o600);
-    } catch (error) {
-      if ((error as NodeJS.ErrnoException).code !== 'EEXIST') throw error;
-      const owner = readOwner(path);
-      if (owner && owner.pid !== process.pid && alive(owner.pid)) {
-        throw new DataDirLocked(
-          dir,
-          owner.pid,
-          `the embedded store in ${dir} is in use by another process (pid ${owner.pid}, ${owner.purpose}, since ${owner.since}). ` +
-            'Only one process may open it: stop that process first, or run the command against a PostgreSQL store (DATABASE_URL).',
-        );
+  const claim = `${path}.takeover`;
+  const me: LockOwner = { pid: process.pid, host: hostname(), purpose, since: new Date().toISOString(), token: randomUUID() };
+  const content = JSON.stringify(me);
+
+  /** Replaces the stale lock `staleRaw` by ours, unless another opener got there first. */
+  const takeOver = (staleRaw: string): boolean => {
+    if (!createExclusive(claim, content)) {
+      try {
+        if (Date.now() - statSync(claim).mtimeMs > claimExpiryMs) unlinkSync(claim);
+      } catch {
+        // gone meanwhile: the next attempt sees what its owner did
       }
-      if (owner?.pid === process.pid) {
+      return false;
+    }
+    try {
+      if (readRaw(path) !== staleRaw) return false; // someone took it over (or released it) meanwhile
+      unlinkSync(path);
+      return createExclusive(path, content);
+    } finally {
+      unlinkSync(claim);
+    }
+  };
+
+  for (let attempt = 0; attempt < 200; attempt++) {
+    if (createExclusive(path, content)) return hold(path, me.token, leaseMs);
+    const raw = readRaw(path);
+    if (raw === null) continue; // released meanwhile
+    const owner = parse(raw);
+    if (!isStale(path, owner, leaseMs)) {
+      if (owner!.pid === process.pid && owner!.host === me.host) {
         throw new DataDirLocked(dir, process.pid, `the embedded store in ${dir} is already open in this process`);
       }
-      rmSync(path, { force: true }); // the owner died without releasing it
-      continue;
+      throw new DataDirLocked(
+        dir,
+        owner!.pid,
+        `the embedded store in ${dir} is in use by another process (pid ${owner!.pid}${owner!.host && owner!.host !== me.host ? ` on ${owner!.host}` : ''}, ${owner!.purpose}, since ${owner!.since}). ` +
+          'Only one process may open it: stop that process first, or run the command against a PostgreSQL store (DATABASE_URL).',
+      );
     }
-    writeSync(fd, JSON.stringify({ pid: process.pid, purpose, since: new Date().toISOString() } satisfies LockOwner));
-    closeSync(fd);
-    let released = false;
-    const release = () => {
-      if (released) return;
-      released = true;
-      process.off('exit', release);
-      if (readOwner(path)?.pid === process.pid) rmSync(path, { force: true });
-    };
-    process.on('exit', release);
-    return { path, release };
+    if (takeOver(raw)) return hold(path, me.token, leaseMs);
+    pause(5); // another opener is taking it over: see what it did
   }
   throw new Error(`could not take the lock ${path}`);
+}
+
+/** Keeps the lock fresh for other hosts and releases it (only if still ours) at release or exit. */
+function hold(path: string, token: string, leaseMs: number): DataDirLock {
+  const ours = () => parse(readRaw(path) ?? '')?.token === token;
+  const heartbeat = setInterval(() => {
+    try {
+      const now = new Date();
+      if (ours()) utimesSync(path, now, now);
+    } catch {
+      // the directory went away; the store will fail on its own
+    }
+  }, Math.max(1000, leaseMs / 4));
+  heartbeat.unref();
+  let released = false;
+  const release = () => {
+    if (released) return;
+    released = true;
+    clearInterval(heartbeat);
+    process.off('exit', release);
+    if (ours()) unlinkSync(path);
+  };
+  process.on('exit', release);
+  return { path, release };
 }

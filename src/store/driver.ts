@@ -8,8 +8,8 @@ export interface PreparedQueryable extends Queryable {
 /** What the shared SQL event store needs from a database connection; one per adapter. */
 export interface SqlDriver extends PreparedQueryable {
   readonly kind: 'postgres' | 'pglite';
-  /** NOTIFY channel the append function signals on; null where every reader lives in this process. */
-  readonly notifyChannel: string | null;
+  /** Tells other processes' readers that something committed (coalesced; no-op where every reader lives in this process). */
+  hint(): void;
   /** Append batches in flight at once. */
   readonly maxInFlight: number;
   transaction<T>(fn: (tx: DriverTransaction) => Promise<T>): Promise<T>;

@@ -41,3 +41,47 @@ export class StoreClosed extends Error {
     super('the event store is closed');
   }
 }
+
+/**
+ * An append that is not the first write of its transaction (see DESIGN.md): its transaction id was
+ * taken before the stream locks that order appends, so it could put a stream's next version before
+ * the previous one in the global log. `newer_writer`: a later append of a transaction found one of its
+ * streams written by a newer transaction since this one began writing; retry the whole transaction.
+ */
+export class AppendNotFirstWrite extends Error {
+  override name = 'AppendNotFirstWrite';
+  constructor(
+    readonly streamId: string,
+    readonly reason: 'wrote_first' | 'newer_writer',
+  ) {
+    super(
+      reason === 'wrote_first'
+        ? `append to stream ${streamId}: an append must be the first write of its transaction (this one wrote something else first)`
+        : `append to stream ${streamId}: the stream was written by a newer transaction since this transaction began writing; retry the transaction`,
+    );
+  }
+}
+
+/**
+ * The database did not answer in time or the connection broke (the API answers 503). When
+ * `outcomeUnknown` is true the statement may have committed: resend the same event ids at the same
+ * expected version, which is an idempotent success if it did.
+ */
+export class StoreUnavailable extends Error {
+  override name = 'StoreUnavailable';
+  constructor(
+    message: string,
+    readonly outcomeUnknown: boolean,
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+  }
+}
+
+/** `store.query`, `store.append` (or any store call that needs the database) inside `store.transaction`. */
+export class StoreCallInsideTransaction extends Error {
+  override name = 'StoreCallInsideTransaction';
+  constructor(method: string) {
+    super(`store.${method} was called inside store.transaction: use the transaction's own query/append/readAll (the transaction holds the embedded store's only connection, and on PostgreSQL the call would run outside the transaction)`);
+  }
+}

@@ -4,6 +4,7 @@
  * stream that an in-flight batch holds, so appends to one stream keep their order and a batch never
  * waits on another batch's row lock.
  */
+import { StoreUnavailable } from './errors.ts';
 import type { AppendResult, ExpectedVersion, NewEvent } from './types.ts';
 
 export interface PendingAppend {
@@ -24,6 +25,8 @@ export interface GroupCommitOptions {
   maxInFlight: number;
   /** Upper bound on events per batch. */
   maxBatchEvents: number;
+  /** Told when a whole batch fails. */
+  onBatchError?: (error: unknown) => void;
 }
 
 /** Below this many queued events a second connection is not worth a second commit. */
@@ -133,8 +136,11 @@ export class GroupCommitter {
     try {
       outcomes = await this.#options.execute(batch);
     } catch (error) {
-      if (batch.length === 1) {
-        batch[0].reject(error);
+      this.#options.onBatchError?.(error);
+      // The database is unreachable or silent: every append of the batch fails now, rather than each
+      // waiting out the same timeout again alone.
+      if (batch.length === 1 || error instanceof StoreUnavailable) {
+        for (const item of batch) item.reject(error);
         return;
       }
       // One bad append must not fail its neighbours: retry each alone to find it.

@@ -9,7 +9,15 @@ import { openSqlEventStore } from './sql-store.ts';
 import type { EventStore } from './types.ts';
 
 export * from './types.ts';
-export { WrongExpectedVersion, DuplicateEventId, DataDirLocked, StoreClosed } from './errors.ts';
+export {
+  WrongExpectedVersion,
+  DuplicateEventId,
+  DataDirLocked,
+  StoreClosed,
+  StoreUnavailable,
+  AppendNotFirstWrite,
+  StoreCallInsideTransaction,
+} from './errors.ts';
 export { comparePositions, formatPosition } from './position.ts';
 
 export interface OpenEventStoreOptions {
@@ -31,16 +39,46 @@ export interface OpenEventStoreOptions {
   maxBatchEvents?: number;
   /** Live subscriptions' polling fallback in ms (default 1000). */
   pollIntervalMs?: number;
+  /** Postgres: opening a connection, waiting for a pooled one included (default 5,000 ms; SVC_DB_CONNECT_TIMEOUT_MS). */
+  connectTimeoutMs?: number;
+  /** Postgres: one statement, server- and client-side (default 10,000 ms; 0: none; SVC_DB_STATEMENT_TIMEOUT_MS). */
+  statementTimeoutMs?: number;
+  /** Postgres: a session idle inside a transaction is ended (default 60,000 ms; SVC_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS). */
+  idleInTransactionTimeoutMs?: number;
+  /** Postgres: TCP keepalive's first probe after this much silence (default 10,000 ms). */
+  keepAliveMs?: number;
+  /** Postgres: send cross-process wake-up hints (default true; false only to measure what they cost). */
+  notifyOtherProcesses?: boolean;
+  /** Told when a whole append batch fails (a broken connection, a deadlock). */
+  onBatchError?: (error: unknown) => void;
+}
+
+/** A timeout from the environment (ms), or undefined when unset; a bad value stops the start, naming the variable. */
+function envMs(name: string): number | undefined {
+  const raw = process.env[name];
+  if (raw === undefined || raw === '') return undefined;
+  const value = Number(raw);
+  if (!Number.isSafeInteger(value) || value < 0) throw new Error(`environment variable ${name} must be a whole number of milliseconds, got ${JSON.stringify(raw)}`);
+  return value;
 }
 
 export async function openEventStore(options: OpenEventStoreOptions = {}): Promise<EventStore> {
-  const storeOptions = { maxBatchEvents: options.maxBatchEvents, pollIntervalMs: options.pollIntervalMs };
+  const storeOptions = {
+    maxBatchEvents: options.maxBatchEvents,
+    pollIntervalMs: options.pollIntervalMs,
+    notifyOtherProcesses: options.notifyOtherProcesses,
+    onBatchError: options.onBatchError,
+  };
   if (options.databaseUrl) {
     const driver = await createPostgresDriver({
       connectionString: options.databaseUrl,
       schema: options.schema,
       maxInFlight: options.maxInFlight,
       poolSize: options.poolSize,
+      connectTimeoutMs: options.connectTimeoutMs ?? envMs('SVC_DB_CONNECT_TIMEOUT_MS'),
+      statementTimeoutMs: options.statementTimeoutMs ?? envMs('SVC_DB_STATEMENT_TIMEOUT_MS'),
+      idleInTransactionTimeoutMs: options.idleInTransactionTimeoutMs ?? envMs('SVC_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS'),
+      keepAliveMs: options.keepAliveMs,
     });
     try {
       return await openSqlEventStore(driver, storeOptions);

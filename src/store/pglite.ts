@@ -38,17 +38,20 @@ export async function createPgliteDriver(options: PgliteDriverOptions): Promise<
     if (!existsSync(join(dir, 'PG_VERSION'))) await initDataDir(dir);
     db = await PGlite.create(dir);
   }
+  // The store's SQL is written for READ COMMITTED (the append function re-reads after a unique violation).
+  await db.exec(`SET default_transaction_isolation TO 'read committed'`);
   return {
     kind: 'pglite',
     // Every reader lives in this process and is woken directly; no NOTIFY needed.
-    notifyChannel: null,
+    hint() {},
     // PGlite runs one statement at a time; batching still saves a statement per append.
     maxInFlight: 1,
     query: (sql, params) => db.query(sql, params as unknown[]) as never,
     // PGlite has no named statements; it is in this process, so there is no round trip to save.
     queryPrepared: (_name, sql, params) => db.query(sql, params) as never,
     transaction: (fn) =>
-      db.transaction((tx) => {
+      db.transaction(async (tx) => {
+        await tx.query('SET TRANSACTION ISOLATION LEVEL READ COMMITTED');
         const wrapped: DriverTransaction = {
           query: (sql, params) => tx.query(sql, params as unknown[]) as never,
           queryPrepared: (_name, sql, params) => tx.query(sql, params) as never,

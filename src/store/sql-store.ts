@@ -2,7 +2,8 @@
  * The event store over SQL, shared by the PostgreSQL and PGlite adapters: one schema
  * (infra/migrations), one append function, one reading rule for the global log.
  */
-import { DuplicateEventId, StoreClosed, WrongExpectedVersion } from './errors.ts';
+import { AsyncLocalStorage } from 'node:async_hooks';
+import { AppendNotFirstWrite, DuplicateEventId, StoreCallInsideTransaction, StoreClosed, WrongExpectedVersion } from './errors.ts';
 import type { PreparedQueryable, SqlDriver } from './driver.ts';
 import { GroupCommitter, type BatchOutcome, type PendingAppend } from './group-commit.ts';
 import { comparePositions } from './position.ts';
@@ -14,6 +15,7 @@ import {
   type GlobalPosition,
   type NewEvent,
   type PingResult,
+  type Queryable,
   type RecordedEvent,
   type StoreTransaction,
   type StreamRead,
@@ -28,6 +30,10 @@ export interface SqlStoreOptions {
   maxBatchEvents?: number;
   /** Polling fallback for live subscriptions (ms). */
   pollIntervalMs?: number;
+  /** Send cross-process wake-up hints after commits (default true; false only to measure what they cost). */
+  notifyOtherProcesses?: boolean;
+  /** Told when a whole append batch fails (a broken connection, a deadlock): for logs and tests. */
+  onBatchError?: (error: unknown) => void;
   /** Extra work at close (the data-directory lock, say). */
   onClose?: () => Promise<void> | void;
 }
@@ -107,7 +113,7 @@ function validateAppend(streamId: string, events: readonly NewEvent[], expected:
 const expectedCode = { any: -1, no_stream: -2, stream_exists: -3 } as const;
 
 /** The append function's parameters: one array per column, so the database parses each event once. */
-function batchParams(batch: readonly PendingAppend[], channel: string | null): unknown[] {
+function batchParams(batch: readonly PendingAppend[]): unknown[] {
   const streams: string[] = [];
   const expected: number[] = [];
   const counts: number[] = [];
@@ -130,7 +136,7 @@ function batchParams(batch: readonly PendingAppend[], channel: string | null): u
       meta.push(event.metadata ?? {});
     });
   });
-  return [streams, expected, counts, evAppend, evOrd, ids, types, JSON.stringify(data), JSON.stringify(meta), channel];
+  return [streams, expected, counts, evAppend, evOrd, ids, types, JSON.stringify(data), JSON.stringify(meta)];
 }
 
 function toOutcome(append: PendingAppend, row: BatchRow): BatchOutcome {
@@ -157,39 +163,61 @@ function toOutcome(append: PendingAppend, row: BatchRow): BatchOutcome {
 }
 
 const appendBatchSql = `SELECT idx, outcome, version, last_position, last_tx
-  FROM svc_append_batch($1::text[], $2::bigint[], $3::int[], $4::int[], $5::int[], $6::uuid[], $7::text[], $8::jsonb, $9::jsonb, $10::text)`;
+  FROM svc_append_batch($1::text[], $2::bigint[], $3::int[], $4::int[], $5::int[], $6::uuid[], $7::text[], $8::jsonb, $9::jsonb)`;
 
-async function runBatch(db: PreparedQueryable, channel: string | null, batch: readonly PendingAppend[]): Promise<BatchOutcome[]> {
-  // Prepared once per connection: the call is parsed and planned once, not per batch.
-  const { rows } = await db.queryPrepared<BatchRow>('svc_append_batch', appendBatchSql, batchParams(batch, channel));
+async function runBatch(db: PreparedQueryable, batch: readonly PendingAppend[]): Promise<BatchOutcome[]> {
+  let rows: BatchRow[];
+  try {
+    // Prepared once per connection: the call is parsed and planned once, not per batch.
+    ({ rows } = await db.queryPrepared<BatchRow>('svc_append_batch', appendBatchSql, batchParams(batch)));
+  } catch (error) {
+    const code = (error as { code?: string }).code;
+    if (code === 'SVA01' || code === 'SVA02') throw new AppendNotFirstWrite(batch[0].streamId, code === 'SVA01' ? 'wrote_first' : 'newer_writer');
+    throw error;
+  }
   return batch.map((append, i) => toOutcome(append, rows[i]));
 }
+
+/**
+ * How long a reader waits at most before reading again when commits exist that it cannot read yet (an
+ * older transaction still runs, anywhere on the server): that transaction's end sends no hint.
+ */
+const pendingRecheckMs = 40;
 
 export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOptions = {}): Promise<EventStore> {
   await migrate(driver);
   const hub = new WakeHub();
+  /** Set while one of this store's `transaction` callbacks runs: its other calls refuse inside it. */
+  const insideTransaction = new AsyncLocalStorage<boolean>();
   await driver.listen(() => hub.notify());
   const pollIntervalMs = options.pollIntervalMs ?? 1000;
   const subscriptions = new Set<{ stop(): Promise<void> }>();
   let closed = false;
 
+  const committed = () => {
+    hub.notify();
+    if (options.notifyOtherProcesses !== false) driver.hint();
+  };
+
   const committer = new GroupCommitter({
     maxInFlight: driver.maxInFlight,
     maxBatchEvents: options.maxBatchEvents ?? 1000,
     async execute(batch) {
-      const outcomes = await runBatch(driver, driver.notifyChannel, batch);
-      if (outcomes.some((o) => 'ok' in o && !o.ok.idempotent)) hub.notify();
+      const outcomes = await runBatch(driver, batch);
+      if (outcomes.some((o) => 'ok' in o && !o.ok.idempotent)) committed();
       return outcomes;
     },
+    onBatchError: options.onBatchError,
   });
 
-  const ensureOpen = () => {
+  /** Open, and not called from inside a `store.transaction` callback (same refusal on both adapters). */
+  const ensureOpen = (method?: string) => {
     if (closed) throw new StoreClosed();
+    if (method && insideTransaction.getStore()) throw new StoreCallInsideTransaction(method);
   };
 
-  async function readAll(after: GlobalPosition, limit: number): Promise<RecordedEvent[]> {
-    ensureOpen();
-    const { rows } = await driver.query<EventRow>(
+  async function readAllOn(db: Queryable, after: GlobalPosition, limit: number): Promise<RecordedEvent[]> {
+    const { rows } = await db.query<EventRow>(
       `SELECT ${eventColumns} FROM events
        WHERE (transaction_id, global_position) > ($1::text::xid8, $2::bigint) AND ${visible}
        ORDER BY transaction_id, global_position LIMIT $3`,
@@ -198,8 +226,13 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
     return rows.map(toEvent);
   }
 
+  async function readAll(after: GlobalPosition, limit: number): Promise<RecordedEvent[]> {
+    ensureOpen('readAll');
+    return readAllOn(driver, after, limit);
+  }
+
   async function head(): Promise<GlobalPosition> {
-    ensureOpen();
+    ensureOpen('head');
     const { rows } = await driver.query<{ tx: string; global_position: string | number }>(
       `SELECT transaction_id::text AS tx, global_position FROM events WHERE ${visible}
        ORDER BY transaction_id DESC, global_position DESC LIMIT 1`,
@@ -212,7 +245,7 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
    * older transaction anywhere on the server still runs). "Caught up" means having read up to here.
    */
   async function lastCommitted(): Promise<GlobalPosition> {
-    ensureOpen();
+    ensureOpen('lastCommitted');
     const { rows } = await driver.query<{ tx: string; global_position: string | number }>(
       `SELECT transaction_id::text AS tx, global_position FROM events
        ORDER BY transaction_id DESC, global_position DESC LIMIT 1`,
@@ -235,14 +268,18 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
       });
     };
 
-    const loop = (async () => {
+    // Outside any transaction the caller may be in: the loop outlives it.
+    const loop = insideTransaction.exit(async () => {
       let shortDelay = 0;
       while (!abort.signal.aborted) {
         const generation = hub.generation;
         let batch: RecordedEvent[];
+        let pending = false;
         try {
           batch = await readAll(position, batchSize);
           if (batch.length > 0) await opts.handle(batch);
+          // Nothing readable: has something committed that an older transaction still hides?
+          else pending = comparePositions(await lastCommitted(), position) > 0;
         } catch (error) {
           if (abort.signal.aborted || closed) break;
           opts.onError?.(error);
@@ -255,12 +292,12 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
           settleWaiters();
           continue;
         }
-        // Woken but nothing readable: an older transaction still runs. Re-read soon rather than at the next poll.
-        const hinted = hub.generation !== generation;
-        shortDelay = hinted ? Math.min(shortDelay === 0 ? 5 : shortDelay * 2, poll) : 0;
-        await hub.wait(generation, hinted ? shortDelay : poll, abort.signal);
+        // Commits wait behind an older transaction, whose end sends no hint: re-read at 5, 10, 20, 40,
+        // 40 ... ms until they can be read, rather than at the next poll. A hint still wakes it at once.
+        shortDelay = pending ? Math.min(shortDelay === 0 ? 5 : shortDelay * 2, pendingRecheckMs, poll) : 0;
+        await hub.wait(generation, pending ? shortDelay : poll, abort.signal);
       }
-    })();
+    });
 
     const subscription: Subscription = {
       get position() {
@@ -288,13 +325,13 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
     adapter: driver.kind,
 
     async append(streamId, events, expected) {
-      ensureOpen();
+      ensureOpen('append');
       validateAppend(streamId, events, expected);
       return committer.append({ streamId, events, expected });
     },
 
     async readStream(streamId, { fromVersion = 1, limit } = {}) {
-      ensureOpen();
+      ensureOpen('readStream');
       // One statement, so the version and the events come from one snapshot.
       const { rows } = await driver.query<EventRow & { current_version: string | number }>(
         `SELECT s.current_version, e.* FROM
@@ -317,7 +354,7 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
 
     async readable() {
       const target = await lastCommitted();
-      for (let delay = 2; ; delay = Math.min(delay * 2, pollIntervalMs)) {
+      for (let delay = 2; ; delay = Math.min(delay * 2, pendingRecheckMs)) {
         const generation = hub.generation;
         if (comparePositions(await head(), target) >= 0) return;
         await hub.wait(generation, delay);
@@ -325,7 +362,7 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
     },
 
     async countAfter(after) {
-      ensureOpen();
+      ensureOpen('countAfter');
       const { rows } = await driver.query<{ n: string | number }>(
         `SELECT count(*) AS n FROM events WHERE (transaction_id, global_position) > ($1::text::xid8, $2::bigint) AND ${visible}`,
         [String(after.transactionId), after.position],
@@ -340,29 +377,30 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
     },
 
     async transaction<T>(fn: (tx: StoreTransaction) => Promise<T>): Promise<T> {
-      ensureOpen();
+      ensureOpen('transaction');
       let appended = false;
       const result = await driver.transaction((tx) =>
-        fn({
+        insideTransaction.run(true, () => fn({
           query: (sql, params) => tx.query(sql, params),
+          readAll: (after, limit) => readAllOn(tx, after, limit),
           async append(streamId, events, expected): Promise<AppendResult> {
             validateAppend(streamId, events, expected);
             for (;;) {
-              const [outcome] = await runBatch(tx, driver.notifyChannel, [{ streamId, events, expected }]);
+              const [outcome] = await runBatch(tx, [{ streamId, events, expected }]);
               if ('retry' in outcome) continue; // another process's append to this stream went first; `any` goes on top
               if ('error' in outcome) throw outcome.error;
               appended ||= !outcome.ok.idempotent;
               return outcome.ok;
             }
           },
-        }),
+        })),
       );
-      if (appended) hub.notify();
+      if (appended) committed();
       return result;
     },
 
-    query(sql, params) {
-      ensureOpen();
+    async query(sql, params) {
+      ensureOpen('query');
       return driver.query(sql, params);
     },
 

@@ -56,8 +56,13 @@ export interface Queryable {
 
 /** A transaction on the store's database: projections write their rows and checkpoints through it. */
 export interface StoreTransaction extends Queryable {
-  /** Appends inside this transaction; it must be the transaction's first write (see DESIGN.md). */
+  /**
+   * Appends inside this transaction. It must be the transaction's first write, or follow only this
+   * transaction's other appends (see DESIGN.md): otherwise `AppendNotFirstWrite`.
+   */
   append(streamId: string, events: readonly NewEvent[], expected: ExpectedVersion): Promise<AppendResult>;
+  /** `store.readAll` on this transaction's connection (the store's own methods refuse inside a transaction). */
+  readAll(after: GlobalPosition, limit: number): Promise<RecordedEvent[]>;
 }
 
 export interface Subscription {
@@ -104,6 +109,10 @@ export interface EventStore {
   subscribe(options: SubscribeOptions): Subscription;
   /** Registers a wake-up listener called after commits (this process's at once, others' through NOTIFY). */
   onCommit(listener: () => void): () => void;
+  /**
+   * Runs `fn` in one READ COMMITTED transaction. Inside `fn`, use `tx`: the store's own methods refuse
+   * with `StoreCallInsideTransaction` (on PGlite they would wait for the transaction forever).
+   */
   transaction<T>(fn: (tx: StoreTransaction) => Promise<T>): Promise<T>;
   query<Row = Record<string, unknown>>(sql: string, params?: unknown[]): Promise<{ rows: Row[] }>;
   /** A cheap round trip to the database, bounded by a timeout (for /health). */

@@ -16,6 +16,7 @@ export function adaptersUnderTest(): AdapterUnderTest[] {
     { name: 'pglite', open: (extra) => openEventStore({ inMemory: true, ...extra }), cleanup: async () => {} },
   ];
   const url = process.env.DATABASE_URL;
+  if (!url) console.log('postgres adapter: skipped, with its PostgreSQL-only tests (set DATABASE_URL to run them)');
   if (url) {
     const schema = `test_${randomBytes(6).toString('hex')}`;
     adapters.push({

@@ -1,8 +1,18 @@
-/** The event store contract: every adapter passes the same suite (PGlite always, Postgres with DATABASE_URL). */
+/**
+ * The event store contract: every adapter passes the same suite (PGlite always, Postgres with DATABASE_URL).
+ *
+ * PGlite runs one transaction at a time, so on PGlite no concurrency mutation can be caught: the race,
+ * interleaving, deadlock and isolation tests check only their single-transaction outcome there, and
+ * the PostgreSQL run (CI sets DATABASE_URL; see the README's "Tests and benchmarks") is the one that
+ * can fail them.
+ */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import {
+  AppendNotFirstWrite,
   DuplicateEventId,
+  StoreCallInsideTransaction,
+  StoreUnavailable,
   WrongExpectedVersion,
   comparePositions,
   logStart,
@@ -10,7 +20,22 @@ import {
   type RecordedEvent,
 } from '../../src/store/index.ts';
 import pg from 'pg';
+import { randomBytes } from 'node:crypto';
 import { adaptersUnderTest, deferred, event, uniqueStream } from './adapters.ts';
+import { startProxy } from './proxy.ts';
+
+/** Fails instead of hanging when a promise never settles (a deadlock the test is about). */
+function within<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout;
+  return Promise.race([
+    promise,
+    new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new Error(`${what}: no answer within ${ms} ms`)), ms);
+    }),
+  ]).finally(() => clearTimeout(timer));
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 async function rejectsWith<E extends Error>(promise: Promise<unknown>, type: new (...args: never[]) => E): Promise<E> {
   try {
@@ -40,13 +65,17 @@ async function readEverythingAfter(store: EventStore, after = logStart): Promise
 }
 
 for (const adapter of adaptersUnderTest()) {
-  const it = suite<{ store: EventStore }>(`event store contract (${adapter.name})`);
+  // `releases`: transactions a test holds open, ended in after() whatever happened, so a failing
+  // test cannot leave the store's close (and the file) waiting for them.
+  const it = suite<{ store: EventStore; releases: (() => void)[] }>(`event store contract (${adapter.name})`);
 
   it.before(async (context) => {
+    context.releases = [];
     context.store = await adapter.open();
   });
 
   it.after(async (context) => {
+    for (const release of context.releases ?? []) release();
     await context.store?.close();
     await adapter.cleanup();
   });
@@ -147,6 +176,9 @@ for (const adapter of adaptersUnderTest()) {
     await rejectsWith(store.append(stream, [used], 1), DuplicateEventId);
     await rejectsWith(store.append(uniqueStream(), [used], 'any'), DuplicateEventId);
     await rejectsWith(store.append(stream, [event('B'), used], 1), DuplicateEventId);
+    // a partial match is not a repeat: the new event would be silently dropped
+    await rejectsWith(store.append(stream, [used, event('New')], 0), DuplicateEventId);
+    await rejectsWith(store.append(stream, [used, event('New')], 'any'), DuplicateEventId);
     assert.is((await store.readStream(stream)).version, 1);
   });
 
@@ -281,12 +313,13 @@ for (const adapter of adaptersUnderTest()) {
     assert.is((await store.readStream(stream)).version, 1);
   });
 
-  it('a slow early transaction that commits after a later one is not skipped by a reader of the global log', async ({ store }) => {
+  it('a slow early transaction that commits after a later one is not skipped by a reader of the global log', async ({ store, releases }) => {
     const start = await settledHead(store);
     const early = uniqueStream();
     const late = uniqueStream();
     const appended = deferred();
     const release = deferred();
+    releases.push(() => release.resolve());
     const slow = store.transaction(async (tx) => {
       await tx.append(early, [event('Early')], 'no_stream');
       appended.resolve();
@@ -381,6 +414,337 @@ for (const adapter of adaptersUnderTest()) {
       assert.ok(median < 50, `woken after ${latencies.map((l) => l.toFixed(1)).join(', ')} ms`);
     } finally {
       if (reader !== store) await reader.close();
+    }
+  });
+
+  it('concurrent appends of one event id to two streams: the first keeps it, the second gets DuplicateEventId', async ({ store }) => {
+    for (const expected of ['no_stream', 'any'] as const) {
+      const shared = event('Shared');
+      const s1 = uniqueStream();
+      const s2 = uniqueStream();
+      const [first, second] = await Promise.allSettled([store.append(s1, [shared], 'no_stream'), store.append(s2, [shared], expected)]);
+      assert.is(first.status, 'fulfilled', String((first as PromiseRejectedResult).reason));
+      assert.instance((second as PromiseRejectedResult).reason, DuplicateEventId);
+      const kept = await store.readStream(s1);
+      assert.equal(kept.events.map((e) => [e.id, e.streamVersion]), [[shared.id, 1]]);
+      assert.equal(await store.readStream(s2), { version: 0, events: [] });
+    }
+    // the same inside one transaction: the second append's undo must not remove the first's event
+    const shared = event('Shared');
+    const s1 = uniqueStream();
+    const s2 = uniqueStream();
+    await store.transaction(async (tx) => {
+      await tx.append(s1, [shared], 'no_stream');
+      await rejectsWith(tx.append(s2, [shared], 'any'), DuplicateEventId);
+    });
+    assert.equal((await store.readStream(s1)).events.map((e) => e.id), [shared.id]);
+    assert.is((await store.readStream(s2)).version, 0);
+  });
+
+  it('the append function itself refuses a batch that names one stream twice', async ({ store }) => {
+    const stream = uniqueStream();
+    try {
+      await store.query(
+        `SELECT * FROM svc_append_batch(ARRAY[$1, $1], ARRAY[-1, -1]::bigint[], ARRAY[1, 1], ARRAY[1, 2], ARRAY[1, 1],
+           ARRAY[gen_random_uuid(), gen_random_uuid()], ARRAY['T', 'T'], '[{}, {}]'::jsonb, '[{}, {}]'::jsonb)`,
+        [stream],
+      );
+      assert.unreachable('the batch should be refused');
+    } catch (error) {
+      assert.match((error as Error).message, /names a stream more than once/);
+    }
+    assert.is((await store.readStream(stream)).version, 0);
+  });
+
+  it('a woken subscriber whose commit an older transaction hides gets it within 100 ms of that transaction ending (poll 60 s)', async ({ store, releases }) => {
+    // A second store instance is another process as far as Postgres knows.
+    const reader = store.adapter === 'postgres' ? await adapter.open() : store;
+    const side = store.adapter === 'postgres' ? new pg.Client({ connectionString: process.env.DATABASE_URL }) : null;
+    await side?.connect();
+    try {
+      const stream = uniqueStream();
+      await store.append(stream, [event('Before')], 'no_stream');
+      let delivered = deferred<number>();
+      const subscription = reader.subscribe({
+        after: await settledHead(store),
+        pollIntervalMs: 60_000, // the polling fallback cannot be what delivers it
+        async handle(events) {
+          if (events.some((e) => e.type === 'Live')) delivered.resolve(performance.now());
+        },
+      });
+      await subscription.caughtUp();
+      const latencies: number[] = [];
+      for (let round = 0; round < 3; round++) {
+        delivered = deferred<number>();
+        let endSide: () => Promise<unknown>;
+        if (side) {
+          await side.query('BEGIN');
+          await side.query('SELECT pg_current_xact_id()'); // holds the visibility horizon, as any writer would
+          await store.append(stream, [event('Live')], round + 1);
+          // let the woken subscriber read, find nothing readable and go back to waiting
+          await sleep(300);
+          endSide = () => side.query('COMMIT');
+        } else {
+          // PGlite: one transaction at a time; the append queues behind the side transaction.
+          const release = deferred();
+          releases.push(() => release.resolve());
+          const held = deferred();
+          const sideTx = store.transaction(async (tx) => {
+            await tx.query('SELECT pg_current_xact_id()');
+            held.resolve();
+            await release.promise;
+          });
+          await held.promise;
+          const appending = store.append(stream, [event('Live')], round + 1);
+          endSide = async () => {
+            release.resolve();
+            await Promise.all([sideTx, appending]);
+          };
+        }
+        const ended = performance.now();
+        await endSide();
+        latencies.push((await within(delivered.promise, 3000, 'delivery')) - ended);
+      }
+      await subscription.stop();
+      // the best of three: each proves the wake-up mechanism, one slow scheduling round on a busy machine does not disprove it
+      assert.ok(Math.min(...latencies) < 100, `delivered ${latencies.map((l) => l.toFixed(1)).join(', ')} ms after the older transaction ended`);
+    } finally {
+      await side?.end();
+      if (reader !== store) await reader.close();
+    }
+  });
+
+  it('versions follow the global order: an append must be the first write of its transaction (three connections)', async ({ store }) => {
+    const stream = uniqueStream();
+    await store.append(stream, [event('V1')], 'no_stream');
+    // Connection 1: a transaction that wrote (took its transaction id) before appending.
+    const other = store.adapter === 'postgres' ? await adapter.open() : null;
+    try {
+      // The refusal is an error of the transaction's statement: the transaction rolls back.
+      const refused = await rejectsWith(
+        store.transaction(async (tx) => {
+          await tx.query('SELECT pg_current_xact_id()');
+          // Connection 2: another process appends the next version meanwhile (it commits with a newer id).
+          if (other) await other.append(stream, [event('V2')], 'any');
+          await tx.append(stream, [event('Late')], 'any');
+        }),
+        AppendNotFirstWrite,
+      );
+      assert.is(refused.reason, 'wrote_first');
+      // A later append of a transaction whose first append came before another process's write.
+      const second = uniqueStream();
+      if (other) {
+        const newer = await rejectsWith(
+          store.transaction(async (tx) => {
+            await tx.append(second, [event('First')], 'no_stream');
+            await other.append(stream, [event('V3')], 'any');
+            await tx.append(stream, [event('Late')], 'any');
+          }),
+          AppendNotFirstWrite,
+        );
+        assert.is(newer.reason, 'newer_writer');
+      }
+      await store.transaction(async (tx) => {
+        await tx.append(second, [event('First')], 'no_stream');
+        await tx.append(stream, [event('Next')], 'any'); // only its own appends before it: allowed
+      });
+      // Connection 3: the global log holds the stream's versions in order.
+      const all = (await readEverythingAfter(store)).filter((e) => e.streamId === stream);
+      assert.equal(all.map((e) => e.streamVersion), all.map((_, i) => i + 1));
+      assert.is(all.length, other ? 4 : 2);
+    } finally {
+      await other?.close();
+    }
+  });
+
+  // PostgreSQL only: PGlite runs one transaction at a time, there is no interleaving to read (see the top of the file).
+  if (adapter.name === 'postgres') it('a late-committing transaction is read after, not skipped, when positions interleave between transactions', async ({ store, releases }) => {
+    const start = await settledHead(store);
+    const [a, b, c] = [uniqueStream(), uniqueStream(), uniqueStream()];
+    const firstDone = deferred();
+    const lateAppended = deferred();
+    const earlyCommitted = deferred();
+    releases.push(() => earlyCommitted.resolve());
+    // Early: takes its transaction id first, but writes its second event after Late has written.
+    const early = store.transaction(async (tx) => {
+      await tx.append(a, [event('EarlyA')], 'no_stream');
+      firstDone.resolve();
+      await lateAppended.promise;
+      await tx.append(c, [event('EarlyC')], 'no_stream');
+    });
+    await firstDone.promise;
+    // Late: a newer transaction id, a position between Early's two, commits last.
+    const late = store.transaction(async (tx) => {
+      await tx.append(b, [event('LateB')], 'no_stream');
+      lateAppended.resolve();
+      await earlyCommitted.promise;
+    });
+    await early;
+    const seen: RecordedEvent[] = [];
+    let checkpoint = start;
+    const readOnce = async () => {
+      const batch = await store.readAll(checkpoint, 100);
+      seen.push(...batch);
+      if (batch.length > 0) checkpoint = batch[batch.length - 1].globalPosition;
+    };
+    await readOnce();
+    earlyCommitted.resolve();
+    await late;
+    await store.readable();
+    await readOnce();
+    assert.equal(seen.filter((e) => [a, b, c].includes(e.streamId)).map((e) => e.type), ['EarlyA', 'EarlyC', 'LateB']);
+  });
+
+  it('two processes appending to the same streams in opposite order never deadlock', async ({ store }) => {
+    const deadlocks: unknown[] = [];
+    const onBatchError = (error: unknown) => {
+      if ((error as { code?: string }).code === '40P01') deadlocks.push(error);
+    };
+    const one = await adapter.open({ onBatchError });
+    const two = store.adapter === 'postgres' ? await adapter.open({ onBatchError }) : one;
+    try {
+      // batches large enough that two of them insert at the same time (the original code deadlocked in 3 of 30 rounds)
+      const streams = Array.from({ length: 200 }, () => uniqueStream());
+      const rounds = 30;
+      for (let round = 0; round < rounds; round++) {
+        await Promise.all([
+          ...streams.map((s) => one.append(s, [event('Forward')], 'any')),
+          ...[...streams].reverse().map((s) => two.append(s, [event('Backward')], 'any')),
+        ]);
+      }
+      assert.is(deadlocks.length, 0, `${deadlocks.length} deadlocks in ${rounds} rounds`);
+      for (const s of streams) assert.is((await one.readStream(s)).version, rounds * 2);
+    } finally {
+      if (two !== one) await two.close();
+      await one.close();
+    }
+  });
+
+  it("the store's transactions run at READ COMMITTED whatever the database's default", async ({ store }) => {
+    const isolation = (s: EventStore) => s.transaction(async (tx) => (await tx.query<{ i: string }>('SELECT current_setting($1) AS i', ['transaction_isolation'])).rows[0].i);
+    if (store.adapter === 'pglite') {
+      const own = await adapter.open();
+      try {
+        await own.query(`SET default_transaction_isolation TO 'repeatable read'`);
+        assert.is(await isolation(own), 'read committed');
+      } finally {
+        await own.close();
+      }
+      return;
+    }
+    const role = `svc_rr_${randomBytes(4).toString('hex')}`;
+    const admin = new pg.Client({ connectionString: process.env.DATABASE_URL });
+    await admin.connect();
+    await admin.query(`CREATE ROLE ${role} LOGIN SUPERUSER`);
+    await admin.query(`ALTER ROLE ${role} SET default_transaction_isolation = 'repeatable read'`);
+    const url = new URL(process.env.DATABASE_URL!);
+    url.username = role;
+    const stores: EventStore[] = [];
+    try {
+      stores.push(await adapter.open({ databaseUrl: url.href }), await adapter.open({ databaseUrl: url.href }));
+      assert.is(await isolation(stores[0]), 'read committed');
+      // writers racing from two pools, with every expected-version kind: no raw serialization failure
+      const stream = uniqueStream();
+      await stores[0].append(stream, [event()], 'no_stream');
+      const results = await Promise.allSettled(
+        Array.from({ length: 40 }, (_, i) => stores[i % 2].append(stream, [event('A', { i })], i % 4 < 2 ? 'any' : 'stream_exists')),
+      );
+      assert.equal(results.filter((r) => r.status === 'rejected').map((r) => String((r as PromiseRejectedResult).reason)), []);
+      assert.is((await store.readStream(stream)).version, 41);
+      const racing = uniqueStream();
+      const exact = await Promise.allSettled([stores[0].append(racing, [event()], 'no_stream'), stores[1].append(racing, [event()], 'no_stream')]);
+      assert.equal(exact.map((r) => r.status).sort(), ['fulfilled', 'rejected']);
+      assert.instance((exact.find((r) => r.status === 'rejected') as PromiseRejectedResult).reason, WrongExpectedVersion);
+    } finally {
+      for (const s of stores) await s.close();
+      await admin.query(`DROP ROLE ${role}`).catch(() => {});
+      await admin.end();
+    }
+  });
+
+  it('store calls inside store.transaction are refused the same way on both adapters', async ({ store }) => {
+    const stream = uniqueStream();
+    await within(
+      store.transaction(async (tx) => {
+        await rejectsWith(store.query('SELECT 1'), StoreCallInsideTransaction);
+        await rejectsWith(store.append(stream, [event()], 'no_stream'), StoreCallInsideTransaction);
+        await rejectsWith(store.readStream(stream), StoreCallInsideTransaction);
+        await rejectsWith(store.readAll(logStart, 1), StoreCallInsideTransaction);
+        await rejectsWith(store.transaction(async () => {}), StoreCallInsideTransaction);
+        await tx.append(stream, [event('Inside')], 'no_stream'); // the transaction's own calls work
+        assert.is((await tx.readAll(logStart, 1)).length, 1);
+      }),
+      10_000,
+      'a store call inside a transaction',
+    );
+    assert.is((await store.readStream(stream)).version, 1);
+  });
+
+  // PostgreSQL only (this and the next): PGlite runs in this process, there is no connection to lose.
+  if (adapter.name === 'postgres') it('a black-holed connection fails appends fast with StoreUnavailable; the store then recovers by itself', async ({ store }) => {
+    const proxy = await startProxy(process.env.DATABASE_URL!);
+    const timeouts = { connectTimeoutMs: 500, statementTimeoutMs: 500, keepAliveMs: 1000 };
+    const through = await adapter.open({ databaseUrl: proxy.url, ...timeouts });
+    try {
+      const streams = [uniqueStream(), uniqueStream(), uniqueStream()];
+      for (const s of streams) await through.append(s, [event('Before')], 'no_stream');
+      proxy.blackHole();
+      // more appends than connections for appends, and one stream twice: none may wait for ever
+      const stuck = await within(
+        Promise.allSettled([...streams, streams[0]].map((s) => through.append(s, [event('Lost')], 'any'))),
+        20_000,
+        'appends through a black-holed connection',
+      );
+      for (const result of stuck) {
+        assert.is(result.status, 'rejected');
+        assert.instance((result as PromiseRejectedResult).reason, StoreUnavailable);
+      }
+      const ping = await through.ping(5000);
+      assert.is(ping.ok, false);
+      proxy.heal();
+      // recovers: fresh connections, the same streams append again, a reader is woken again
+      const reader = through.subscribe({ after: await settledHead(store), pollIntervalMs: 60_000, handle: async () => {} });
+      for (const s of streams) {
+        const read = await store.readStream(s);
+        const next = await within(through.append(s, [event('After')], read.version), 20_000, 'an append after healing');
+        assert.is(next.nextExpectedVersion, read.version + 1);
+      }
+      await within(reader.caughtUp(), 20_000, 'a subscriber after healing');
+      await reader.stop();
+    } finally {
+      await through.close();
+      await proxy.close();
+    }
+  });
+
+  if (adapter.name === 'postgres') it('an append whose connection is cut after its commit: StoreUnavailable (outcome unknown), and resending the same ids at the same expected version is an idempotent success', async ({ store }) => {
+    const proxy = await startProxy(process.env.DATABASE_URL!);
+    const through = await adapter.open({ databaseUrl: proxy.url, statementTimeoutMs: 2000 });
+    try {
+      for (const expected of [1, 'any', 'stream_exists'] as const) {
+        const stream = uniqueStream();
+        await through.append(stream, [event('Opened')], 'no_stream');
+        const events = [event('Charged'), event('Charged')];
+        const cutDone = proxy.cutAfterReplyTo('svc_append_batch');
+        const lost = await rejectsWith(through.append(stream, events, expected), StoreUnavailable);
+        await cutDone;
+        assert.is(lost.outcomeUnknown, true);
+        assert.is((await store.readStream(stream)).version, 3, 'it did commit');
+        const resent = await through.append(stream, events, expected);
+        assert.equal([resent.idempotent, resent.nextExpectedVersion], [true, 3]);
+        assert.equal((await store.readStream(stream)).events.map((e) => e.id), [(await store.readStream(stream)).events[0].id, events[0].id, events[1].id]);
+      }
+      // a first append (no_stream) too
+      const fresh = uniqueStream();
+      const opening = [event('Opened')];
+      const cutDone = proxy.cutAfterReplyTo('svc_append_batch');
+      await rejectsWith(through.append(fresh, opening, 'no_stream'), StoreUnavailable);
+      await cutDone;
+      assert.is((await through.append(fresh, opening, 'no_stream')).idempotent, true);
+      assert.is((await store.readStream(fresh)).version, 1);
+    } finally {
+      await through.close();
+      await proxy.close();
     }
   });
 

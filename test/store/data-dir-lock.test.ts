@@ -1,8 +1,9 @@
 /** The embedded store belongs to one process: a second opener fails with a message that says so. */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { execFile } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync, existsSync } from 'node:fs';
+import { execFile, spawn } from 'node:child_process';
+import { hostname } from 'node:os';
+import { mkdtempSync, rmSync, writeFileSync, existsSync, utimesSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -12,6 +13,8 @@ import { event, uniqueStream } from './adapters.ts';
 
 const run = promisify(execFile);
 const storeModule = fileURLToPath(new URL('../../src/store/index.ts', import.meta.url));
+const lockModule = fileURLToPath(new URL('../../src/store/data-dir-lock.ts', import.meta.url));
+const root = fileURLToPath(new URL('../..', import.meta.url));
 
 const it = suite<{ dir: string }>('embedded store data directory lock');
 it.before((context) => {
@@ -54,6 +57,62 @@ it('a second opener fails while the first holds the directory; data survives a r
 
 it('a lock left by a process that died is taken over', async ({ dir }) => {
   writeFileSync(join(dir, 'store.lock'), JSON.stringify({ pid: 2 ** 22 + 12345, purpose: 'svc serve', since: new Date().toISOString() }));
+  const store = await openEventStore({ dataDir: dir });
+  await store.close();
+});
+
+it('openers racing for a stale lock: exactly one wins', async ({ dir }) => {
+  const racer = join(dir, 'racer.mts');
+  // Each racer waits for the same instant, tries once, reports, and keeps its lock until told to exit.
+  writeFileSync(
+    racer,
+    `import { acquireDataDirLock } from ${JSON.stringify(lockModule)};
+     const startAt = Number(process.argv[2]);
+     while (Date.now() < startAt) {}
+     let verdict;
+     try { acquireDataDirLock(${JSON.stringify(dir)}, 'racer'); verdict = 'won'; }
+     catch (error) { verdict = error.name === 'DataDirLocked' ? 'locked' : 'error ' + error.message; }
+     process.stdout.write(verdict + '\\n');
+     process.stdin.resume();
+     process.stdin.on('end', () => process.exit(0));`,
+  );
+  const rounds = 6;
+  const racers = 4;
+  const outcomes: string[][] = [];
+  for (let round = 0; round < rounds; round++) {
+    // the lock of a process that died (a pid that cannot exist), on this host
+    writeFileSync(join(dir, 'store.lock'), JSON.stringify({ pid: 2 ** 22 + 12345, host: hostname(), purpose: 'svc serve', since: new Date().toISOString() }));
+    const startAt = Date.now() + 4000; // after every racer has loaded
+    const children = Array.from({ length: racers }, () => spawn(process.execPath, ['--import', 'tsx', racer, String(startAt)], { cwd: root, stdio: ['pipe', 'pipe', 'inherit'] }));
+    const verdicts = await Promise.all(
+      children.map((child) => new Promise<string>((resolve) => {
+        let out = '';
+        child.stdout!.on('data', (d) => {
+          out += d;
+          if (out.includes('\n')) resolve(out.trim());
+        });
+        child.on('exit', () => resolve(out.trim() || 'exited'));
+      })),
+    );
+    await Promise.all(children.map((child) => new Promise((resolve) => (child.once('exit', resolve), child.stdin!.end()))));
+    outcomes.push(verdicts.sort());
+  }
+  assert.equal(outcomes, Array.from({ length: rounds }, () => ['locked', 'locked', 'locked', 'won']));
+  assert.not.ok(existsSync(join(dir, 'store.lock')), 'the winner released it at exit');
+});
+
+it('a lock refreshed from another host is respected; one not refreshed for the lease is taken over', async ({ dir }) => {
+  const path = join(dir, 'store.lock');
+  writeFileSync(path, JSON.stringify({ pid: process.pid, host: 'another-container', purpose: 'svc serve', since: new Date().toISOString() }));
+  try {
+    await openEventStore({ dataDir: dir });
+    assert.unreachable('a fresh lock from another host holds');
+  } catch (error) {
+    assert.instance(error, DataDirLocked);
+    assert.match((error as Error).message, /on another-container/);
+  }
+  const old = new Date(Date.now() - 120_000);
+  utimesSync(path, old, old);
   const store = await openEventStore({ dataDir: dir });
   await store.close();
 });

@@ -2,6 +2,7 @@
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { GroupCommitter, type BatchOutcome, type PendingAppend } from '../../src/store/group-commit.ts';
+import { StoreUnavailable } from '../../src/store/errors.ts';
 
 const ok = (): BatchOutcome => ({ ok: { nextExpectedVersion: 1, lastPosition: { transactionId: 1, position: 1 }, idempotent: false } });
 const append = (streamId: string, events = 1): PendingAppend => ({
@@ -128,6 +129,19 @@ it('a batch that fails as a whole is retried append by append, so only the culpr
   for (let i = 0; i < 4; i++) await db.finishNext();
   assert.equal((await results).map((r) => r.status), ['fulfilled', 'rejected', 'fulfilled']);
   assert.equal(db.batches, [['a', 'poison', 'c'], ['a'], ['poison'], ['c']]);
+});
+
+it('a batch that fails because the database is unavailable fails all its appends at once, none retried alone', async () => {
+  const db = recorder();
+  db.setDecide(() => {
+    throw new StoreUnavailable('the connection stopped answering', true);
+  });
+  const results = Promise.allSettled(['a', 'b', 'c'].map((s) => db.committer.append(append(s))));
+  await db.finishNext();
+  const settled = await results;
+  assert.equal(settled.map((r) => r.status), ['rejected', 'rejected', 'rejected']);
+  assert.ok(settled.every((r) => (r as PromiseRejectedResult).reason instanceof StoreUnavailable));
+  assert.equal(db.batches, [['a', 'b', 'c']]);
 });
 
 it('an append told to retry goes again in the next batch', async () => {
