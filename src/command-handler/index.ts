@@ -1,60 +1,120 @@
 /**
- * Command handling: load a stream, run a pure decider, append with the expected version, and on a
- * conflict reload and decide again. Commands on one stream are serialized inside the process, and
- * each stream's state is cached, so conflicts only come from other processes.
+ * Command handling: decide in memory, become durable alongside.
+ *
+ * Each stream's state is kept in memory. `decide` runs the pure decider against the latest state at
+ * once (later commands on the same stream decide against the state their predecessors left, even
+ * before those are stored) and hands back the outcome with a promise of durability. Appends to one
+ * stream leave one at a time, each carrying every decision made while the previous one was in
+ * flight, so N commands on a hot stream cost about two group-commit round trips, not N.
+ *
+ * When another process wrote first (a conflict), the handler reads what it missed, decides every
+ * affected command again in order, and tells each caller whose decision changed (its `superseded`
+ * signal fires) so that work started on the old decision can be cancelled.
+ *
+ * Event ids are derived from the command id and the event's index, and the command id is recorded in
+ * each event's metadata: a command sent again (a lost acknowledgement, a client retry) returns its
+ * original result and appends nothing twice.
  */
 import { randomUUID } from 'node:crypto';
-import { WrongExpectedVersion, type AppendResult, type EventStore, type ExpectedVersion, type NewEvent } from '../store/index.ts';
+import { DuplicateEventId, WrongExpectedVersion, type AppendResult, type EventStore, type ExpectedVersion, type NewEvent, type RecordedEvent, type Subscription } from '../store/index.ts';
+import { decisionEvents, schemaVersionKey, type Decider, type DomainEvent, type Rejection } from '../event-sourcing/index.ts';
+import { eventIdFor } from './event-ids.ts';
 
-/** An event as a decider sees it: the store's ids and metadata ride along but deciders need not set them. */
-export interface DecidedEvent {
-  type: string;
-  data: unknown;
-  /** Set it (from the command) to make a repeated command append nothing twice; otherwise a fresh UUID. */
-  id?: string;
-  metadata?: Record<string, unknown>;
+export { eventIdFor } from './event-ids.ts';
+
+/** The metadata key that names the command an event came from. */
+export const commandIdKey = 'command_id';
+
+export type Outcome<State, Event extends DomainEvent, Rej extends Rejection> =
+  | {
+      readonly accepted: true;
+      /** The stream's state after the command's events. */
+      readonly state: State;
+      /** The stream's version after the command's events. */
+      readonly version: number;
+      /** The events the command appended (none when the decision was to do nothing). */
+      readonly newEvents: readonly Event[];
+      /** True when this command id had already been handled: its original events and version are returned. */
+      readonly resent: boolean;
+    }
+  | { readonly accepted: false; readonly state: State; readonly version: number; readonly rejection: Rej };
+
+export interface PendingDecision<State, Event extends DomainEvent, Rej extends Rejection> {
+  /** The decision made in memory against this process's latest state. */
+  readonly outcome: Outcome<State, Event, Rej>;
+  /** Fires when `outcome` turned out void and was decided differently on fresh state: cancel work started on it. */
+  readonly superseded: AbortSignal;
+  /**
+   * The final outcome once its events are stored (or at once for a rejection or a no-op): `outcome`,
+   * or the outcome decided again after a conflict. Rejects when the store fails; the events may then
+   * or may not be stored, and sending the same command id again is safe.
+   */
+  readonly durable: Promise<Outcome<State, Event, Rej>>;
 }
 
-/** Emmett-style decider: three pure functions, no I/O, time and ids passed in on the command. */
-export interface Decider<State, Command, Event extends DecidedEvent> {
-  initialState(): State;
-  evolve(state: State, event: Event): State;
-  /** Returns the events the command causes (none: nothing is appended) or throws a domain rejection. */
-  decide(command: Command, state: State): Event | readonly Event[];
-}
-
-export interface HandleOptions {
-  /** Pin the expected version (a client's If-Match, say): a conflict is then returned, not retried. */
-  expectedVersion?: ExpectedVersion;
+export interface CommandOptions {
+  /** Names the command; its events' ids derive from it (default: a fresh UUID, so no resend protection). */
+  commandId?: string;
   /** Merged into every appended event's metadata (request id, key prefix, ...). */
   metadata?: Record<string, unknown>;
-}
-
-export interface HandleResult<State, Event> {
-  /** The stream's state after the command's events. */
-  state: State;
-  /** The events the command appended (empty when the decision was to do nothing). */
-  newEvents: Event[];
-  /** The stream's version after the command. */
-  version: number;
-  /** The store's answer; null when nothing was appended. */
-  appended: AppendResult | null;
+  /** Pin the expected version (a client's If-Match, say): a conflict then rejects `durable`, it is not decided again. */
+  expectedVersion?: ExpectedVersion;
 }
 
 export interface CommandHandlerOptions {
   store: EventStore;
-  /** Read-decide-append attempts before a conflict is given up on (default 10). */
+  /** Times one command is decided again after conflicts before it fails (default 10). */
   maxAttempts?: number;
-  /** Streams whose state is kept in memory (default 10,000; 0 disables the cache). */
+  /** Streams whose state is kept in memory (default 10,000; 0 keeps only streams with work under way). */
   cacheSize?: number;
   /** Events per read when loading a stream (default 1,000). */
   readPageSize?: number;
+  /** Command ids remembered per stream for resend detection (default 10,000). */
+  recentCommands?: number;
+  /** Times an append whose outcome is unknown (a dropped connection) is sent again, same ids and version (default 2). */
+  maxResends?: number;
+  /** Names this process in every appended event's metadata (`origin`), so `followLog` can tell others' writes (default: a fresh UUID). */
+  origin?: string;
 }
 
-interface Loaded {
-  decider: unknown;
-  state: unknown;
+/** The metadata key naming the process (handler) that appended an event. */
+export const originKey = 'origin';
+
+type AnyOutcome = Outcome<unknown, DomainEvent, Rejection>;
+
+interface Entry {
+  readonly command: unknown;
+  readonly commandId: string;
+  readonly options: CommandOptions;
+  outcome: AnyOutcome;
+  /** What this entry appends (empty for rejections and no-ops). */
+  toAppend: NewEvent[];
+  readonly controller: AbortController;
+  attempts: number;
+  resolve(outcome: AnyOutcome): void;
+  reject(error: unknown): void;
+}
+
+interface Stored {
   version: number;
+  events: DomainEvent[];
+}
+
+interface Slot {
+  readonly streamId: string;
+  readonly decider: Decider<unknown, unknown, DomainEvent, Rejection>;
+  /** What the store holds, as far as this process knows. */
+  confirmed: { state: unknown; version: number };
+  /** `confirmed` plus every decision still on its way to the store. */
+  latest: { state: unknown; version: number };
+  /** Recent command ids: stored (with their events) or still under way (their entry). */
+  readonly recent: Map<string, Stored | Entry>;
+  inflight: Entry[] | null;
+  pending: Entry[];
+  /** Set while the slot reads what it missed; decisions wait for it. */
+  catchingUp: Promise<void> | null;
+  /** Another writer may have changed the stream: catch up before the next decision. */
+  stale: boolean;
 }
 
 export class CommandHandler {
@@ -62,121 +122,381 @@ export class CommandHandler {
   readonly #maxAttempts: number;
   readonly #cacheSize: number;
   readonly #pageSize: number;
-  readonly #cache = new Map<string, Loaded>();
-  readonly #queues = new Map<string, Promise<unknown>>();
+  readonly #recentCommands: number;
+  readonly #maxResends: number;
+  readonly #origin: string;
+  readonly #foreignListeners = new Set<(event: RecordedEvent) => void>();
+  #following: Promise<Subscription> | null = null;
+  readonly #slots = new Map<string, Slot>();
+  readonly #loading = new Map<string, Promise<Slot>>();
+  /** Durability promises of decisions still on their way to the store. */
+  readonly #underway = new Set<Promise<unknown>>();
 
   constructor(options: CommandHandlerOptions) {
     this.#store = options.store;
     this.#maxAttempts = options.maxAttempts ?? 10;
     this.#cacheSize = options.cacheSize ?? 10_000;
     this.#pageSize = options.readPageSize ?? 1000;
+    this.#recentCommands = options.recentCommands ?? 10_000;
+    this.#maxResends = options.maxResends ?? 2;
+    this.#origin = options.origin ?? randomUUID();
   }
 
-  /** Decides `command` against the stream's current state and appends the result. */
-  handle<State, Command, Event extends DecidedEvent>(
+  /**
+   * Keeps the cache honest across processes: follows the global log from its head and, for every
+   * event another process appended, forgets that stream (the next decision reads what it missed
+   * first) and tells the listeners. One subscription per handler, whoever asks (the first caller's
+   * `onError` hears its failed reads); the store's close stops it, or stop it before.
+   */
+  followLog(onError?: (error: unknown) => void): Promise<Subscription> {
+    return (this.#following ??= this.#store.head().then((after) =>
+      this.#store.subscribe({
+        after,
+        handle: async (events) => {
+          for (const event of events) {
+            if (event.metadata?.[originKey] === this.#origin) continue;
+            this.forget(event.streamId);
+            for (const listener of this.#foreignListeners) listener(event);
+          }
+        },
+        onError,
+      }),
+    ));
+  }
+
+  /** Called with each event another process appended, once `followLog` runs. */
+  onForeignEvent(listener: (event: RecordedEvent) => void): () => void {
+    this.#foreignListeners.add(listener);
+    return () => this.#foreignListeners.delete(listener);
+  }
+
+  /** Decides `command` in memory now; its events become durable alongside (see PendingDecision). */
+  async decide<State, Command, Event extends DomainEvent, Rej extends Rejection>(
     streamId: string,
     command: Command,
-    decider: Decider<State, Command, Event>,
-    options: HandleOptions = {},
-  ): Promise<HandleResult<State, Event>> {
-    return this.#exclusive(streamId, () => this.#handle(streamId, command, decider, options));
+    decider: Decider<State, Command, Event, Rej>,
+    options: CommandOptions = {},
+  ): Promise<PendingDecision<State, Event, Rej>> {
+    const slot = await this.#ready(streamId, decider as Decider<unknown, unknown, DomainEvent, Rejection>);
+    return this.#decideNow(slot, command, options) as PendingDecision<State, Event, Rej>;
   }
 
-  /** The stream's current state and version (from the cache when this process has it). */
-  load<State, Event extends DecidedEvent>(streamId: string, decider: Decider<State, never, Event>): Promise<{ state: State; version: number }> {
-    return this.#exclusive(streamId, async () => {
-      const loaded = await this.#load(streamId, decider, this.#cached(streamId, decider));
-      return { state: loaded.state as State, version: loaded.version };
-    });
+  /** Decides `command` and waits until its outcome is durable. */
+  async handle<State, Command, Event extends DomainEvent, Rej extends Rejection>(
+    streamId: string,
+    command: Command,
+    decider: Decider<State, Command, Event, Rej>,
+    options: CommandOptions = {},
+  ): Promise<Outcome<State, Event, Rej>> {
+    return (await this.decide(streamId, command, decider, options)).durable;
   }
 
-  /** Drops a stream's cached state: the next command reads it from the store. */
+  /** The stream's stored state and version, as this process knows it (`fresh`: read what others appended first). */
+  async load<State, Event extends DomainEvent>(
+    streamId: string,
+    decider: Decider<State, never, Event, Rejection>,
+    options: { fresh?: boolean } = {},
+  ): Promise<{ state: State; version: number }> {
+    const slot = await this.#ready(streamId, decider as Decider<unknown, unknown, DomainEvent, Rejection>, options.fresh);
+    return { state: slot.confirmed.state as State, version: slot.confirmed.version };
+  }
+
+  /** Another process may have written the stream: the next decision reads what it missed first. */
   forget(streamId: string): void {
-    this.#cache.delete(streamId);
+    const slot = this.#slots.get(streamId);
+    if (!slot) return;
+    if (this.#idle(slot)) this.#slots.delete(streamId);
+    else slot.stale = true;
   }
 
-  async #handle<State, Command, Event extends DecidedEvent>(
-    streamId: string,
-    command: Command,
-    decider: Decider<State, Command, Event>,
-    options: HandleOptions,
-  ): Promise<HandleResult<State, Event>> {
-    let current = this.#cached(streamId, decider);
-    for (let attempt = 1; ; attempt++) {
-      current = await this.#load(streamId, decider, current);
-      const state = current.state as State;
-      const decided = decider.decide(command, state);
-      const newEvents: Event[] = Array.isArray(decided) ? [...(decided as readonly Event[])] : [decided as Event];
-      if (newEvents.length === 0) return { state, newEvents, version: current.version, appended: null };
+  /** Resolves once every decision under way has reached the store (or failed): call it before closing the store. */
+  async settled(): Promise<void> {
+    while (this.#underway.size > 0) await Promise.allSettled([...this.#underway]);
+  }
 
-      const toAppend: NewEvent[] = newEvents.map((e) => ({
-        id: e.id ?? randomUUID(),
-        type: e.type,
-        data: e.data,
-        metadata: options.metadata || e.metadata ? { ...e.metadata, ...options.metadata } : undefined,
-      }));
+  // --- deciding -------------------------------------------------------------------------------
+
+  #decideNow(slot: Slot, command: unknown, options: CommandOptions): PendingDecision<unknown, DomainEvent, Rejection> {
+    const commandId = options.commandId ?? randomUUID();
+    const seen = slot.recent.get(commandId);
+    if (seen) return this.#resentDecision(slot, seen);
+
+    let resolve!: (o: AnyOutcome) => void;
+    let reject!: (e: unknown) => void;
+    const durable = new Promise<AnyOutcome>((res, rej) => {
+      resolve = res;
+      reject = rej;
+    });
+    durable.catch(() => {}); // a caller that only looks at `outcome` must not leave an unhandled rejection
+    const entry: Entry = { command, commandId, options, outcome: null as unknown as AnyOutcome, toAppend: [], controller: new AbortController(), attempts: 0, resolve, reject };
+    this.#decideEntry(slot, entry);
+    const decided = entry.outcome;
+    if (entry.toAppend.length === 0) entry.resolve(decided);
+    else {
+      const tracked = durable.catch(() => {}).finally(() => this.#underway.delete(tracked));
+      this.#underway.add(tracked);
+      this.#flush(slot);
+    }
+    return { outcome: decided, superseded: entry.controller.signal, durable };
+  }
+
+  /** Runs the decider for `entry` against the slot's latest state; queues its events. */
+  #decideEntry(slot: Slot, entry: Entry): void {
+    const { state, version } = slot.latest;
+    const decided = decisionEvents(slot.decider.decide(entry.command, state));
+    if (!Array.isArray(decided)) {
+      entry.outcome = { accepted: false, state, version, rejection: decided as Rejection };
+      entry.toAppend = [];
+      return;
+    }
+    const events = (decided as readonly DomainEvent[]).map((e) => slot.decider.events.check(e));
+    let next = state;
+    for (const event of events) next = slot.decider.evolve(next, event);
+    entry.outcome = { accepted: true, state: next, version: version + events.length, newEvents: events, resent: false };
+    entry.toAppend = events.map((e, i) => ({
+      id: eventIdFor(entry.commandId, i),
+      type: e.type,
+      data: e.data,
+      metadata: { ...entry.options.metadata, [commandIdKey]: entry.commandId, [originKey]: this.#origin, [schemaVersionKey]: slot.decider.events.versionOf(e.type) },
+    }));
+    if (events.length === 0) return;
+    slot.latest = { state: next, version: version + events.length };
+    this.#rememberCommand(slot, entry.commandId, entry);
+    slot.pending.push(entry);
+  }
+
+  #resentDecision(slot: Slot, seen: Stored | Entry): PendingDecision<unknown, DomainEvent, Rejection> {
+    const asResent = (o: AnyOutcome): AnyOutcome => (o.accepted ? { ...o, resent: true } : o);
+    if ('commandId' in seen) {
+      // The same command is still on its way to the store in this process: share its fate.
+      return { outcome: asResent(seen.outcome), superseded: seen.controller.signal, durable: durableOf(seen).then(asResent) };
+    }
+    const outcome: AnyOutcome = { accepted: true, state: slot.latest.state, version: seen.version, newEvents: seen.events, resent: true };
+    return { outcome, superseded: new AbortController().signal, durable: Promise.resolve(outcome) };
+  }
+
+  // --- becoming durable -----------------------------------------------------------------------
+
+  #flush(slot: Slot): void {
+    if (slot.inflight || slot.catchingUp || slot.pending.length === 0) return;
+    // One append at a time per stream; it takes every decision made meanwhile, up to a pinned one (sent alone).
+    const pinnedAt = slot.pending.findIndex((e) => e.options.expectedVersion !== undefined);
+    const batch = pinnedAt === 0 ? slot.pending.splice(0, 1) : slot.pending.splice(0, pinnedAt < 0 ? slot.pending.length : pinnedAt);
+    slot.inflight = batch;
+    const expected = batch[0].options.expectedVersion ?? slot.confirmed.version;
+    const events = batch.flatMap((e) => e.toAppend);
+    void this.#appendWithResends(slot.streamId, events, expected).then(
+      (result) => this.#stored(slot, batch, result),
+      (error) => this.#failed(slot, batch, error),
+    );
+  }
+
+  /** An append whose outcome is unknown (connection lost) is sent again with the same ids at the same version. */
+  async #appendWithResends(streamId: string, events: NewEvent[], expected: ExpectedVersion): Promise<AppendResult> {
+    for (let resend = 0; ; resend++) {
       try {
-        const appended = await this.#store.append(streamId, toAppend, options.expectedVersion ?? current.version);
-        const next = newEvents.reduce((s, e) => decider.evolve(s, e), state);
-        this.#remember(streamId, { decider, state: next, version: appended.nextExpectedVersion });
-        return { state: next, newEvents, version: appended.nextExpectedVersion, appended };
+        return await this.#store.append(streamId, events, expected);
       } catch (error) {
-        this.#cache.delete(streamId);
-        const retry = error instanceof WrongExpectedVersion && options.expectedVersion === undefined && attempt < this.#maxAttempts;
-        if (!retry) throw error;
-        // Another process wrote first: catch up from where we were and decide again.
-        await new Promise((r) => setTimeout(r, Math.random() * 5 * attempt));
+        if (error instanceof WrongExpectedVersion || error instanceof DuplicateEventId || resend >= this.#maxResends) throw error;
+        await delay(50 * 4 ** resend);
       }
     }
   }
 
-  #cached(streamId: string, decider: unknown): Loaded | null {
-    const hit = this.#cache.get(streamId);
-    return hit && hit.decider === decider ? hit : null;
+  #stored(slot: Slot, batch: Entry[], result: AppendResult): void {
+    slot.inflight = null;
+    let state = slot.confirmed.state;
+    for (const entry of batch) {
+      if (!entry.outcome.accepted) continue;
+      for (const event of entry.outcome.newEvents) state = slot.decider.evolve(state, event);
+      slot.recent.set(entry.commandId, { version: entry.outcome.version, events: [...entry.outcome.newEvents] });
+    }
+    slot.confirmed = { state, version: result.nextExpectedVersion };
+    // The store already held exactly these ids here: a resend of commands decided the same way before.
+    for (const entry of batch) entry.resolve(result.idempotent && entry.outcome.accepted ? { ...entry.outcome, resent: true } : entry.outcome);
+    this.#afterWork(slot);
   }
 
-  /** Folds the stream into state; with a previous state, only the events after it are read. */
-  async #load<State, Event extends DecidedEvent>(
-    streamId: string,
-    decider: Decider<State, never, Event>,
-    from: Loaded | null,
-  ): Promise<Loaded> {
-    if (from && this.#cache.get(streamId) === from) return from; // still current: nothing else writes this stream here
-    let state = (from ? from.state : decider.initialState()) as State;
-    let version = from ? from.version : 0;
+  #failed(slot: Slot, batch: Entry[], error: unknown): void {
+    slot.inflight = null;
+    const conflict = error instanceof WrongExpectedVersion || error instanceof DuplicateEventId;
+    if (!conflict) {
+      // The store keeps failing: these entries and those decided on top of them fail.
+      this.#fail(slot, [...batch, ...slot.pending], error);
+      slot.pending = [];
+      this.#slots.delete(slot.streamId); // what the store holds is unknown now: the next command reloads
+      return;
+    }
+    // A pinned command's conflict is its caller's to handle; the commands decided after it are decided again.
+    const pinned = batch[0].options.expectedVersion !== undefined;
+    if (pinned) this.#fail(slot, batch, error);
+    // Another process wrote first: read what it wrote, then decide again, in order, on the fresh state.
+    const affected = pinned ? slot.pending : [...batch, ...slot.pending];
+    slot.pending = [];
+    for (const entry of affected) slot.recent.delete(entry.commandId);
+    slot.catchingUp = this.#catchUp(slot)
+      .then(() => {
+        slot.latest = { ...slot.confirmed };
+        for (const entry of affected) this.#redecide(slot, entry, error);
+      })
+      .catch((readError) => {
+        this.#fail(slot, affected, readError);
+        this.#slots.delete(slot.streamId);
+      })
+      .finally(() => {
+        slot.catchingUp = null;
+        this.#afterWork(slot);
+      });
+  }
+
+  #fail(slot: Slot, entries: Entry[], error: unknown): void {
+    for (const entry of entries) {
+      slot.recent.delete(entry.commandId);
+      entry.controller.abort(error);
+      entry.reject(error);
+    }
+  }
+
+  #redecide(slot: Slot, entry: Entry, cause: unknown): void {
+    const stored = slot.recent.get(entry.commandId);
+    if (stored && !('commandId' in stored)) {
+      // Its events were stored after all (an earlier attempt whose acknowledgement was lost).
+      entry.resolve({ accepted: true, state: slot.latest.state, version: stored.version, newEvents: stored.events, resent: true });
+      return;
+    }
+    entry.attempts++;
+    if (entry.attempts >= this.#maxAttempts) {
+      this.#fail(slot, [entry], cause);
+      return;
+    }
+    const before = entry.outcome;
+    this.#decideEntry(slot, entry);
+    if (!sameDecision(before, entry.outcome)) entry.controller.abort(new DecisionSuperseded(slot.streamId));
+    if (entry.toAppend.length === 0) entry.resolve(entry.outcome);
+  }
+
+  #afterWork(slot: Slot): void {
+    this.#flush(slot);
+    if (this.#idle(slot)) this.#trimCache();
+  }
+
+  // --- loading --------------------------------------------------------------------------------
+
+  async #ready(streamId: string, decider: Decider<unknown, unknown, DomainEvent, Rejection>, fresh = false): Promise<Slot> {
+    for (let read = false; ; ) {
+      const slot = this.#slots.get(streamId);
+      if (slot && slot.decider !== decider) throw new Error(`stream ${streamId} is already handled with another decider`);
+      if (slot) {
+        if (slot.catchingUp) {
+          await slot.catchingUp.catch(() => {});
+          continue;
+        }
+        if (((fresh && !read) || slot.stale) && this.#idle(slot)) {
+          slot.stale = false;
+          read = true;
+          slot.catchingUp = this.#catchUp(slot).finally(() => {
+            slot.latest = { ...slot.confirmed };
+            slot.catchingUp = null;
+          });
+          continue;
+        }
+        return slot;
+      }
+      let loading = this.#loading.get(streamId);
+      if (!loading) {
+        loading = this.#loadSlot(streamId, decider).finally(() => this.#loading.delete(streamId));
+        this.#loading.set(streamId, loading);
+      }
+      await loading;
+      read = true;
+    }
+  }
+
+  async #loadSlot(streamId: string, decider: Decider<unknown, unknown, DomainEvent, Rejection>): Promise<Slot> {
+    const initial = { state: decider.initialState(), version: 0 };
+    const slot: Slot = { streamId, decider, confirmed: initial, latest: initial, recent: new Map(), inflight: null, pending: [], catchingUp: null, stale: false };
+    await this.#catchUp(slot);
+    slot.latest = { ...slot.confirmed };
+    this.#trimCache(); // make room first: the new slot stays at least until its first decision
+    this.#slots.set(streamId, slot);
+    return slot;
+  }
+
+  /** Folds the events stored after the slot's confirmed version into it, each checked by the decider's catalogue. */
+  async #catchUp(slot: Slot): Promise<void> {
+    let { state, version } = slot.confirmed;
     for (;;) {
-      const page = await this.#store.readStream(streamId, { fromVersion: version + 1, limit: this.#pageSize });
-      for (const e of page.events) state = decider.evolve(state, { id: e.id, type: e.type, data: e.data, metadata: e.metadata } as Event);
-      if (page.events.length > 0) version = page.events[page.events.length - 1].streamVersion;
+      const page = await this.#store.readStream(slot.streamId, { fromVersion: version + 1, limit: this.#pageSize });
+      for (const recorded of page.events) {
+        const event = slot.decider.events.parse(recorded);
+        state = slot.decider.evolve(state, event);
+        const commandId = recorded.metadata?.[commandIdKey];
+        if (typeof commandId === 'string') {
+          const known = slot.recent.get(commandId);
+          if (known && !('commandId' in known) && known.version < recorded.streamVersion) {
+            known.events.push(event);
+            known.version = recorded.streamVersion;
+          } else this.#rememberCommand(slot, commandId, { version: recorded.streamVersion, events: [event] });
+        }
+        version = recorded.streamVersion;
+      }
       if (page.events.length < this.#pageSize) {
         version = Math.max(version, page.version);
         break;
       }
     }
-    const loaded = { decider, state, version };
-    this.#remember(streamId, loaded);
-    return loaded;
+    slot.confirmed = { state, version };
   }
 
-  #remember(streamId: string, loaded: Loaded): void {
-    if (this.#cacheSize <= 0) return;
-    this.#cache.delete(streamId); // re-insert: the Map's order is the recency order
-    this.#cache.set(streamId, loaded);
-    if (this.#cache.size > this.#cacheSize) this.#cache.delete(this.#cache.keys().next().value as string);
+  #rememberCommand(slot: Slot, commandId: string, value: Stored | Entry): void {
+    slot.recent.delete(commandId);
+    slot.recent.set(commandId, value);
+    if (slot.recent.size > this.#recentCommands) slot.recent.delete(slot.recent.keys().next().value as string);
   }
 
-  #exclusive<T>(streamId: string, fn: () => Promise<T>): Promise<T> {
-    const previous = this.#queues.get(streamId) ?? Promise.resolve();
-    const run = previous.then(fn);
-    const tail = run.catch(() => {});
-    this.#queues.set(streamId, tail);
-    void tail.then(() => {
-      if (this.#queues.get(streamId) === tail) this.#queues.delete(streamId);
-    });
-    return run;
+  #idle(slot: Slot): boolean {
+    return !slot.inflight && slot.pending.length === 0 && !slot.catchingUp;
+  }
+
+  /** Drops the least recently loaded idle streams beyond the cache size. */
+  #trimCache(): void {
+    if (this.#slots.size <= this.#cacheSize) return;
+    for (const [id, slot] of this.#slots) {
+      if (this.#slots.size <= this.#cacheSize) break;
+      if (this.#idle(slot)) this.#slots.delete(id);
+    }
   }
 }
 
-export function createCommandHandler(options: CommandHandlerOptions): CommandHandler {
-  return new CommandHandler(options);
+/** The reason a decision's `superseded` signal fires. */
+export class DecisionSuperseded extends Error {
+  override name = 'DecisionSuperseded';
+  constructor(readonly streamId: string) {
+    super(`another process changed stream ${streamId} first; the command was decided again`);
+  }
+}
+
+function durableOf(entry: Entry): Promise<AnyOutcome> {
+  return new Promise((resolve, reject) => {
+    const { resolve: r0, reject: j0 } = entry;
+    entry.resolve = (o) => {
+      r0(o);
+      resolve(o);
+    };
+    entry.reject = (e) => {
+      j0(e);
+      reject(e);
+    };
+  });
+}
+
+/** Two outcomes decide the same thing when they reject alike or append the same events. */
+function sameDecision(a: AnyOutcome, b: AnyOutcome): boolean {
+  if (a.accepted !== b.accepted) return false;
+  if (!a.accepted || !b.accepted) return !a.accepted && !b.accepted && a.rejection.rejected === b.rejection.rejected && JSON.stringify(a.rejection) === JSON.stringify(b.rejection);
+  return JSON.stringify(a.newEvents) === JSON.stringify(b.newEvents);
+}
+
+function delay(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
 }

@@ -1,4 +1,4 @@
-/** `svc projections status|rebuild [name]`: lag per projection; drop-and-replay with a progress bar. */
+/** `svc projections status|rebuild [name]`: lag per projection; replay-and-swap with a progress bar. */
 import { formatPosition, type EventStore } from '../store/index.ts';
 import type { Projection } from './projection.ts';
 import { ProjectionRunner, type RebuildProgress } from './runner.ts';
@@ -15,7 +15,13 @@ export interface ProjectionsCommandIo {
   stderr: Output;
 }
 
-const usage = 'usage: svc projections status [--json]\n       svc projections rebuild [name]\n';
+/** The commands' usage, printed by `runProjectionsCommand` and by `svc` before it opens the store. */
+export const projectionsUsage = 'usage: svc projections status [--json]\n       svc projections rebuild [name]\n';
+
+/** Whether `args` name a projections command at all (checked before opening the store). */
+export function isProjectionsCommand(args: readonly string[]): boolean {
+  return args[0] === 'status' || args[0] === 'rebuild';
+}
 const count = new Intl.NumberFormat('en-US');
 
 function progressLine(p: RebuildProgress): string {
@@ -71,6 +77,6 @@ export async function runProjectionsCommand(args: readonly string[], io: Project
     }
     return 0;
   }
-  io.stderr.write(usage);
+  io.stderr.write(projectionsUsage);
   return 2;
 }

@@ -8,7 +8,7 @@ import type { Queryable, RecordedEvent } from '../store/index.ts';
 export interface Projection {
   /** Stable name: the checkpoint's key and the CLI's argument. */
   name: string;
-  /** Tables this projection owns; a rebuild drops them before replaying. */
+  /** Tables this projection owns (unqualified names); a rebuild builds them afresh in a scratch schema and swaps the rows in. */
   tables: readonly string[];
   /** Creates the tables if missing. */
   init(db: Queryable): Promise<void>;
@@ -16,25 +16,4 @@ export interface Projection {
   eventTypes?: readonly string[];
   /** Applies events (in global order, already filtered by eventTypes). */
   apply(events: readonly RecordedEvent[], db: Queryable): Promise<void>;
-}
-
-export type EventHandler = (event: RecordedEvent, db: Queryable) => Promise<void>;
-
-/** A projection written as one handler per event type, applied one event at a time. */
-export function defineProjection(definition: {
-  name: string;
-  tables: readonly string[];
-  init(db: Queryable): Promise<void>;
-  handlers: Record<string, EventHandler>;
-}): Projection {
-  const { handlers } = definition;
-  return {
-    name: definition.name,
-    tables: definition.tables,
-    init: definition.init,
-    eventTypes: Object.keys(handlers),
-    async apply(events, db) {
-      for (const event of events) await handlers[event.type]?.(event, db);
-    },
-  };
 }

@@ -67,6 +67,41 @@ async function readCheckpoint(db: Queryable, name: string, lock = false): Promis
   };
 }
 
+function quoteIdent(name: string): string {
+  return `"${name.replaceAll('"', '""')}"`;
+}
+
+/** Puts the scratch schema first on this transaction's search_path: unqualified table names resolve there. */
+async function useScratch(tx: Queryable, scratch: { schema: string; searchPath: string }): Promise<void> {
+  await tx.query(`SELECT set_config('search_path', $1, true)`, [`${quoteIdent(scratch.schema)}, ${scratch.searchPath}`]);
+}
+
+/**
+ * Replaces the rows of the live `table` by those of its rebuilt copy. Same columns: the rows are
+ * replaced in place (the table keeps its identity, so views, grants and indexes over it survive, and
+ * MVCC readers see old or new rows, whole). Columns changed (the projection's definition did): the copy
+ * replaces the table, which fails, rolling the swap back, if views still depend on the old one.
+ */
+async function swapTable(tx: Queryable, scratchSchema: string, table: string): Promise<void> {
+  const columns = (relation: string) =>
+    tx.query<{ c: string | null }>(
+      `SELECT string_agg(quote_ident(attname) || ' ' || format_type(atttypid, atttypmod), ', ' ORDER BY attnum) AS c
+       FROM pg_attribute WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`,
+      [relation],
+    );
+  // `table` as the projection writes it in its SQL (an unqualified name)
+  const copy = `${quoteIdent(scratchSchema)}.${table}`;
+  const [live, rebuilt] = [(await columns(table)).rows[0].c, (await columns(copy)).rows[0].c];
+  if (live === rebuilt) {
+    await tx.query(`DELETE FROM ${table}`);
+    await tx.query(`INSERT INTO ${table} SELECT * FROM ${copy}`);
+    return;
+  }
+  const { rows } = await tx.query<{ schema: string }>(`SELECT relnamespace::regnamespace::text AS schema FROM pg_class WHERE oid = $1::regclass`, [table]);
+  await tx.query(`DROP TABLE ${table}`);
+  await tx.query(`ALTER TABLE ${copy} SET SCHEMA ${rows[0].schema}`);
+}
+
 export class ProjectionRunner {
   readonly #store: EventStore;
   readonly #projections: Map<string, Projection>;
@@ -120,51 +155,90 @@ export class ProjectionRunner {
     return result;
   }
 
-  /** Drops the projection's tables and replays the whole log into them; live application resumes after. */
+  /**
+   * Replays the whole log into fresh copies of the projection's tables, then swaps them in, in one
+   * transaction: readers see the old rows until the swap commits and the new ones after it, never a
+   * part-built table, and views over the tables survive. Live application resumes after.
+   *
+   * The copies are built in a scratch schema (`<schema>_rebuild_<name>`): `init` and `apply` run with
+   * that schema first on the search_path, so a projection's unqualified table names land there.
+   */
   async rebuild(name: string, onProgress?: (progress: RebuildProgress) => void): Promise<RebuildReport> {
     const projection = this.#projections.get(name);
     if (!projection) throw new Error(`unknown projection "${name}" (known: ${this.names.join(', ') || 'none'})`);
     const wasLive = this.#live.has(name);
     await this.#stopLive(name);
     const started = performance.now();
+    const store = this.#store;
+    let scratch: { schema: string; searchPath: string } | null = null;
     try {
-      await this.#store.transaction(async (tx) => {
-        await readCheckpoint(tx, name, true);
-        for (const table of projection.tables) await tx.query(`DROP TABLE IF EXISTS ${table} CASCADE`);
-        await projection.init(tx);
-        await tx.query(
-          `INSERT INTO projection_checkpoints (name, transaction_id, global_position, updated_at) VALUES ($1, '0', 0, now())
-           ON CONFLICT (name) DO UPDATE SET transaction_id = '0', global_position = 0, updated_at = now()`,
+      scratch = await store.transaction(async (tx) => {
+        const { rows } = await tx.query<{ schema: string; search_path: string }>(
+          `SELECT left(current_schema() || '_rebuild_' || $1::text, 63) AS schema, current_setting('search_path') AS search_path`,
           [name],
         );
+        const found = { schema: rows[0].schema, searchPath: rows[0].search_path };
+        await tx.query(`DROP SCHEMA IF EXISTS ${quoteIdent(found.schema)} CASCADE`); // an interrupted rebuild's
+        await tx.query(`CREATE SCHEMA ${quoteIdent(found.schema)}`);
+        await useScratch(tx, found);
+        await projection.init(tx);
+        return found;
       });
-      const total = await this.#store.countAfter(logStart);
+      const inScratch = scratch;
+      const wanted = projection.eventTypes ? new Set(projection.eventTypes) : null;
+      const applyInScratch = async (tx: Queryable, batch: readonly RecordedEvent[]) => {
+        const relevant = wanted ? batch.filter((e) => wanted.has(e.type)) : batch;
+        if (relevant.length > 0) await projection.apply(relevant, tx);
+      };
+      const total = await store.countAfter(logStart);
       const batchSize = this.#options.rebuildBatchSize ?? 5000;
       let position = logStart;
       let done = 0;
-      // Read the next batch while the current one is applied.
-      let next = this.#store.readAll(position, batchSize);
+      // Batch by batch, each in its own transaction (one long transaction would hold back every reader
+      // of the global log); the next batch is read while the current one is applied.
+      let next = store.readAll(position, batchSize);
       for (;;) {
         const batch = await next;
         if (batch.length === 0) break;
-        next = this.#store.readAll(batch[batch.length - 1].globalPosition, batchSize);
+        next = store.readAll(batch[batch.length - 1].globalPosition, batchSize);
         next.catch(() => {}); // awaited on the next turn; a failure there is reported then
-        try {
-          await this.#applyBatch(projection, position, batch);
-        } catch (error) {
-          if (!(error instanceof CheckpointMoved)) throw error;
-          // A runner in another process applied this part meanwhile: go on from where it got to.
-          position = (await readCheckpoint(this.#store, name))?.position ?? logStart;
-          next = this.#store.readAll(position, batchSize);
-          continue;
-        }
+        await store.transaction(async (tx) => {
+          await useScratch(tx, inScratch);
+          await applyInScratch(tx, batch);
+        });
         position = batch[batch.length - 1].globalPosition;
         done += batch.length;
         onProgress?.({ name, done, total: Math.max(total, done), elapsedMs: performance.now() - started });
       }
+      // The swap: with the checkpoint row locked (live runners of this projection wait), apply what
+      // was committed since the last batch, copy the new rows over the live ones, move the checkpoint.
+      await store.transaction(async (tx) => {
+        await readCheckpoint(tx, name, true);
+        await useScratch(tx, inScratch);
+        for (;;) {
+          const batch = await tx.readAll(position, batchSize);
+          if (batch.length === 0) break;
+          await applyInScratch(tx, batch);
+          position = batch[batch.length - 1].globalPosition;
+          done += batch.length;
+        }
+        await tx.query(`SELECT set_config('search_path', $1, true)`, [inScratch.searchPath]);
+        await projection.init(tx); // live tables that do not exist yet
+        for (const table of projection.tables) await swapTable(tx, inScratch.schema, table);
+        await tx.query(
+          `INSERT INTO projection_checkpoints (name, transaction_id, global_position, updated_at) VALUES ($1, $2::text::xid8, $3, now())
+           ON CONFLICT (name) DO UPDATE SET transaction_id = excluded.transaction_id, global_position = excluded.global_position, updated_at = now()`,
+          [name, String(position.transactionId), position.position],
+        );
+        await tx.query(`DROP SCHEMA ${quoteIdent(inScratch.schema)} CASCADE`);
+      });
+      scratch = null;
+      onProgress?.({ name, done, total: Math.max(total, done), elapsedMs: performance.now() - started });
       const seconds = (performance.now() - started) / 1000;
       return { name, events: done, seconds, eventsPerSecond: seconds > 0 ? done / seconds : 0 };
     } finally {
+      // a failed rebuild leaves the live tables as they were; its scratch copies go
+      if (scratch) await store.query(`DROP SCHEMA IF EXISTS ${quoteIdent(scratch.schema)} CASCADE`).catch(() => {});
       if (wasLive) await this.#startLive(projection);
     }
   }

@@ -1,24 +1,31 @@
-/** Command handler: read, decide, append with the expected version, retry on conflict, serialize per stream. */
+/** Command handler: decide in memory, durable alongside, conflicts decided again, resends harmless. */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { randomUUID } from 'node:crypto';
-import { CommandHandler, type Decider } from '../../src/command-handler/index.ts';
+import { CommandHandler, commandIdKey, DecisionSuperseded, eventIdFor } from '../../src/command-handler/index.ts';
+import { defineEvent, eventCatalogue, EventSchemaViolation, reject, Type, type Decider, type EventOf, type Rejection } from '../../src/event-sourcing/index.ts';
 import { openEventStore, WrongExpectedVersion, type EventStore } from '../../src/store/index.ts';
+import { deciderSpecification } from '../support/decider-specification.ts';
 
-// A toy ticket counter with a cap: enough rules to see decisions made on stale and fresh state.
-type TicketEvent =
-  | { type: 'TicketIssued'; data: { number: number; at: string }; id?: string }
-  | { type: 'CounterClosed'; data: { at: string }; id?: string };
-type TicketCommand = { type: 'IssueTicket'; metadata: { now: string; id?: string } } | { type: 'Close'; metadata: { now: string } } | { type: 'Noop' };
+// A ticket counter with a cap: enough rules to see decisions made on stale and fresh state.
+const TicketIssued = defineEvent('TicketIssued', Type.Object({ number: Type.Integer({ minimum: 1 }), at: Type.String() }), {
+  version: 2,
+  upcasters: { 1: (v1: { n: number; at: string }) => ({ number: v1.n, at: v1.at }) },
+});
+const CounterClosed = defineEvent('CounterClosed', Type.Object({ at: Type.String() }));
+const NoteAdded = defineEvent('NoteAdded', Type.Object({ text: Type.String() }));
+const ticketEvents = eventCatalogue('counter', [TicketIssued, CounterClosed, NoteAdded]);
+type TicketEvent = EventOf<typeof TicketIssued> | EventOf<typeof CounterClosed> | EventOf<typeof NoteAdded>;
+type TicketCommand = { type: 'IssueTicket'; now: string } | { type: 'Close'; now: string } | { type: 'Note'; text: string } | { type: 'Noop' };
 interface TicketState {
   issued: number;
   closed: boolean;
 }
-class CounterClosed extends Error {}
-class SoldOut extends Error {}
+type TicketRejection = Rejection<'counter_closed' | 'sold_out'>;
 
 const cap = 30;
-const tickets: Decider<TicketState, TicketCommand, TicketEvent> = {
+const tickets: Decider<TicketState, TicketCommand, TicketEvent, TicketRejection> = {
+  events: ticketEvents,
   initialState: () => ({ issued: 0, closed: false }),
   evolve(state, event) {
     switch (event.type) {
@@ -26,16 +33,20 @@ const tickets: Decider<TicketState, TicketCommand, TicketEvent> = {
         return { ...state, issued: event.data.number };
       case 'CounterClosed':
         return { ...state, closed: true };
+      case 'NoteAdded':
+        return state;
     }
   },
   decide(command, state) {
     switch (command.type) {
       case 'IssueTicket':
-        if (state.closed) throw new CounterClosed();
-        if (state.issued >= cap) throw new SoldOut();
-        return { type: 'TicketIssued', data: { number: state.issued + 1, at: command.metadata.now }, id: command.metadata.id };
+        if (state.closed) return reject('counter_closed', 'the counter is closed');
+        if (state.issued >= cap) return reject('sold_out', 'no tickets left', { cap });
+        return TicketIssued({ number: state.issued + 1, at: command.now });
       case 'Close':
-        return state.closed ? [] : [{ type: 'CounterClosed', data: { at: command.metadata.now } }];
+        return state.closed ? [] : [CounterClosed({ at: command.now })];
+      case 'Note':
+        return NoteAdded({ text: command.text });
       case 'Noop':
         return [];
       default: {
@@ -46,8 +57,40 @@ const tickets: Decider<TicketState, TicketCommand, TicketEvent> = {
   },
 };
 
-const issue = (id?: string): TicketCommand => ({ type: 'IssueTicket', metadata: { now: '2025-01-01T00:00:00Z', ...(id ? { id } : {}) } });
+const now = '2025-01-01T00:00:00Z';
+const issue: TicketCommand = { type: 'IssueTicket', now };
 const stream = () => `counter-${randomUUID()}`;
+
+/** A store whose appends are counted (and can be made to fail) while still really appending. */
+function counting(store: EventStore, failAfterCommit = 0) {
+  const counts = { appends: 0, conflicts: 0 };
+  let lostAcks = failAfterCommit;
+  const wrapped: EventStore = {
+    ...store,
+    async append(...args) {
+      counts.appends++;
+      try {
+        const result = await store.append(...args);
+        if (lostAcks-- > 0) throw new Error('Connection terminated unexpectedly'); // stored, but the answer is lost
+        return result;
+      } catch (error) {
+        if (error instanceof WrongExpectedVersion) counts.conflicts++;
+        throw error;
+      }
+    },
+  };
+  return { store: wrapped, counts };
+}
+
+const spec = deciderSpecification(tickets);
+const decider = suite('ticket decider (given / when / then)');
+decider('issues the next number', () => spec.given([TicketIssued({ number: 1, at: now })]).when(issue).then([TicketIssued({ number: 2, at: now })]));
+decider('refuses when closed', () => void spec.given([CounterClosed({ at: now })]).when(issue).thenRejects('counter_closed'));
+decider('refuses past the cap, naming it', () => {
+  void spec.given([TicketIssued({ number: cap, at: now })]).when(issue).thenRejects('sold_out', { cap });
+});
+decider('closing twice decides nothing', () => spec.given([CounterClosed({ at: now })]).when({ type: 'Close', now }).thenNothing());
+decider.run();
 
 const it = suite<{ store: EventStore }>('command handler');
 it.before(async (context) => {
@@ -57,94 +100,188 @@ it.after(async ({ store }) => {
   await store?.close();
 });
 
-it('decides on the stream state and appends the events with metadata', async ({ store }) => {
-  const handler = new CommandHandler({ store });
+it('decides on the stream state and appends checked events with the command id and schema version', async ({ store }) => {
+  const handler = new CommandHandler({ store, origin: 'here' });
   const id = stream();
-  const first = await handler.handle(id, issue(), tickets, { metadata: { requestId: 'req-1' } });
+  const first = await handler.handle(id, issue, tickets, { metadata: { request_id: 'req-1' }, commandId: 'cmd-1' });
+  assert.ok(first.accepted);
   assert.equal(first.state, { issued: 1, closed: false });
   assert.is(first.version, 1);
-  assert.is(first.newEvents.length, 1);
-  const second = await handler.handle(id, issue(), tickets);
+  assert.equal(first.newEvents, [TicketIssued({ number: 1, at: now })]);
+  const second = await handler.handle(id, issue, tickets);
   assert.is(second.state.issued, 2);
   const read = await store.readStream(id);
   assert.equal(read.events.map((e) => [e.type, (e.data as { number: number }).number]), [['TicketIssued', 1], ['TicketIssued', 2]]);
-  assert.equal(read.events[0].metadata, { requestId: 'req-1' });
+  assert.equal(read.events[0].metadata, { request_id: 'req-1', [commandIdKey]: 'cmd-1', origin: 'here', schema_version: 2 });
+  assert.is(read.events[0].id, eventIdFor('cmd-1', 0));
 });
 
 it('a decision without events appends nothing', async ({ store }) => {
   const handler = new CommandHandler({ store });
   const id = stream();
   const result = await handler.handle(id, { type: 'Noop' }, tickets);
-  assert.is(result.appended, null);
+  assert.ok(result.accepted && result.newEvents.length === 0);
   assert.is(result.version, 0);
-  await handler.handle(id, { type: 'Close', metadata: { now: 'x' } }, tickets);
-  const again = await handler.handle(id, { type: 'Close', metadata: { now: 'y' } }, tickets);
-  assert.is(again.appended, null);
+  await handler.handle(id, { type: 'Close', now }, tickets);
+  const again = await handler.handle(id, { type: 'Close', now: 'later' }, tickets);
+  assert.ok(again.accepted && again.newEvents.length === 0);
   assert.is((await store.readStream(id)).version, 1);
 });
 
-it('a rejection is thrown to the caller and appends nothing', async ({ store }) => {
+it('a rejection is a value, and appends nothing', async ({ store }) => {
   const handler = new CommandHandler({ store });
   const id = stream();
-  await handler.handle(id, { type: 'Close', metadata: { now: 'x' } }, tickets);
-  try {
-    await handler.handle(id, issue(), tickets);
-    assert.unreachable();
-  } catch (error) {
-    assert.instance(error, CounterClosed);
-  }
+  await handler.handle(id, { type: 'Close', now }, tickets);
+  const result = await handler.handle(id, issue, tickets);
+  assert.not.ok(result.accepted);
+  if (!result.accepted) assert.is(result.rejection.rejected, 'counter_closed');
   assert.is((await store.readStream(id)).version, 1);
 });
 
-it('commands on one stream are serialized in the process: no conflicts, no lost updates', async ({ store }) => {
-  let conflicts = 0;
-  const counting: EventStore = {
-    ...store,
-    async append(...args) {
-      try {
-        return await store.append(...args);
-      } catch (error) {
-        if (error instanceof WrongExpectedVersion) conflicts++;
-        throw error;
-      }
-    },
-  };
-  const handler = new CommandHandler({ store: counting, cacheSize: 0 }); // every command reads the stream
+it('a resent command returns its original result and appends nothing (after the cache is forgotten, and in a new process)', async ({ store }) => {
+  const handler = new CommandHandler({ store });
   const id = stream();
-  const results = await Promise.all(Array.from({ length: 25 }, () => handler.handle(id, issue(), tickets)));
-  assert.equal(results.map((r) => r.state.issued).sort((a, b) => a - b), Array.from({ length: 25 }, (_, i) => i + 1));
-  assert.is(conflicts, 0);
+  const original = await handler.handle(id, issue, tickets, { commandId: 'issue-once' });
+  await handler.handle(id, issue, tickets); // the stream moves on
+  handler.forget(id);
+  const resent = await handler.handle(id, issue, tickets, { commandId: 'issue-once' });
+  assert.ok(original.accepted && resent.accepted);
+  assert.is(resent.resent, true);
+  assert.is(resent.version, original.version);
+  assert.equal(resent.newEvents, original.newEvents);
+  const elsewhere = await new CommandHandler({ store }).handle(id, issue, tickets, { commandId: 'issue-once' });
+  assert.ok(elsewhere.accepted && elsewhere.resent && elsewhere.version === 1);
+  assert.is((await store.readStream(id)).version, 2);
 });
 
-it('another process writing first causes a conflict that is retried on fresh state', async ({ store }) => {
-  // Two handlers with their own caches stand for two gateway processes.
+it('a command resent by another process whose cache is stale is recognised after the conflict', async ({ store }) => {
   const here = new CommandHandler({ store });
   const there = new CommandHandler({ store });
   const id = stream();
-  await here.handle(id, issue(), tickets); // here caches version 1
-  await there.handle(id, issue(), tickets); // there reads version 1, appends 2
-  const result = await here.handle(id, issue(), tickets); // stale cache: conflict, reload, decide again
+  await there.load(id, tickets); // there caches version 0
+  const original = await here.handle(id, issue, tickets, { commandId: 'cmd-x' });
+  const resent = await there.handle(id, issue, tickets, { commandId: 'cmd-x' });
+  assert.ok(original.accepted && resent.accepted && resent.resent);
+  assert.is(resent.version, original.version);
+  assert.is((await store.readStream(id)).version, 1);
+});
+
+it('the same command sent twice at once in one process shares one append', async ({ store }) => {
+  const { store: counted, counts } = counting(store);
+  const handler = new CommandHandler({ store: counted });
+  const id = stream();
+  const [a, b] = await Promise.all([handler.handle(id, issue, tickets, { commandId: 'twice' }), handler.handle(id, issue, tickets, { commandId: 'twice' })]);
+  assert.ok(a.accepted && b.accepted);
+  assert.is(a.version, b.version);
+  assert.is(b.resent, true);
+  assert.is(counts.appends, 1);
+});
+
+it('an append whose acknowledgement is lost is sent again with the same ids and succeeds once', async ({ store }) => {
+  const { store: flaky, counts } = counting(store, 1);
+  const handler = new CommandHandler({ store: flaky });
+  const id = stream();
+  const result = await handler.handle(id, issue, tickets);
+  assert.ok(result.accepted && result.version === 1);
+  assert.is(counts.appends, 2);
+  assert.is((await store.readStream(id)).version, 1);
+});
+
+it('decisions are made in memory at once; 64 commands on one stream take two appends, not 64', async ({ store }) => {
+  const { store: counted, counts } = counting(store);
+  const handler = new CommandHandler({ store: counted });
+  const id = stream();
+  await handler.load(id, tickets);
+  const decisions = await Promise.all(Array.from({ length: 64 }, (_, i) => handler.decide(id, { type: 'Note', text: `n${i}` }, tickets)));
+  assert.equal(decisions.map((d) => d.outcome.version), Array.from({ length: 64 }, (_, i) => i + 1));
+  assert.ok(counts.appends <= 1, 'decided before the first append came back');
+  const outcomes = await Promise.all(decisions.map((d) => d.durable));
+  assert.equal(outcomes.map((o) => o.version), Array.from({ length: 64 }, (_, i) => i + 1));
+  assert.is(counts.appends, 2);
+  assert.is((await store.readStream(id)).version, 64);
+});
+
+it('commands on one stream never conflict with each other inside the process', async ({ store }) => {
+  const { store: counted, counts } = counting(store);
+  const handler = new CommandHandler({ store: counted, cacheSize: 0 });
+  const id = stream();
+  const results = await Promise.all(Array.from({ length: 25 }, () => handler.handle(id, issue, tickets)));
+  assert.equal(results.map((r) => (r.accepted ? r.state.issued : 0)).sort((a, b) => a - b), Array.from({ length: 25 }, (_, i) => i + 1));
+  assert.is(counts.conflicts, 0);
+});
+
+it('another process writing first: the command is decided again on fresh state', async ({ store }) => {
+  const here = new CommandHandler({ store });
+  const there = new CommandHandler({ store });
+  const id = stream();
+  await here.handle(id, issue, tickets); // here caches version 1
+  await there.handle(id, issue, tickets); // there reads version 1, appends 2
+  const decision = await here.decide(id, issue, tickets); // stale: decided as ticket 2
+  assert.is(decision.outcome.version, 2);
+  const result = await decision.durable;
+  assert.ok(result.accepted);
   assert.is(result.state.issued, 3);
   assert.is(result.version, 3);
+  assert.ok(decision.superseded.aborted, 'the first decision (ticket 2) was void');
+  assert.instance(decision.superseded.reason, DecisionSuperseded);
+});
+
+it('load({ fresh: true }) reads what another process appended, once, and returns (cached or not)', async ({ store }) => {
+  const stream = `counter-${randomUUID()}`;
+  const a = new CommandHandler({ store });
+  const b = new CommandHandler({ store });
+  await a.handle(stream, issue, tickets);
+  assert.is((await a.load(stream, tickets, { fresh: true })).version, 1, 'a cached stream');
+  await b.handle(stream, issue, tickets);
+  const fresh = await a.load(stream, tickets, { fresh: true });
+  assert.is(fresh.version, 2, "sees the other process's append");
+  assert.is(fresh.state.issued, 2);
+  assert.is((await b.load(`counter-${randomUUID()}`, tickets, { fresh: true })).version, 0, 'a stream loaded by this very call');
+});
+
+it('a decision that stands on fresh state is not superseded', async ({ store }) => {
+  const here = new CommandHandler({ store });
+  const there = new CommandHandler({ store });
+  const id = stream();
+  await here.load(id, tickets);
+  await there.handle(id, { type: 'Note', text: 'there' }, tickets);
+  const decision = await here.decide(id, { type: 'Note', text: 'here' }, tickets);
+  const result = await decision.durable;
+  assert.is(result.version, 2);
+  assert.not.ok(decision.superseded.aborted);
+});
+
+it('a conflict that turns an acceptance into a rejection tells the caller', async ({ store }) => {
+  const here = new CommandHandler({ store });
+  const there = new CommandHandler({ store });
+  const id = stream();
+  for (let i = 0; i < cap - 1; i++) await here.handle(id, { type: 'IssueTicket', now }, tickets);
+  await there.handle(id, issue, tickets); // the last ticket goes elsewhere
+  const decision = await here.decide(id, issue, tickets);
+  assert.ok(decision.outcome.accepted, 'decided on stale state');
+  const final = await decision.durable;
+  assert.not.ok(final.accepted);
+  if (!final.accepted) assert.is(final.rejection.rejected, 'sold_out');
+  assert.ok(decision.superseded.aborted);
+  assert.is((await store.readStream(id)).version, cap);
 });
 
 it('racing processes never exceed the cap: every decision is made on the state it appends onto', async ({ store }) => {
-  // Three processes hammering one stream lose races often; enough attempts that none gives up.
   const handlers = [0, 1, 2].map(() => new CommandHandler({ store, maxAttempts: 100 }));
   const id = stream();
-  const outcomes = await Promise.allSettled(Array.from({ length: 45 }, (_, i) => handlers[i % 3].handle(id, issue(), tickets)));
-  assert.is(outcomes.filter((o) => o.status === 'fulfilled').length, cap);
-  for (const o of outcomes) if (o.status === 'rejected') assert.instance(o.reason, SoldOut);
+  const outcomes = await Promise.all(Array.from({ length: 45 }, (_, i) => handlers[i % 3].handle(id, issue, tickets)));
+  assert.is(outcomes.filter((o) => o.accepted).length, cap);
+  for (const o of outcomes) if (!o.accepted) assert.is(o.rejection.rejected, 'sold_out');
   const read = await store.readStream(id);
   assert.equal(read.events.map((e) => (e.data as { number: number }).number), Array.from({ length: cap }, (_, i) => i + 1));
 });
 
-it('a pinned expected version returns the conflict instead of retrying', async ({ store }) => {
+it('a pinned expected version fails with the conflict instead of deciding again', async ({ store }) => {
   const handler = new CommandHandler({ store });
   const id = stream();
-  await handler.handle(id, issue(), tickets);
+  await handler.handle(id, issue, tickets);
   try {
-    await handler.handle(id, issue(), tickets, { expectedVersion: 0 });
+    await handler.handle(id, issue, tickets, { expectedVersion: 0 });
     assert.unreachable();
   } catch (error) {
     assert.instance(error, WrongExpectedVersion);
@@ -162,29 +299,91 @@ it('gives up after maxAttempts conflicts', async ({ store }) => {
     },
   };
   const handler = new CommandHandler({ store: alwaysConflicting, maxAttempts: 3 });
+  const decision = await handler.decide(stream(), issue, tickets);
   try {
-    await handler.handle(stream(), issue(), tickets);
+    await decision.durable;
     assert.unreachable();
   } catch (error) {
     assert.instance(error, WrongExpectedVersion);
   }
   assert.is(attempts, 3);
+  assert.ok(decision.superseded.aborted);
 });
 
-it('an event id from the command makes a resent command harmless after a lost acknowledgement', async ({ store }) => {
+it('stored events are checked and upcast before evolve sees them', async ({ store }) => {
+  const handler = new CommandHandler({ store });
   const id = stream();
-  const eventId = randomUUID();
-  await new CommandHandler({ store }).handle(id, issue(eventId), tickets);
-  // A new process (fresh cache) that did not see the acknowledgement sends the same command at the same version.
-  const resent = await store.append(id, [{ id: eventId, type: 'TicketIssued', data: { number: 1, at: '2025-01-01T00:00:00Z' } }], 0);
-  assert.is(resent.idempotent, true);
-  assert.is((await store.readStream(id)).version, 1);
+  await store.append(id, [{ id: randomUUID(), type: 'TicketIssued', data: { n: 7, at: now } }], 0); // version 1 data, no schema_version
+  assert.equal((await handler.load(id, tickets)).state, { issued: 7, closed: false });
+  const broken = stream();
+  await store.append(broken, [{ id: randomUUID(), type: 'TicketIssued', data: { number: 'seven', at: now }, metadata: { schema_version: 2 } }], 0);
+  try {
+    await handler.load(broken, tickets);
+    assert.unreachable();
+  } catch (error) {
+    assert.instance(error, EventSchemaViolation);
+  }
+});
+
+it('a decider whose event breaks its schema never reaches the log', async ({ store }) => {
+  const sloppy: typeof tickets = { ...tickets, decide: () => ({ type: 'TicketIssued', data: { number: 0, at: now } }) };
+  const handler = new CommandHandler({ store });
+  const id = stream();
+  try {
+    await handler.decide(id, issue, sloppy);
+    assert.unreachable();
+  } catch (error) {
+    assert.instance(error, EventSchemaViolation);
+  }
+  assert.is((await store.readStream(id)).version, 0);
+});
+
+it('settled() waits for every decision under way', async ({ store }) => {
+  const handler = new CommandHandler({ store });
+  const id = stream();
+  const decisions = await Promise.all(Array.from({ length: 10 }, () => handler.decide(id, issue, tickets)));
+  await handler.settled();
+  assert.is((await store.readStream(id)).version, 10);
+  assert.is((await decisions[9].durable).version, 10);
+});
+
+it("following the log: another process's write makes the next decision read it first, without a conflict", async ({ store }) => {
+  const { store: counted, counts } = counting(store);
+  const here = new CommandHandler({ store: counted });
+  const there = new CommandHandler({ store });
+  const id = stream();
+  await here.handle(id, issue, tickets);
+  const subscription = await here.followLog();
+  const seen: string[] = [];
+  here.onForeignEvent((event) => seen.push(event.streamId));
+  try {
+    await here.handle(id, issue, tickets); // our own write is not foreign
+    await there.handle(id, issue, tickets);
+    await store.readable();
+    await subscription.caughtUp();
+    assert.equal(seen, [id]);
+    const result = await here.handle(id, issue, tickets);
+    assert.ok(result.accepted && result.version === 4);
+    assert.is(counts.conflicts, 0);
+  } finally {
+    await subscription.stop();
+  }
+});
+
+it('a fresh load reads what another process appended since', async ({ store }) => {
+  const here = new CommandHandler({ store });
+  const there = new CommandHandler({ store });
+  const id = stream();
+  await here.handle(id, issue, tickets);
+  await there.handle(id, issue, tickets);
+  assert.is((await here.load(id, tickets)).version, 1, 'the cache alone does not know');
+  assert.is((await here.load(id, tickets, { fresh: true })).version, 2);
 });
 
 it('loads long streams page by page', async ({ store }) => {
   const handler = new CommandHandler({ store, readPageSize: 7 });
   const id = stream();
-  for (let i = 0; i < 20; i++) await store.append(id, [{ id: randomUUID(), type: 'TicketIssued', data: { number: i + 1, at: 'x' } }], i);
+  for (let i = 0; i < 20; i++) await store.append(id, [{ id: randomUUID(), type: 'TicketIssued', data: { number: i + 1, at: 'x' }, metadata: { schema_version: 2 } }], i);
   const loaded = await handler.load(id, tickets);
   assert.equal(loaded, { state: { issued: 20, closed: false }, version: 20 });
 });

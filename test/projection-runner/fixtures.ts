@@ -1,6 +1,11 @@
 /** Projections used by the runner's tests and benchmark: one set-based, one handler-per-event. */
-import { defineProjection, type Projection } from '../../src/projection-runner/index.ts';
-import type { Queryable } from '../../src/store/index.ts';
+import type { Projection } from '../../src/projection-runner/index.ts';
+import { defineEvent, defineProjection, eventCatalogue, Type, type EventOf, type Queryable } from '../../src/event-sourcing/index.ts';
+
+const RequestSettled = defineEvent('RequestSettled', Type.Object({ tokens: Type.Integer() }));
+const KeyPaused = defineEvent('KeyPaused', Type.Object({}, { additionalProperties: true }));
+const fixtureEvents = eventCatalogue('fixture', [RequestSettled, KeyPaused]);
+type FixtureEvent = EventOf<typeof RequestSettled> | EventOf<typeof KeyPaused>;
 
 /** A ledger row per settled request plus per-stream totals, in one statement per batch. */
 export const ledgerProjection: Projection = {
@@ -32,9 +37,10 @@ export const ledgerProjection: Projection = {
 };
 
 /** Last event type seen per stream, one upsert per event. */
-export const lastEventProjection = defineProjection({
+export const lastEventProjection = defineProjection<FixtureEvent>({
   name: 'test_last_event',
   tables: ['test_last_event'],
+  events: [fixtureEvents],
   async init(db) {
     await db.query(`CREATE TABLE IF NOT EXISTS test_last_event (stream_id text PRIMARY KEY, event_type text NOT NULL, stream_version bigint NOT NULL)`);
   },

@@ -167,7 +167,7 @@ for (const adapter of adaptersUnderTest()) {
     await runner.stop();
   });
 
-  it('rebuild drops and replays: the rebuilt tables equal the live ones row for row', async ({ store }) => {
+  it('rebuild replays into new tables and swaps them in: equal row for row, views survive, readers never see a part-built table', async ({ store }) => {
     const runner = new ProjectionRunner({ store, projections: [ledgerProjection, lastEventProjection], rebuildBatchSize: 7 });
     await runner.start();
     for (let i = 0; i < 5; i++) {
@@ -181,8 +181,17 @@ for (const adapter of adaptersUnderTest()) {
       last: await tableRows(store, 'test_last_event'),
     };
     assert.ok(live.rows.length >= 10);
+    // an analyst's view over a projection table, and readers sampling the tables during the rebuild
+    await store.query('CREATE OR REPLACE VIEW test_ledger_view AS SELECT stream_id, tokens FROM test_ledger_totals');
+    const viewBefore = await tableRows(store, 'test_ledger_view');
     const progress: number[] = [];
-    const report = await runner.rebuild('test_ledger', (p) => progress.push(p.done));
+    const seenByReaders: Promise<number>[] = [];
+    const report = await runner.rebuild('test_ledger', (p) => {
+      progress.push(p.done);
+      seenByReaders.push(store.query<{ n: string | number }>('SELECT count(*) AS n FROM test_ledger_rows').then((r) => Number(r.rows[0].n)));
+    });
+    assert.equal(await Promise.all(seenByReaders), seenByReaders.map(() => live.rows.length), 'readers always see the whole table');
+    assert.equal(await tableRows(store, 'test_ledger_view'), viewBefore, 'the view survives the rebuild');
     const reportLast = await runner.rebuild('test_last_event');
     assert.is(report.events, await store.countAfter({ transactionId: 0, position: 0 }));
     assert.ok(report.eventsPerSecond > 0);

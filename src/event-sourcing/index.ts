@@ -1,0 +1,10 @@
+/**
+ * What `events/`, `commands/` and `projections/` build on: typed events, deciders, rejections and
+ * projections. They import this module and nothing else of `src/`; the arrows run one way.
+ */
+export { defineEvent, eventCatalogue, EventSchemaViolation, schemaVersionKey, type DomainEvent, type EventCatalogue, type EventOf, type EventType, type Upcaster } from './events.ts';
+export { reject, isRejection, decisionEvents, foldEvents, type Decider, type Decision, type Rejection } from './decider.ts';
+export { defineProjection, type Recorded } from './projection.ts';
+export type { Projection } from '../projection-runner/index.ts';
+export type { Queryable } from '../store/index.ts';
+export { Type, type Static, type TSchema } from 'typebox';
