@@ -1,6 +1,26 @@
 // The tensor codec of ENGINE.md: {data, dtype, original_dtype, shape, compression}, little-endian row-major.
+// This face holds the small-tensor encoder and decoder; the capture reader (reader.ts) finds and decodes
+// a large envelope inside a response body without making a string of it; wire.ts holds the codec's facts.
 import { Buffer } from 'node:buffer';
 import { decompress as zstdDecompress } from 'fzstd';
+import { CodecError } from './errors.ts';
+import { CODEC_DTYPE_SIZES, base64TextError } from './wire.ts';
+
+export { CodecError } from './errors.ts';
+export {
+  CODEC_DTYPE_SIZES,
+  BASE64_PATTERN,
+  base64TextError,
+  base64LengthError,
+  base64DecodedLength,
+  base64EncodedLength,
+  base64Padding,
+  tensorByteLength,
+  zstdContentSize,
+  zstdContentSizeOfBase64,
+  type CodecDtype,
+} from './wire.ts';
+export { CodecScanner, Base64Decoder, decodeCodecInto, RESIDUAL_STREAM_PATH, type CodecLocation } from './reader.ts';
 
 export type WireDtype = 'float32' | 'float16' | 'int16';
 /** What the values mean; `bfloat16` travels as int16 bit patterns with original_dtype torch.bfloat16. */
@@ -19,11 +39,8 @@ export interface DecodedTensor {
   values: Float32Array;
 }
 
-export class CodecError extends Error {
-  override name = 'CodecError';
-}
-
-const ITEM_SIZE: Record<WireDtype, number> = { float32: 4, float16: 2, int16: 2 };
+/** The dtypes this decoder widens to float32 (the codec may carry more: see CODEC_DTYPE_SIZES). */
+const DECODABLE: ReadonlySet<string> = new Set<WireDtype>(['float32', 'float16', 'int16']);
 /** Guards the decoder: a zstd frame must not expand beyond what the envelope's shape announces. */
 const MAX_ELEMENTS = 1 << 28;
 
@@ -39,12 +56,13 @@ export function decodeTensor(t: EncodedTensor): DecodedTensor {
   if (typeof t.data !== 'string') throw new CodecError('tensor data must be a base64 string');
   if (!Array.isArray(t.shape) || !t.shape.every((d) => Number.isInteger(d) && d >= 0)) throw new CodecError('tensor shape must be a list of non-negative integers');
   const dtype = t.dtype as WireDtype;
-  if (!(dtype in ITEM_SIZE)) throw new CodecError(`tensor dtype ${JSON.stringify(t.dtype)} is not supported (float32, float16, int16)`);
+  if (!DECODABLE.has(dtype)) throw new CodecError(`tensor dtype ${JSON.stringify(t.dtype)} is not supported (float32, float16, int16)`);
   const bf16 = t.original_dtype === 'torch.bfloat16';
   if (bf16 && dtype !== 'int16') throw new CodecError('original_dtype torch.bfloat16 travels with dtype int16');
   const count = elementCount(t.shape);
   if (count > MAX_ELEMENTS) throw new CodecError('tensor is too large');
-  if (!/^[A-Za-z0-9+/]*={0,2}$/.test(t.data) || t.data.length % 4 !== 0) throw new CodecError('tensor data is not padded standard base64');
+  const base64Error = base64TextError(t.data);
+  if (base64Error) throw new CodecError(`tensor data ${base64Error}`);
   let raw: Uint8Array = Buffer.from(t.data, 'base64');
   const compression = t.compression ?? null;
   if (compression === 'zstd') {
@@ -56,7 +74,7 @@ export function decodeTensor(t: EncodedTensor): DecodedTensor {
   } else if (compression !== null) {
     throw new CodecError(`tensor compression ${JSON.stringify(compression)} is not supported (zstd or none)`);
   }
-  const expected = count * ITEM_SIZE[dtype];
+  const expected = count * CODEC_DTYPE_SIZES[dtype];
   if (raw.byteLength !== expected) throw new CodecError(`tensor data holds ${raw.byteLength} bytes; shape ${JSON.stringify(t.shape)} of ${dtype} needs ${expected}`);
   const view = new DataView(raw.buffer, raw.byteOffset, raw.byteLength);
   const values = new Float32Array(count);
@@ -93,7 +111,7 @@ function envelope(data: string, shape: readonly number[], dtype: TensorDtype, co
 function encodeRaw(values: ArrayLike<number>, shape: readonly number[], dtype: TensorDtype): Uint8Array {
   const count = elementCount(shape);
   if (values.length !== count) throw new CodecError(`${values.length} values do not fill shape ${JSON.stringify(shape)}`);
-  const size = dtype === 'float32' ? 4 : 2;
+  const size = CODEC_DTYPE_SIZES[dtype === 'bfloat16' ? 'int16' : dtype];
   const raw = new Uint8Array(count * size);
   const view = new DataView(raw.buffer);
   if (dtype === 'float32') for (let i = 0; i < count; i++) view.setFloat32(i * 4, values[i], true);
