@@ -1,5 +1,5 @@
 // Byte-level vocabulary: ids 0..255 are bytes, 256 is BOS, 257 is EOS.
-import type { Tokenizer } from './index.ts';
+import type { Tokenizer } from './types.ts';
 import { TokenTable, byteToUnicode } from './table.ts';
 
 export const BYTE_BOS = 256;

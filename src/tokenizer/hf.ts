@@ -3,7 +3,7 @@
 // fail at load with a message naming them.
 import { readFile, stat } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
-import type { Tokenizer } from './index.ts';
+import type { Tokenizer } from './types.ts';
 import { TokenTable, byteToUnicode, unicodeToByte } from './table.ts';
 
 interface AddedToken {
@@ -54,7 +54,8 @@ export function buildHfTokenizer(json: Json, config: Json = {}): Tokenizer {
   const special = new Set<number>();
   for (const t of added) {
     pieces[t.id] = t.content;
-    bytes[t.id] = encoder.encode(t.content);
+    // The decoder renders added tokens too: SentencePiece-style ones spell spaces "▁" (Gemma's "▁▁" runs).
+    bytes[t.id] = decoding.byteLevel ? encoder.encode(t.content) : spPieceBytes(t.content, encoder);
     if (t.special) special.add(t.id);
   }
   for (let i = 0; i <= maxId; i++) {
@@ -158,8 +159,10 @@ function pieceBytes(piece: string, encoder: InstanceType<typeof TextEncoder>): U
 }
 
 /**
- * Applies BPE merges, lowest rank first (leftmost among equals), like Hugging Face's tokenizers. Short words use
- * a plain scan; long ones (a whole prompt when there is no pre-tokenizer) a heap over a linked list, O(n log n).
+ * Applies BPE merges one at a time, lowest rank first (leftmost among equals), like Hugging Face's tokenizers.
+ * Short words use a plain scan; long ones (a whole prompt when there is no pre-tokenizer) a heap over a linked
+ * list, O(n log n). Merging every occurrence of the best pair at once (GPT-2's Python loop) is not the same: when a
+ * merge creates a pair ranked before the one being applied (Gemma's runs of "▁" do), that pair must go first.
  */
 export function mergeSymbols(symbols: string[], ranks: Map<string, number>): string[] {
   if (symbols.length < 48) {
@@ -174,11 +177,7 @@ export function mergeSymbols(symbols: string[], ranks: Map<string, number>): str
         }
       }
       if (at < 0) break;
-      const a = symbols[at];
-      const b = symbols[at + 1];
-      for (let i = at; i < symbols.length - 1; i++) {
-        if (symbols[i] === a && symbols[i + 1] === b) symbols.splice(i, 2, a + b);
-      }
+      symbols.splice(at, 2, symbols[at] + symbols[at + 1]);
     }
     return symbols;
   }
@@ -284,19 +283,54 @@ function describe(node: Json | null | undefined): string {
   return node ? String(node.type) : 'null';
 }
 
-/** Added tokens are matched first (longest first) and never go through the model. */
+/**
+ * Added tokens are matched first, leftmost-longest (as Hugging Face's Aho-Corasick matcher does), and never go
+ * through the model. A trie over UTF-16 code units: one regex alternation of Gemma 3's 6,415 added tokens made
+ * a 12-token prompt cost ~115 µs (Hugging Face's tokenizers.js: 6 µs), the trie ~2 µs.
+ */
 function buildAddedSplitter(added: AddedToken[]): (text: string) => (string | number)[] {
   if (added.length === 0) return (text) => [text];
-  const byContent = new Map(added.map((t) => [t.content, t.id]));
-  const alternatives = [...byContent.keys()].sort((a, b) => b.length - a.length).map(escapeRegExp);
-  const re = new RegExp(alternatives.join('|'), 'g');
+  interface Node {
+    next: Map<number, Node>;
+    id: number; // -1 when no token ends here
+  }
+  const root: Node = { next: new Map(), id: -1 };
+  for (const t of added) {
+    if (t.content.length === 0) continue;
+    let node = root;
+    for (let i = 0; i < t.content.length; i++) {
+      const c = t.content.charCodeAt(i);
+      let child = node.next.get(c);
+      if (!child) node.next.set(c, (child = { next: new Map(), id: -1 }));
+      node = child;
+    }
+    node.id = t.id; // a later token of equal content wins, as in a Map over contents
+  }
   return (text) => {
     const out: (string | number)[] = [];
     let last = 0;
-    for (const m of text.matchAll(re)) {
-      if (m.index > last) out.push(text.slice(last, m.index));
-      out.push(byContent.get(m[0])!);
-      last = m.index + m[0].length;
+    for (let i = 0; i < text.length; ) {
+      let node = root.next.get(text.charCodeAt(i));
+      if (!node) {
+        i++;
+        continue;
+      }
+      let id = -1;
+      let end = i;
+      for (let j = i + 1; ; j++) {
+        if (node.id >= 0) (id = node.id), (end = j);
+        if (j >= text.length) break;
+        const child: Node | undefined = node.next.get(text.charCodeAt(j));
+        if (!child) break;
+        node = child;
+      }
+      if (id < 0) {
+        i++;
+        continue;
+      }
+      if (i > last) out.push(text.slice(last, i));
+      out.push(id);
+      last = i = end;
     }
     if (last < text.length) out.push(text.slice(last));
     return out;
@@ -333,7 +367,7 @@ function buildPreTokenizer(node: Json | null | undefined): PreTokenizer {
   if (!node) return (p) => p;
   switch (node.type) {
     case 'ByteLevel': {
-      const re = node.use_regex === false ? null : new RegExp(GPT2_PATTERN, 'gu');
+      const re = node.use_regex === false ? null : new RegExp(toJsRegex(GPT2_PATTERN), 'gu');
       const prefix = node.add_prefix_space === true;
       const encoder = new TextEncoder();
       return (pieces) =>
@@ -427,7 +461,10 @@ function patternRegExp(pattern: Json): RegExp {
   throw new Error('pattern must be {String} or {Regex}');
 }
 
-/** Rust/Oniguruma -> JS: Node 20 lacks inline modifier groups, so `(?i:...)` becomes explicit case classes. */
+/**
+ * Rust/Oniguruma -> JS: Node 20 lacks inline modifier groups, so `(?i:...)` becomes explicit case classes; and
+ * Oniguruma's `\s` is Unicode White_Space (JS's `\s` adds U+FEFF and misses U+0085), its `\d` any decimal digit.
+ */
 export function toJsRegex(source: string): string {
   let out = '';
   let i = 0;
@@ -453,7 +490,7 @@ export function toJsRegex(source: string): string {
       continue;
     }
     if (source[i] === '\\') {
-      out += source.slice(i, i + 2);
+      out += CLASS_ESCAPES[source[i + 1]] ?? source.slice(i, i + 2);
       i += 2;
       continue;
     }
@@ -462,13 +499,20 @@ export function toJsRegex(source: string): string {
   return out;
 }
 
+const CLASS_ESCAPES: Record<string, string> = {
+  s: '\\p{White_Space}',
+  S: '\\P{White_Space}',
+  d: '\\p{Nd}',
+  D: '\\P{Nd}',
+};
+
 function caseless(body: string): string {
   let out = '';
   let inClass = false;
   for (let i = 0; i < body.length; i++) {
     const ch = body[i];
     if (ch === '\\') {
-      out += body.slice(i, i + 2);
+      out += CLASS_ESCAPES[body[i + 1]] ?? body.slice(i, i + 2);
       i++;
       continue;
     }

@@ -1,5 +1,5 @@
 // GPT-2's r50k_base BPE (50257 ids) from gpt-tokenizer's offline rank table; <|endoftext|> is BOS and EOS.
-import type { Tokenizer } from './index.ts';
+import type { Tokenizer } from './types.ts';
 import { TokenTable, bytesToPiece } from './table.ts';
 
 const ENDOFTEXT = '<|endoftext|>';

@@ -1,7 +1,8 @@
-import type { Tokenizer } from './index.ts';
+import type { StreamDecoder, Tokenizer } from './types.ts';
 // Shared machinery of every tokenizer: each token id maps to a byte string; decoding concatenates bytes.
 
-const utf8 = new TextDecoder('utf-8');
+// ignoreBOM: a U+FEFF at the start of a text is a character of the text, not a byte-order mark to drop.
+const utf8 = new TextDecoder('utf-8', { ignoreBOM: true });
 
 /** One token's bytes, its vLLM-style decoded string, and whether it is a special (control) token. */
 export class TokenTable {
@@ -78,7 +79,7 @@ export class TokenTable {
   }
 
   newStreamDecoder(skipSpecialTokens = false): StreamDecoder {
-    const decoder = new TextDecoder('utf-8');
+    const decoder = new TextDecoder('utf-8', { ignoreBOM: true });
     return {
       push: (id: number) => {
         if (skipSpecialTokens && this.special[id]) return '';
@@ -88,14 +89,6 @@ export class TokenTable {
       flush: () => decoder.decode(),
     };
   }
-}
-
-/** Incremental detokenizer: holds back a trailing incomplete UTF-8 sequence until it completes. */
-export interface StreamDecoder {
-  /** Text released by this token (may be empty while a multi-byte character is incomplete). */
-  push(id: number): string;
-  /** Releases whatever is held back (an unfinished sequence becomes U+FFFD). */
-  flush(): string;
 }
 
 /** GPT-2's reversible byte -> printable-character alphabet used by byte-level BPE vocabularies. */
