@@ -1,140 +1,302 @@
-// Gateway overhead: the same small completion sent straight to an engine that answers at once and
-// through the gateway, in one run. Prints latency (p50/p99), streaming time to first byte, requests/s
-// at 64 connections, and the gateway's peak RSS while relaying a 1 GB full-vocabulary body.
+// Gateway overhead, metering on next to metering off, in one run: the same small completion sent
+// straight to an engine and through two gateway processes built from the same code and configuration,
+// one with metering on (reservations and settlements appended to the store) and one with
+// SVC_METERING=off. Prints, for each: latency (p50/p99) against an engine that answers at once,
+// streaming time to first byte, requests/s at 64 connections, the added p50 against an engine that
+// takes 20 ms, and the gateway's RSS while relaying a 1 GB full-vocabulary body.
+//
+// Keys: every /v1/completions call needs one, and metering allows a key 600 request starts per rolling
+// minute and 16 running at once (the bench keeps the production limits). Each gateway gets its own pool
+// of BENCH_KEYS keys (default 384), used round-robin by every request of every phase; the bench counts
+// the requests each gateway received and prints the most any key started, which stays under 600 for
+// the whole run (so under 600 in any minute) unless the pool is too small, in which case the metered
+// gateway answers 429 and the bench fails rather than report it.
+//
+// Store: with DATABASE_URL each gateway gets a fresh PostgreSQL database of its own (created next to the
+// one named, dropped at the end); without it, each its own embedded PGlite.
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir, cpus, totalmem } from 'node:os';
+import { tmpdir, cpus, totalmem, loadavg } from 'node:os';
 import { join } from 'node:path';
 import { Agent, request } from 'undici';
 import autocannon from 'autocannon';
 import { execFileSync } from 'node:child_process';
-import { memoryOf, percentile, root, spawnWithUrl, stop } from './support.ts';
+import { benchAdminToken, issueKeys, memoryOf, percentile, root, scratchDatabase, spawnWithUrl, stop } from './support.ts';
+
+// BENCH_PARTS=latency,slow,throughput,relay picks parts (all by default).
+const parts = new Set((process.env.BENCH_PARTS ?? 'latency,slow,throughput,relay').split(','));
+const keyCount = Number(process.env.BENCH_KEYS ?? 384);
+const throughputSeconds = Number(process.env.BENCH_SECONDS ?? 10);
+const startedAt = new Date();
+const loadAtStart = loadavg()[0];
 
 const dir = mkdtempSync(join(tmpdir(), 'svc-bench-gw-'));
-const engine = await spawnWithUrl(['--import', 'tsx', 'bench/instant-engine.ts', 'bench/instant'], process.env);
-const config = {
-  models: [
-    {
-      id: 'instant',
-      default: true,
-      checkpoint: 'bench/instant',
-      engine: engine.url,
-      gpu_shape: 'none',
-      cost_per_second: 0,
-      tokenizer: { kind: 'byte' },
-      capabilities: {
-        max_model_len: 32768,
-        max_logprobs: 100,
-        prompt_logprobs_full_vocab: true,
-        full_vocab_max_prompt_tokens: 1024,
-        max_output_work_tokens: 32000,
-        max_inflight_per_key: 16,
-        max_queued_per_key: 64,
-        rate_limit_per_minute: 600,
-      },
-    },
-  ],
-};
-writeFileSync(join(dir, 'models.json'), JSON.stringify(config));
-// The gateway's store: PostgreSQL when DATABASE_URL is set (production's shape), else embedded PGlite,
-// whose WebAssembly Postgres alone holds some 250-450 MB of the gateway's RSS.
-const storeKind = process.env.DATABASE_URL ? 'postgres' : 'pglite';
-// Measure what `npm start` runs: the compiled gateway.
-execFileSync(process.execPath, [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', join(root, 'tsconfig.build.json')], { stdio: 'inherit' });
-const gateway = await spawnWithUrl(['dist/src/cli/main.js', 'serve'], { ...process.env, SVC_CONFIG: join(dir, 'models.json'), DATA_DIR: join(dir, 'data'), PORT: '0', LOG_LEVEL: 'warn' }, /listening on (http:\/\/\S+)/);
-
-const body = JSON.stringify({ prompt: 'The quick brown fox', max_tokens: 16, temperature: 0 });
-const streamBody = JSON.stringify({ prompt: 'The quick brown fox', max_tokens: 16, temperature: 0, stream: true });
-// The engine sees the gateway's translated body; direct calls send the same thing the gateway would.
-const engineBody = JSON.stringify({ model: 'bench/instant', prompt: 'The quick brown fox', max_tokens: 16, temperature: 0, top_p: 1, top_k: -1, n: 1 });
-const engineStreamBody = JSON.stringify({ model: 'bench/instant', prompt: 'The quick brown fox', max_tokens: 16, temperature: 0, stream: true, stream_options: { include_usage: false, continuous_usage_stats: false } });
-
-const dispatcher = new Agent({ connections: 64, keepAliveTimeout: 60_000 });
-
-async function timeOne(url: string, payload: string, firstByte: boolean): Promise<number> {
-  const started = performance.now();
-  const res = await request(url, { method: 'POST', body: payload, headers: { 'content-type': 'application/json' }, dispatcher });
-  if (res.statusCode !== 200) throw new Error(`${url}: ${res.statusCode} ${await res.body.text()}`);
-  let t = 0;
-  for await (const chunk of res.body) {
-    if (t === 0) t = performance.now() - started;
-    void chunk;
-    if (firstByte) break;
-  }
-  const total = performance.now() - started;
-  if (firstByte) res.body.destroy();
-  return firstByte ? t : total;
+const cleanups: (() => Promise<void>)[] = [async () => rmSync(dir, { recursive: true, force: true })];
+async function cleanup(): Promise<void> {
+  for (const fn of cleanups.reverse()) await fn().catch((err) => process.stderr.write(`cleanup: ${err}\n`));
 }
 
-async function latency(url: string, payload: string, firstByte: boolean, n: number): Promise<{ p50: number; p99: number }> {
-  for (let i = 0; i < 300; i++) await timeOne(url, payload, firstByte); // warm-up
-  const samples: number[] = [];
-  for (let i = 0; i < n; i++) samples.push(await timeOne(url, payload, firstByte));
-  samples.sort((a, b) => a - b);
-  return { p50: percentile(samples, 50), p99: percentile(samples, 99) };
+try {
+  await main();
+} finally {
+  await cleanup();
 }
 
-// BENCH_PARTS=latency,throughput,relay picks parts (all by default).
-const parts = new Set((process.env.BENCH_PARTS ?? 'latency,throughput,relay').split(','));
-
-// The relay runs first, on the freshly started gateway, so its figure is the relay's own footprint and not
-// heap left grown by the load phases.
-// 1 GB full-vocabulary relay, read as fast as the client can, with and without gzip.
-async function relay(gzip: boolean): Promise<{ bytes: number; seconds: number; peakMb: number; beforeMb: number }> {
-  const beforeMb = memoryOf(gateway.child.pid!).rssMb;
-  const started = performance.now();
-  let peak = 0;
-  const sampler = setInterval(() => (peak = Math.max(peak, memoryOf(gateway.child.pid!).rssMb)), 50);
-  const res = await request(`${gateway.url}/v1/completions`, {
-    method: 'POST',
-    body: JSON.stringify({ prompt: 'x'.repeat(1000), max_tokens: 1, prompt_logprobs: -1 }),
-    headers: { 'content-type': 'application/json', ...(gzip ? { 'accept-encoding': 'gzip' } : {}) },
+async function main(): Promise<void> {
+  const engine = await spawnWithUrl(['--import', 'tsx', 'bench/instant-engine.ts', 'bench/instant'], process.env);
+  cleanups.push(() => stop(engine.child));
+  const slowEngine = await spawnWithUrl(['--import', 'tsx', 'bench/instant-engine.ts', 'bench/slow20', '20'], process.env);
+  cleanups.push(() => stop(slowEngine.child));
+  const capabilities = {
+    max_model_len: 32768,
+    max_logprobs: 100,
+    prompt_logprobs_full_vocab: true,
+    full_vocab_max_prompt_tokens: 1024,
+    max_output_work_tokens: 32000,
+    max_inflight_per_key: 16,
+    max_queued_per_key: 64,
+    rate_limit_per_minute: 600,
+  };
+  const model = (id: string, checkpoint: string, url: string, isDefault: boolean) => ({
+    id,
+    default: isDefault,
+    checkpoint,
+    engine: url,
+    gpu_shape: 'none',
+    cost_per_second: 0,
+    tokenizer: { kind: 'byte' },
+    capabilities,
   });
-  let bytes = 0;
-  for await (const chunk of res.body) bytes += chunk.length;
-  clearInterval(sampler);
-  return { bytes, seconds: (performance.now() - started) / 1000, peakMb: Math.max(peak, memoryOf(gateway.child.pid!).rssMb), beforeMb };
+  writeFileSync(join(dir, 'models.json'), JSON.stringify({ models: [model('instant', 'bench/instant', engine.url, true), model('slow20', 'bench/slow20', slowEngine.url, false)] }));
+
+  // The gateways' stores: PostgreSQL when DATABASE_URL is set (production's shape), else embedded PGlite,
+  // whose WebAssembly Postgres alone holds some 250-450 MB of the gateway's RSS.
+  const storeKind = process.env.DATABASE_URL ? 'postgres' : 'pglite';
+  // Measure what `npm start` runs: the compiled gateway.
+  execFileSync(process.execPath, [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', join(root, 'tsconfig.build.json')], { stdio: 'inherit' });
+
+  interface Gw {
+    name: string;
+    url: string;
+    pid: number;
+    keys: string[];
+    next: number;
+    sent: number;
+  }
+  async function startGateway(name: 'on' | 'off'): Promise<Gw> {
+    const env: NodeJS.ProcessEnv = {
+      ...process.env,
+      SVC_CONFIG: join(dir, 'models.json'),
+      DATA_DIR: join(dir, `data-${name}`),
+      PORT: '0',
+      LOG_LEVEL: 'warn',
+      SVC_ADMIN_TOKEN: benchAdminToken,
+      SVC_METERING: name,
+    };
+    if (process.env.DATABASE_URL) {
+      const db = await scratchDatabase(process.env.DATABASE_URL, `gw_${name}`);
+      cleanups.push(db.drop);
+      env.DATABASE_URL = db.url;
+    }
+    const gw = await spawnWithUrl([...(process.env.BENCH_PROF === name ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_PROF_DIR ?? dir}`] : []), 'dist/src/cli/main.js', 'serve'], env, /listening on (http:\/\/\S+)/);
+    cleanups.push(() => stop(gw.child));
+    return { name, url: gw.url, pid: gw.child.pid!, keys: await issueKeys(gw.url, keyCount, `gw-${name}`), next: 0, sent: 0 };
+  }
+  const on = await startGateway('on');
+  const off = await startGateway('off');
+  /** The next key of the gateway's pool, round-robin over every request it is sent. */
+  const keyOf = (gw: Gw) => {
+    gw.sent++;
+    return `Bearer ${gw.keys[gw.next++ % gw.keys.length]}`;
+  };
+
+  const body = JSON.stringify({ prompt: 'The quick brown fox', max_tokens: 16, temperature: 0 });
+  const streamBody = JSON.stringify({ prompt: 'The quick brown fox', max_tokens: 16, temperature: 0, stream: true });
+  const slowBody = JSON.stringify({ model: 'slow20', prompt: 'The quick brown fox', max_tokens: 16, temperature: 0 });
+  // The engine sees the gateway's translated body; direct calls send the same thing the gateway would.
+  const engineBody = JSON.stringify({ model: 'bench/instant', prompt: 'The quick brown fox', max_tokens: 16, temperature: 0, top_p: 1, top_k: -1, n: 1 });
+  const engineStreamBody = JSON.stringify({ model: 'bench/instant', prompt: 'The quick brown fox', max_tokens: 16, temperature: 0, stream: true, stream_options: { include_usage: true, continuous_usage_stats: false } });
+  const slowEngineBody = JSON.stringify({ model: 'bench/slow20', prompt: 'The quick brown fox', max_tokens: 16, temperature: 0, top_p: 1, top_k: -1, n: 1 });
+
+  const dispatcher = new Agent({ connections: 64, keepAliveTimeout: 60_000 });
+  cleanups.push(() => dispatcher.close());
+
+  /** A target: a URL, a body, and the gateway whose keys it uses (none: the engine, which takes a dummy header). */
+  type Target = { url: string; payload: string; gw: Gw | null };
+  const auth = (t: Target) => (t.gw ? keyOf(t.gw) : 'Bearer direct');
+
+  async function timeOne(t: Target, firstByte: boolean): Promise<number> {
+    const started = performance.now();
+    const res = await request(t.url, { method: 'POST', body: t.payload, headers: { 'content-type': 'application/json', authorization: auth(t) }, dispatcher });
+    if (res.statusCode !== 200) throw new Error(`${t.url}: ${res.statusCode} ${await res.body.text()}`);
+    let ttfb = 0;
+    for await (const chunk of res.body) {
+      if (ttfb === 0) ttfb = performance.now() - started;
+      void chunk;
+      if (firstByte) break;
+    }
+    const total = performance.now() - started;
+    if (firstByte) res.body.destroy();
+    return firstByte ? ttfb : total;
+  }
+
+  /**
+   * Against the delayed engine: one request's time split at the engine, from the epoch times its answer
+   * carries: `before` (sent until the engine had the request) and `after` (engine answered until the
+   * client had the last byte). The client's and the engine's clocks may differ by a constant, which
+   * cancels when two gateways are compared.
+   */
+  const split = { direct: { before: [] as number[], after: [] as number[] }, on: { before: [] as number[], after: [] as number[] }, off: { before: [] as number[], after: [] as number[] } };
+  async function timeSplit(t: Target, into: { before: number[]; after: number[] }): Promise<number> {
+    const sentAt = performance.timeOrigin + performance.now();
+    const started = performance.now();
+    const res = await request(t.url, { method: 'POST', body: t.payload, headers: { 'content-type': 'application/json', authorization: auth(t) }, dispatcher });
+    const text = await res.body.text();
+    const total = performance.now() - started;
+    const doneAt = performance.timeOrigin + performance.now();
+    if (res.statusCode !== 200) throw new Error(`${t.url}: ${res.statusCode} ${text}`);
+    const answer = JSON.parse(text) as { bench_received_at: number; bench_answered_at: number };
+    into.before.push(answer.bench_received_at - sentAt);
+    into.after.push(doneAt - answer.bench_answered_at);
+    return total;
+  }
+  async function slowLatency(t: Target, into: { before: number[]; after: number[] }, n: number, warmup: number, gapMs: number): Promise<{ p50: number; p99: number }> {
+    const pause = () => (gapMs > 0 ? new Promise((r) => setTimeout(r, gapMs)) : null);
+    for (let i = 0; i < warmup; i++) await timeOne(t, false);
+    const samples: number[] = [];
+    for (let i = 0; i < n; i++) {
+      await pause();
+      samples.push(await timeSplit(t, into));
+    }
+    samples.sort((a, b) => a - b);
+    return { p50: percentile(samples, 50), p99: percentile(samples, 99) };
+  }
+
+  async function latency(t: Target, firstByte: boolean, n: number, warmup: number, gapMs = 0): Promise<{ p50: number; p99: number }> {
+    const pause = () => (gapMs > 0 ? new Promise((r) => setTimeout(r, gapMs)) : null);
+    for (let i = 0; i < warmup; i++) await timeOne(t, firstByte);
+    const samples: number[] = [];
+    for (let i = 0; i < n; i++) {
+      await pause();
+      samples.push(await timeOne(t, firstByte));
+    }
+    samples.sort((a, b) => a - b);
+    return { p50: percentile(samples, 50), p99: percentile(samples, 99) };
+  }
+
+  // The relay runs first, on the freshly started gateways, so its figure is the relay's own footprint and
+  // not heap left grown by the load phases. 1 GB full-vocabulary relay, read as fast as the client can,
+  // with and without gzip.
+  async function relay(gw: Gw, gzip: boolean): Promise<{ bytes: number; seconds: number; peakMb: number; beforeMb: number }> {
+    const beforeMb = memoryOf(gw.pid).rssMb;
+    const started = performance.now();
+    let peak = 0;
+    const sampler = setInterval(() => (peak = Math.max(peak, memoryOf(gw.pid).rssMb)), 50);
+    const res = await request(`${gw.url}/v1/completions`, {
+      method: 'POST',
+      body: JSON.stringify({ prompt: 'x'.repeat(1000), max_tokens: 1, prompt_logprobs: -1 }),
+      headers: { 'content-type': 'application/json', authorization: keyOf(gw), ...(gzip ? { 'accept-encoding': 'gzip' } : {}) },
+    });
+    if (res.statusCode !== 200) throw new Error(`relay: ${res.statusCode} ${await res.body.text()}`);
+    let bytes = 0;
+    for await (const chunk of res.body) bytes += chunk.length;
+    clearInterval(sampler);
+    return { bytes, seconds: (performance.now() - started) / 1000, peakMb: Math.max(peak, memoryOf(gw.pid).rssMb), beforeMb };
+  }
+  const skipped = { bytes: NaN, seconds: NaN, peakMb: NaN, beforeMb: NaN };
+  const relays = new Map<Gw, { plain: typeof skipped; gzip: typeof skipped }>();
+  for (const gw of [on, off]) {
+    const plain = parts.has('relay') ? await relay(gw, false) : skipped;
+    const gzip = parts.has('relay') ? await relay(gw, true) : skipped;
+    relays.set(gw, { plain, gzip });
+  }
+
+  // Every key once before any timing: a key's first metered request opens its meter day (loads, an
+  // opening balance and an append), a cost paid once per key and day, not per request.
+  for (const gw of [on, off]) {
+    await Promise.all(
+      Array.from({ length: 16 }, async () => {
+        while (gw.next < gw.keys.length) await timeOne({ url: `${gw.url}/v1/completions`, payload: body, gw }, false);
+      }),
+    );
+  }
+
+  const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+  type Pair = { p50: number; p99: number };
+  const col = (rows: Pair[], k: keyof Pair) => median(rows.map((r) => r[k]));
+
+  // Interleave direct, metered and unmetered rounds so machine noise hits all three alike.
+  const rounds = 4;
+  const perRound = 1000;
+  const fast = { direct: [] as Pair[], on: [] as Pair[], off: [] as Pair[] };
+  const ttfb = { direct: [] as Pair[], on: [] as Pair[], off: [] as Pair[] };
+  const slow = { direct: [] as Pair[], on: [] as Pair[], off: [] as Pair[] };
+  const gwTarget = (gw: Gw, payload: string): Target => ({ url: `${gw.url}/v1/completions`, payload, gw });
+  for (let r = 0; r < (parts.has('latency') ? rounds : 0); r++) {
+    fast.direct.push(await latency({ url: `${engine.url}/v1/completions`, payload: engineBody, gw: null }, false, perRound, 300));
+    fast.on.push(await latency(gwTarget(on, body), false, perRound, 300));
+    fast.off.push(await latency(gwTarget(off, body), false, perRound, 300));
+    ttfb.direct.push(await latency({ url: `${engine.url}/v1/completions`, payload: engineStreamBody, gw: null }, true, perRound / 2, 100));
+    ttfb.on.push(await latency(gwTarget(on, streamBody), true, perRound / 2, 100));
+    ttfb.off.push(await latency(gwTarget(off, streamBody), true, perRound / 2, 100));
+  }
+  // Against an engine that takes 20 ms (a timer in the engine process: its own jitter is in all three).
+  // BENCH_SLOW_GAP_MS pauses between these requests (diagnostic: the previous request's settlement then
+  // finishes before the next one is admitted).
+  const slowGapMs = Number(process.env.BENCH_SLOW_GAP_MS ?? 0);
+  const slowRounds = 4;
+  const slowPerRound = 250;
+  for (let r = 0; r < (parts.has('slow') ? slowRounds : 0); r++) {
+    slow.direct.push(await slowLatency({ url: `${slowEngine.url}/v1/completions`, payload: slowEngineBody, gw: null }, split.direct, slowPerRound, 20, slowGapMs));
+    slow.on.push(await slowLatency(gwTarget(on, slowBody), split.on, slowPerRound, 20, slowGapMs));
+    slow.off.push(await slowLatency(gwTarget(off, slowBody), split.off, slowPerRound, 20, slowGapMs));
+  }
+
+  async function throughput(t: Target): Promise<number> {
+    const result = await autocannon({
+      url: t.url,
+      connections: 64,
+      duration: throughputSeconds,
+      pipelining: 1,
+      requests: [
+        {
+          method: 'POST',
+          body: t.payload,
+          headers: { 'content-type': 'application/json' },
+          // Every request takes the next key of the pool (the engine gets a dummy header: same client work).
+          setupRequest: (req: Record<string, unknown>) => ({ ...req, headers: { 'content-type': 'application/json', authorization: auth(t) } }),
+        },
+      ],
+    } as Parameters<typeof autocannon>[0]);
+    if (result.non2xx > 0 || result.errors > 0) throw new Error(`${t.url}: ${result.non2xx} non-2xx, ${result.errors} errors`);
+    return result.requests.average;
+  }
+  // Two runs each way, alternated (off, on, on, off), after the direct run.
+  const rps = { direct: [] as number[], on: [] as number[], off: [] as number[] };
+  if (parts.has('throughput')) {
+    rps.direct.push(await throughput({ url: `${engine.url}/v1/completions`, payload: engineBody, gw: null }));
+    rps.off.push(await throughput(gwTarget(off, body)));
+    rps.on.push(await throughput(gwTarget(on, body)));
+    rps.on.push(await throughput(gwTarget(on, body)));
+    rps.off.push(await throughput(gwTarget(off, body)));
+  }
+  const mean = (xs: number[]) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : NaN);
+
+  const f = (x: number | undefined) => (x === undefined || Number.isNaN(x) ? 'n/a' : x.toFixed(3));
+  const added = (g: Pair[], d: Pair[], k: keyof Pair) => f(col(g, k) - col(d, k));
+  const relayLine = (gw: Gw) => {
+    const { plain, gzip } = relays.get(gw)!;
+    return `1 GB full-vocabulary relay, metering ${gw.name}: plain ${(plain.bytes / 2 ** 20).toFixed(0)} MiB in ${plain.seconds.toFixed(1)} s, gateway RSS ${plain.beforeMb.toFixed(0)} MB before, peak ${plain.peakMb.toFixed(0)} MB | gzip ${(gzip.bytes / 2 ** 20).toFixed(0)} MiB on the wire in ${gzip.seconds.toFixed(1)} s, RSS ${gzip.beforeMb.toFixed(0)} MB before, peak ${gzip.peakMb.toFixed(0)} MB`;
+  };
+  const lines = [
+    `gateway overhead bench, metering on vs off (store: ${storeKind}) — ${startedAt.toISOString()} to ${new Date().toISOString()} — ${cpus().length} cores (${cpus()[0]?.model}), ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.version}, load average ${loadAtStart.toFixed(1)} at start, ${loadavg()[0].toFixed(1)} at end`,
+    `non-streaming latency ms, engine answers at once (median of ${rounds} rounds x ${perRound}): direct p50 ${f(col(fast.direct, 'p50'))} p99 ${f(col(fast.direct, 'p99'))} | metering on p50 ${f(col(fast.on, 'p50'))} p99 ${f(col(fast.on, 'p99'))}, added p50 ${added(fast.on, fast.direct, 'p50')} p99 ${added(fast.on, fast.direct, 'p99')} | metering off p50 ${f(col(fast.off, 'p50'))} p99 ${f(col(fast.off, 'p99'))}, added p50 ${added(fast.off, fast.direct, 'p50')} p99 ${added(fast.off, fast.direct, 'p99')}`,
+    `streaming time to first byte ms (median of ${rounds} rounds x ${perRound / 2}): direct p50 ${f(col(ttfb.direct, 'p50'))} | metering on p50 ${f(col(ttfb.on, 'p50'))}, added p50 ${added(ttfb.on, ttfb.direct, 'p50')} p99 ${added(ttfb.on, ttfb.direct, 'p99')} | metering off p50 ${f(col(ttfb.off, 'p50'))}, added p50 ${added(ttfb.off, ttfb.direct, 'p50')} p99 ${added(ttfb.off, ttfb.direct, 'p99')}`,
+    `non-streaming latency ms, engine takes 20 ms (median of ${slowRounds} rounds x ${slowPerRound}${slowGapMs > 0 ? `, ${slowGapMs} ms between requests` : ''}): direct p50 ${f(col(slow.direct, 'p50'))} p99 ${f(col(slow.direct, 'p99'))} | metering on p50 ${f(col(slow.on, 'p50'))}, added p50 ${added(slow.on, slow.direct, 'p50')} p99 ${added(slow.on, slow.direct, 'p99')} | metering off p50 ${f(col(slow.off, 'p50'))}, added p50 ${added(slow.off, slow.direct, 'p50')} p99 ${added(slow.off, slow.direct, 'p99')} | metering's own share at p50 (on - off) ${f(col(slow.on, 'p50') - col(slow.off, 'p50'))} (target < 0.5)`,
+    `  split at the engine, p50 ms (before: sent until the engine had it; after: engine answered until the client had it; offsets between clocks cancel in on - off): direct before ${f(median(split.direct.before))} after ${f(median(split.direct.after))} | metering on before ${f(median(split.on.before))} after ${f(median(split.on.after))} | metering off before ${f(median(split.off.before))} after ${f(median(split.off.after))} | on - off: before ${f(median(split.on.before) - median(split.off.before))}, after ${f(median(split.on.after) - median(split.off.after))}`,
+    `requests/s at 64 connections (${throughputSeconds} s each, autocannon in-process; runs in order direct, off, on, on, off): direct ${rps.direct.map(Math.round).join(', ')} | metering off ${rps.off.map(Math.round).join(', ')} (mean ${Math.round(mean(rps.off))}) | metering on ${rps.on.map(Math.round).join(', ')} (mean ${Math.round(mean(rps.on))}) | on/off ${(mean(rps.on) / mean(rps.off)).toFixed(2)} (target >= 0.70)`,
+    relayLine(on),
+    relayLine(off),
+    `keys: ${keyCount} per gateway, round-robin over every request: metering on received ${on.sent} requests (at most ${Math.ceil(on.sent / keyCount)} starts on any key in the whole run; limit 600 per minute), metering off ${off.sent}`,
+  ];
+  process.stdout.write(`${lines.join('\n')}\n`);
 }
-const skipped = { bytes: NaN, seconds: NaN, peakMb: NaN, beforeMb: NaN };
-const plainRelay = parts.has('relay') ? await relay(false) : skipped;
-const gzipRelay = parts.has('relay') ? await relay(true) : skipped;
-
-
-// Interleave direct and gateway rounds so machine noise hits both alike.
-const rounds = 4;
-const perRound = 1000;
-const acc = { direct: [] as number[][], gw: [] as number[][], directTtfb: [] as number[][], gwTtfb: [] as number[][] };
-for (let r = 0; r < (parts.has('latency') ? rounds : 0); r++) {
-  const d = await latency(`${engine.url}/v1/completions`, engineBody, false, perRound);
-  const g = await latency(`${gateway.url}/v1/completions`, body, false, perRound);
-  const ds = await latency(`${engine.url}/v1/completions`, engineStreamBody, true, perRound / 2);
-  const gs = await latency(`${gateway.url}/v1/completions`, streamBody, true, perRound / 2);
-  acc.direct.push([d.p50, d.p99]);
-  acc.gw.push([g.p50, g.p99]);
-  acc.directTtfb.push([ds.p50, ds.p99]);
-  acc.gwTtfb.push([gs.p50, gs.p99]);
-}
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
-const col = (rows: number[][], i: number) => median(rows.map((r) => r[i]));
-
-async function throughput(url: string, payload: string): Promise<number> {
-  const result = await autocannon({ url, method: 'POST', body: payload, headers: { 'content-type': 'application/json' }, connections: 64, duration: 10, pipelining: 1 });
-  if (result.non2xx > 0 || result.errors > 0) throw new Error(`${url}: ${result.non2xx} non-2xx, ${result.errors} errors`);
-  return result.requests.average;
-}
-const directRps = parts.has('throughput') ? await throughput(`${engine.url}/v1/completions`, engineBody) : NaN;
-const gatewayRps = parts.has('throughput') ? await throughput(`${gateway.url}/v1/completions`, body) : NaN;
-
-const f = (x: number | undefined) => (x === undefined ? 'n/a' : x.toFixed(3));
-const lines = [
-  `gateway overhead bench (store: ${storeKind}) — ${new Date().toISOString()} — ${cpus().length} cores (${cpus()[0]?.model}), ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.version}`,
-  `non-streaming latency ms (median of ${rounds} rounds x ${perRound}): direct p50 ${f(col(acc.direct, 0))} p99 ${f(col(acc.direct, 1))} | gateway p50 ${f(col(acc.gw, 0))} p99 ${f(col(acc.gw, 1))} | added p50 ${f(col(acc.gw, 0) - col(acc.direct, 0))} p99 ${f(col(acc.gw, 1) - col(acc.direct, 1))}`,
-  `streaming time to first byte ms: direct p50 ${f(col(acc.directTtfb, 0))} | gateway p50 ${f(col(acc.gwTtfb, 0))} | added p50 ${f(col(acc.gwTtfb, 0) - col(acc.directTtfb, 0))} p99 ${f(col(acc.gwTtfb, 1) - col(acc.directTtfb, 1))}`,
-  `requests/s at 64 connections (10 s, autocannon in-process): direct ${Math.round(directRps)} | gateway ${Math.round(gatewayRps)}`,
-  `1 GB full-vocabulary relay: plain ${(plainRelay.bytes / 2 ** 20).toFixed(0)} MiB in ${plainRelay.seconds.toFixed(1)} s, gateway RSS ${plainRelay.beforeMb.toFixed(0)} MB before, peak ${plainRelay.peakMb.toFixed(0)} MB | gzip ${(gzipRelay.bytes / 2 ** 20).toFixed(0)} MiB on the wire in ${gzipRelay.seconds.toFixed(1)} s, RSS ${gzipRelay.beforeMb.toFixed(0)} MB before, peak ${gzipRelay.peakMb.toFixed(0)} MB`,
-];
-process.stdout.write(`${lines.join('\n')}\n`);
-
-await dispatcher.close();
-await stop(gateway.child);
-await stop(engine.child);
-rmSync(dir, { recursive: true, force: true });

@@ -1,8 +1,11 @@
 // A vLLM-shaped engine that answers at once, for measuring what the gateway itself adds. Benchmarks
 // only: the tests talk to the real reference engine. Run as a child process; prints its URL as JSON.
+// `instant-engine.ts CHECKPOINT [DELAY_MS]`: with a delay, every answer waits that long first (an engine
+// that takes 20 ms, for the added-latency figure against a working engine).
 import { createServer } from 'node:http';
 
 const checkpoint = process.argv[2] ?? 'bench/instant';
+const delayMs = Number(process.argv[3] ?? 0) || 0;
 const completion = JSON.stringify({
   id: 'cmpl-0123456789abcdef',
   object: 'text_completion',
@@ -22,7 +25,13 @@ const slice = Buffer.from(Array.from({ length: 900 }, (_, i) => entry(i)).join('
 const server = createServer((req, res) => {
   const chunks: Buffer[] = [];
   req.on('data', (c) => chunks.push(c));
+  let receivedAt = 0;
   req.on('end', () => {
+    receivedAt = performance.timeOrigin + performance.now();
+    if (delayMs > 0) setTimeout(answer, delayMs);
+    else answer();
+  });
+  const answer = () => {
     const body = JSON.parse(Buffer.concat(chunks).toString('utf8') || '{}');
     if (body.stream) {
       res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8' });
@@ -44,9 +53,12 @@ const server = createServer((req, res) => {
       pump();
       return;
     }
-    res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(completion) });
-    res.end(completion);
-  });
+    // With a delay, the answer says when the request arrived and when it was answered (epoch ms, this
+    // process's clock): the bench splits a request's time into before the engine and after it.
+    const answerBody = delayMs > 0 ? `${completion.slice(0, -1)},"bench_received_at":${receivedAt},"bench_answered_at":${performance.timeOrigin + performance.now()}}` : completion;
+    res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(answerBody) });
+    res.end(answerBody);
+  };
 });
 server.keepAliveTimeout = 60_000;
 server.listen(0, '127.0.0.1', () => {

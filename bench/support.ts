@@ -2,6 +2,9 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
+import { randomBytes } from 'node:crypto';
+import pg from 'pg';
+import { openEventStore, type EventStore } from '../src/store/index.ts';
 
 export const root = fileURLToPath(new URL('..', import.meta.url));
 
@@ -61,4 +64,71 @@ export function stop(child: ChildProcess): Promise<void> {
     child.kill('SIGTERM');
     setTimeout(() => child.kill('SIGKILL'), 10_000).unref();
   });
+}
+
+/** The admin token the benchmarks start their gateways with (SVC_ADMIN_TOKEN). */
+export const benchAdminToken = `svc_admin_bench_${randomBytes(12).toString('hex')}`;
+
+/** Issues `count` API keys through `POST /admin/keys` (a few at a time) and returns the full keys. */
+export async function issueKeys(gatewayUrl: string, count: number, label = 'bench'): Promise<string[]> {
+  const keys: string[] = new Array(count);
+  let next = 0;
+  const worker = async () => {
+    for (let i = next++; i < count; i = next++) {
+      const res = await fetch(`${gatewayUrl}/admin/keys`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${benchAdminToken}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ email: `${label}-${i}@bench.invalid` }),
+      });
+      const body = (await res.json()) as { key?: string };
+      if (res.status !== 201 || !body.key) throw new Error(`POST /admin/keys: ${res.status} ${JSON.stringify(body)}`);
+      keys[i] = body.key;
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(8, count) }, worker));
+  return keys;
+}
+
+/**
+ * A fresh PostgreSQL database next to the one DATABASE_URL names (created with that connection, dropped
+ * by `drop`), so a gateway under benchmark starts on an empty store and runs never collide.
+ */
+export async function scratchDatabase(url: string, label: string): Promise<{ url: string; drop(): Promise<void> }> {
+  const name = `svc_bench_${label}_${randomBytes(4).toString('hex')}`;
+  const admin = new pg.Client({ connectionString: url });
+  await admin.connect();
+  try {
+    await admin.query(`CREATE DATABASE "${name}"`);
+  } finally {
+    await admin.end();
+  }
+  const scratch = new URL(url);
+  scratch.pathname = `/${name}`;
+  return {
+    url: scratch.toString(),
+    drop: async () => {
+      const client = new pg.Client({ connectionString: url });
+      await client.connect();
+      try {
+        await client.query(`DROP DATABASE IF EXISTS "${name}" WITH (FORCE)`);
+      } finally {
+        await client.end();
+      }
+    },
+  };
+}
+
+/** Runs `fn` on an event store in a scratch schema of `url`'s database; the schema is dropped afterwards. */
+export async function withScratchSchemaStore(url: string, fn: (store: EventStore) => Promise<void>): Promise<void> {
+  const schema = `bench_${randomBytes(4).toString('hex')}`;
+  const store = await openEventStore({ databaseUrl: url, schema });
+  try {
+    await fn(store);
+  } finally {
+    await store.close();
+    const client = new pg.Client({ connectionString: url });
+    await client.connect();
+    await client.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+    await client.end();
+  }
 }

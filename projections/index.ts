@@ -3,5 +3,15 @@
  * `Projection` (src/projection-runner): its tables, `init`, and an idempotent `apply`.
  */
 import type { Projection } from '../src/projection-runner/index.ts';
+import { apiKeys } from './api-keys.ts';
+import { dailySpendProjection } from './daily-spend.ts';
+import { keyUsageProjection } from './key-usage.ts';
+import { meterHoldsProjection } from './meter-holds.ts';
+import { usageLedgerProjection } from './usage-ledger.ts';
 
-export const projections: readonly Projection[] = [];
+export { dailySpendProjection, spendOfDay } from './daily-spend.ts';
+export { keyUsageProjection, foldKeyUsage, keyUsageOfMonth, usageCounters, type KeyUsageRow } from './key-usage.ts';
+export { meterHoldsProjection, expiredHolds, type OpenHold } from './meter-holds.ts';
+export { usageLedgerProjection } from './usage-ledger.ts';
+
+export const projections: readonly Projection[] = [apiKeys, keyUsageProjection, usageLedgerProjection, dailySpendProjection, meterHoldsProjection];

@@ -3,10 +3,11 @@ import cors from '@fastify/cors';
 import type { Logger } from 'pino';
 import { apiError } from '../errors/index.ts';
 import { requestIdFor } from './request-id.ts';
+import { badJson, maxBodyBytes, notJson } from './body.ts';
 import { installErrorHandling, sendApiError, toApiError } from './error-handler.ts';
 import { healthRoute, type HealthSources } from './health.ts';
-
-export const maxBodyBytes = 8 * 1024 * 1024;
+import { compileRouteSchema, serializeAsJson } from './route-schema.ts';
+import { registerOpenApi } from './openapi.ts';
 
 export const exposedHeaders = [
   'X-Request-Id',
@@ -57,7 +58,10 @@ class MetadataLogController extends LogController {
   }
 }
 
-/** The HTTP surface: request ids, the error envelope, CORS, body limits and metadata-only logging. */
+/**
+ * The HTTP surface: request ids, the error envelope, CORS, body limits, metadata-only logging, route
+ * schemas (validation and the generated OpenAPI document at /openapi.json, UI at /swagger).
+ */
 export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   const app = Fastify({
     loggerInstance: options.logger,
@@ -92,16 +96,20 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     try {
       done(null, JSON.parse(body.toString('utf8')));
     } catch {
-      done(apiError('bad_json', 'request body is not valid JSON'), undefined);
+      done(badJson(), undefined);
     }
   });
   app.addContentTypeParser('*', (request, payload, done) => {
-    if (!unrouted(request)) return done(apiError('invalid_request', 'Content-Type must be application/json'), undefined);
+    if (!unrouted(request)) return done(notJson(), undefined);
     payload.resume();
     payload.once('end', () => done(null, undefined));
     payload.once('error', () => done(null, undefined));
   });
 
+  app.setValidatorCompiler(compileRouteSchema);
+  app.setSerializerCompiler(serializeAsJson);
+  // The document generator records routes as they are added, so it comes first.
+  await registerOpenApi(app);
   healthRoute(app, options.health);
   await options.routes?.(app);
   return app;

@@ -1,11 +1,22 @@
-import { PassThrough, type Readable, type Writable } from 'node:stream';
+import { type Readable, type Writable } from 'node:stream';
 import { once } from 'node:events';
-import { createGzip, constants as zlibConstants } from 'node:zlib';
-import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { randomBytes } from 'node:crypto';
+import { promisify } from 'node:util';
+import { createGzip, gzip, constants as zlibConstants } from 'node:zlib';
+import type { FastifyInstance, FastifyReply, FastifyRequest, FastifySchemaCompiler, onRequestAsyncHookHandler } from 'fastify';
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import { Type, type TSchema } from 'typebox';
 import { apiError, ApiError } from '../errors/index.ts';
 import type { EngineClient, EngineResponse } from '../engine-client/index.ts';
 import type { CompletionContext, PreparedCompletion } from '../completion-request/index.ts';
-import { prepareCompletion } from '../completion-request/index.ts';
+import { CompletionRequest, completionRequestError, lowerMaxTokens, prepareValidCompletion } from '../completion-request/index.ts';
+import type { Admission, MeteredKey, Metering, Reservation } from '../metering/index.ts';
+import type { RequestFactsData } from '../../events/index.ts';
+import { apiKeySecurity, compileRouteSchema, errorResponses, okResponse } from './route-schema.ts';
+import { checkCapture } from './capture-relay.ts';
+import { SseUsageRelay, UsageTail, usageFrom, type RelayedUsage } from './usage-relay.ts';
+
+const gzipAsync = promisify(gzip);
 
 export interface CompletionRouteOptions {
   context: CompletionContext;
@@ -14,6 +25,19 @@ export interface CompletionRouteOptions {
   requestWindowMs: number;
   /** Called when a backend served a completion, for health's last_completion_at. */
   onServed?: (modelId: string) => void;
+  /** The API-key hook (src/api/auth.ts): sets request.keyPrefix and request.apiKey, or answers 401. */
+  authenticate: onRequestAsyncHookHandler;
+  /** Budgets and limits per key; absent only when metering is switched off (SVC_METERING=off). */
+  metering?: { meter: Metering; keyOf(request: FastifyRequest): RequestKey | null };
+}
+
+/** The authenticated key of a request, as metering needs it. */
+export interface RequestKey {
+  keyId: string;
+  prefix: string;
+  email: string;
+  /** The key's status and budgets now (read again at the reservation re-check). */
+  current(): Promise<MeteredKey>;
 }
 
 /** Smallest non-streaming body worth compressing when the client accepts gzip. */
@@ -27,64 +51,210 @@ function acceptsGzip(request: FastifyRequest): boolean {
   return typeof header === 'string' && /\bgzip\b/.test(header);
 }
 
-export function completionRoutes(app: FastifyInstance, options: CompletionRouteOptions): void {
-  const { engines, context, requestWindowMs } = options;
+const completionSchema = {
+  summary: 'Raw text completion',
+  security: apiKeySecurity,
+  body: CompletionRequest,
+  headers: Type.Object({
+    'x-svc-workload': Type.Optional(Type.String({ description: '`interactive` or `batch`: telemetry only; other values are ignored, never refused.' })),
+  }),
+  response: {
+    200: okResponse(
+      'A text_completion object, or an SSE stream when `stream` is true',
+      Type.Object({}, { additionalProperties: true, description: 'text_completion object, passed through from the engine' }),
+      {
+        upstream: true,
+        headers: { 'X-Svc-Max-Tokens-Clamped': Type.String({ description: 'requested=N,applied=M,reason=budget|deadline|deadline+budget,source=client|default' }) },
+        content: { 'text/event-stream': { schema: Type.String({ description: 'data: <text_completion chunk> frames, ended by data: [DONE]' }) } },
+      },
+    ),
+    ...errorResponses(400, 401, 403, 404, 413, 429, 500, 502, 503, 504),
+  },
+};
 
-  app.post('/v1/completions', async (request, reply) => {
-    const prepared = prepareCompletion(request.body, context);
+/** The body is judged by the completion-request schema's own check, whose messages name the field. */
+const validateCompletion: FastifySchemaCompiler<TSchema> = (route) =>
+  route.httpPart === 'body'
+    ? (body: unknown) => {
+        const error = completionRequestError(body);
+        return error ? { error } : true;
+      }
+    : compileRouteSchema(route);
+
+function workloadOf(request: FastifyRequest): 'interactive' | 'batch' | null {
+  const value = request.headers['x-svc-workload'];
+  return value === 'interactive' || value === 'batch' ? value : null;
+}
+
+export function completionRoutes(app: FastifyInstance, options: CompletionRouteOptions): void {
+  const { engines, context, requestWindowMs, metering } = options;
+
+  // attachValidation: a body the schema refuses is still recorded as a refused request, then answered.
+  const route = { schema: completionSchema, validatorCompiler: validateCompletion, onRequest: options.authenticate, attachValidation: true };
+  app.withTypeProvider<TypeBoxTypeProvider>().post('/v1/completions', route, async (request, reply) => {
+    const started = performance.now();
+    const key = metering?.keyOf(request) ?? null;
+    // Holds are keyed by request id: one the client chose (X-Request-Id) gets a suffix of ours, so two
+    // requests sent with the same id can never share a hold.
+    const meterRequestId = request.headers['x-request-id'] === request.id ? `${request.id}.${randomBytes(6).toString('hex')}` : request.id;
+    const facts = (model: string | null, user: string | null): RequestFactsData => ({
+      request_id: meterRequestId,
+      key_prefix: key?.prefix ?? '',
+      email: key?.email ?? '',
+      client_ip: request.ip ?? null,
+      endpoint: '/v1/completions',
+      model,
+      user,
+      workload: workloadOf(request),
+    });
+    // Every request refused after authentication is recorded (metadata only), then answered.
+    const refused = (error: unknown, model: string | null, user: string | null, inputTokens: number): unknown => {
+      if (key && metering && error instanceof ApiError) {
+        metering.meter.recordRejection(key.keyId, facts(model, user), error.code, error.status, inputTokens, performance.now() - started);
+      }
+      return error;
+    };
+
+    let prepared: PreparedCompletion;
+    try {
+      if (request.validationError) throw request.validationError;
+      prepared = prepareValidCompletion(request.body, context);
+    } catch (error) {
+      const body = request.body as { model?: unknown; user?: unknown } | null;
+      throw refused(error, typeof body?.model === 'string' ? body.model : null, typeof body?.user === 'string' ? body.user : null, 0);
+    }
     const model = prepared.model;
-    // Admission (authentication, limits, budget reservation) slots in here, between validation and dispatch.
+    const requestFacts = facts(model.id, prepared.user);
 
     const controller = new AbortController();
-    // A client that goes away cancels the upstream request.
+    // A client that goes away cancels the upstream request (and leaves the key's queue).
     reply.raw.once('close', () => {
       if (!reply.raw.writableFinished) controller.abort();
     });
-    const deadline = prepared.stream ? null : setTimeout(() => controller.abort(deadlineReason), requestWindowMs);
 
+    // Admission: the worst case is reserved in memory (limits and budgets decided at once, queueing if
+    // the key's slots are taken); the route waits for it to be durable before calling the engine.
+    let admission: Admission | null = null;
+    if (key && metering) {
+      const caps = model.capabilities;
+      try {
+        admission = await metering.meter.admit({
+          key: key.current,
+          keyId: key.keyId,
+          facts: requestFacts,
+          inputTokens: prepared.promptTokens,
+          maxTokens: prepared.maxTokens,
+          maxTokensRequested: prepared.maxTokensSource === 'client' ? prepared.maxTokensRequested : null,
+          choices: prepared.promptCount * prepared.n,
+          limits: { maxActive: caps.max_inflight_per_key, maxQueued: caps.max_queued_per_key, perMinute: caps.rate_limit_per_minute },
+          signal: controller.signal,
+        });
+      } catch (error) {
+        if (controller.signal.aborted) return reply; // left the queue: nothing to answer
+        throw refused(error, model.id, prepared.user, prepared.promptTokens);
+      }
+    }
+    const atLimit = (reservation: Reservation) => lowerMaxTokens(prepared, reservation.maxTokens);
+    const gpuStarted = performance.now();
+    const dispatch = async (completion: PreparedCompletion, signal: AbortSignal): Promise<EngineResponse> => {
+      const deadline = completion.stream ? null : setTimeout(() => controller.abort(deadlineReason), requestWindowMs);
+      try {
+        return await engines.post(model.id, '/v1/completions', JSON.stringify(completion.engineBody), signal);
+      } catch (err) {
+        if (controller.signal.reason === deadlineReason) {
+          throw apiError('upstream_deadline', `generation did not finish within the ${Math.round(requestWindowMs / 1000)} s request window and was cancelled`, {
+            headers: engines.upstreamHeaders(model.id),
+          });
+        }
+        throw err;
+      } finally {
+        if (deadline) clearTimeout(deadline);
+      }
+    };
+    const settle = (usage: RelayedUsage | null, status: number, completion: PreparedCompletion) => {
+      if (!admission || !metering) return;
+      const gpuSeconds = (performance.now() - gpuStarted) / 1000;
+      const disconnected = usage !== null && !usage.completed;
+      // What the engine says it used; when the body broke off: the prompt plus what was relayed
+      // (streams) or the whole hold (a non-streaming body cannot say how far generation got).
+      const input = usage?.usage?.prompt_tokens ?? (usage ? completion.promptTokens : 0);
+      const output = usage?.usage?.completion_tokens ?? (!usage ? 0 : completion.stream ? usage.contentFrames : completion.promptCount * completion.n * completion.maxTokens);
+      void metering.meter.settle(admission, requestFacts, {
+        inputTokens: input,
+        outputTokens: output,
+        status,
+        latencyMs: performance.now() - started,
+        gpuSeconds,
+        cost: gpuSeconds * model.cost_per_second,
+        disconnected,
+      });
+    };
+
+    let completion = prepared;
     let upstream: EngineResponse;
     try {
-      upstream = await engines.post(model.id, '/v1/completions', JSON.stringify(prepared.engineBody), controller.signal);
-    } catch (err) {
-      if (controller.signal.reason === deadlineReason) {
-        throw apiError('upstream_deadline', `generation did not finish within the ${Math.round(requestWindowMs / 1000)} s request window and was cancelled`, {
-          headers: engines.upstreamHeaders(model.id),
-        });
+      if (admission) {
+        // The engine is called once the reservation is durable: a reservation decided in memory can
+        // still be refused on fresh state (another process took the key's last slot or budget first),
+        // and an engine call made on it would count against the key's 16 at the engine.
+        let stored: Reservation;
+        try {
+          stored = await admission.durable;
+        } catch (error) {
+          admission = null; // nothing was reserved: nothing to settle
+          throw refused(error, model.id, prepared.user, prepared.promptTokens);
+        }
+        completion = atLimit(stored);
       }
-      if (controller.signal.aborted) return reply; // the client left; nothing to answer
+      upstream = await dispatch(completion, controller.signal);
+    } catch (err) {
+      settle(controller.signal.aborted ? { usage: null, contentFrames: 0, completed: false } : null, err instanceof ApiError ? err.status : 500, completion);
+      if (controller.signal.aborted && controller.signal.reason !== deadlineReason) return reply; // the client left; nothing to answer
       throw err;
-    } finally {
-      if (deadline) clearTimeout(deadline);
     }
     upstream.body.once('close', upstream.release);
     options.onServed?.(model.id);
 
     reply.headers(engines.upstreamHeaders(model.id));
-    if (prepared.maxTokensClamped) reply.header('x-svc-max-tokens-clamped', prepared.maxTokensClamped);
+    if (completion.maxTokensClamped) reply.header('x-svc-max-tokens-clamped', completion.maxTokensClamped);
 
-    if (prepared.stream) {
-      // SSE frames are piped as they arrive and never compressed, so no frame is held back.
+    if (completion.stream) {
+      // SSE frames are relayed whole as they arrive and never compressed, so no frame is held back.
       reply.header('content-type', 'text/event-stream; charset=utf-8').header('cache-control', 'no-cache').header('x-accel-buffering', 'no');
-      return reply.send(relayEvents(upstream, request.id, engines.upstreamHeaders(model.id)));
+      const relay = relayEvents(upstream, request.id, engines.upstreamHeaders(model.id), completion.clientWantsUsage);
+      relay.once('close', () => settle(relay.result, 200, completion));
+      return reply.send(relay);
     }
 
     reply.header('content-type', 'application/json').header('vary', 'Accept-Encoding');
-    if (prepared.capture) return sendCapture(reply, prepared, upstream, engines.upstreamHeaders(model.id));
-
     const length = Number(upstream.headers['content-length'] ?? NaN);
+    if (length <= smallBodyBytes && !completion.capture) {
+      // A small body is gathered and written in one go: cheaper than a pipe for the common case.
+      const body = Buffer.from(await upstream.body.arrayBuffer());
+      settle({ usage: usageFrom(body.subarray(Math.max(0, body.length - 4096))), contentFrames: 0, completed: true }, 200, completion);
+      if (acceptsGzip(request) && body.length >= gzipMinBytes) return reply.header('content-encoding', 'gzip').send(await gzipAsync(body, { level: 1 }));
+      return reply.send(body);
+    }
+    // Larger bodies flow through a tap that keeps their first and last bytes, where `usage` is.
+    const tail = new UsageTail();
+    upstream.body.once('error', (err) => tail.destroy(err));
+    upstream.body.pipe(tail);
+    tail.once('close', () => {
+      upstream.body.destroy();
+      settle(tail.result, reply.statusCode, completion);
+    });
+    reply.raw.once('close', () => tail.destroy());
+    if (completion.capture) return sendCapture(reply, completion, { ...upstream, body: tail as unknown as EngineResponse['body'] }, engines.upstreamHeaders(model.id), controller.signal);
+
     if (acceptsGzip(request) && !(length < gzipMinBytes)) {
       // Level 1: the large bodies here (full-vocabulary logprobs) are highly redundant JSON, so speed wins.
       reply.header('content-encoding', 'gzip');
       const gzip = createGzip({ level: 1, chunkSize: 128 * 1024, flush: zlibConstants.Z_NO_FLUSH });
-      void feed(upstream.body, gzip);
+      void feed(tail, gzip);
       return reply.send(gzip);
     }
-    if (length <= smallBodyBytes) {
-      // A small body is gathered and written in one go: cheaper than a pipe for the common case.
-      return reply.send(Buffer.from(await upstream.body.arrayBuffer()));
-    }
     if (Number.isFinite(length)) reply.header('content-length', length);
-    return reply.send(upstream.body);
+    return reply.send(tail);
   });
 
   // Always refused, whatever the body: parse nothing, point callers to /v1/completions.
@@ -95,7 +265,8 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
       payload.once('end', () => done(null, undefined));
       payload.once('error', () => done(null, undefined));
     });
-    scope.post('/v1/chat/completions', { bodyLimit: Number.MAX_SAFE_INTEGER }, async () => {
+    const schema = { summary: 'Not supported: always 400 chat_completions_unsupported', response: errorResponses(400) };
+    scope.post('/v1/chat/completions', { bodyLimit: Number.MAX_SAFE_INTEGER, schema }, async () => {
       throw apiError('chat_completions_unsupported', 'chat completions are not supported: these are base models and prompts are never templated; send raw text to POST /v1/completions');
     });
   });
@@ -123,36 +294,26 @@ async function feed(source: Readable, sink: Writable): Promise<void> {
 }
 
 /**
- * Pipes SSE frames through unchanged. If the engine's connection breaks mid-stream, the client gets the
- * contract's mid-stream error (`data: {"error": ...}`) and `data: [DONE]` instead of a torn stream.
+ * Relays SSE frames whole. The engine is always asked for usage (streams are always billed); its usage
+ * frame is dropped unless the client asked for it. If the engine's connection breaks mid-stream, the
+ * client gets the contract's mid-stream error (`data: {"error": ...}`) and `data: [DONE]` after the last
+ * whole frame, never torn bytes.
  */
-function relayEvents(upstream: EngineResponse, requestId: string, headers: Record<string, string>): PassThrough {
-  const out = new PassThrough();
+function relayEvents(upstream: EngineResponse, requestId: string, headers: Record<string, string>, forwardUsage: boolean): SseUsageRelay {
+  const relay = new SseUsageRelay(forwardUsage);
   upstream.body.once('error', () => {
-    if (out.destroyed) return; // the client left first; nothing to tell
     const error = apiError('upstream_unreachable', 'the model server connection broke during the stream', { headers });
-    out.end(`data: ${JSON.stringify(error.body(requestId))}\n\ndata: [DONE]\n\n`);
+    relay.fail(`data: ${JSON.stringify(error.body(requestId))}\n\ndata: [DONE]\n\n`);
   });
-  out.once('close', () => upstream.body.destroy());
-  upstream.body.pipe(out);
-  return out;
+  relay.once('close', () => upstream.body.destroy());
+  upstream.body.pipe(relay);
+  return relay;
 }
 
-async function sendCapture(reply: FastifyReply, prepared: PreparedCompletion, upstream: EngineResponse, headers: Record<string, string>): Promise<FastifyReply> {
-  // A capture body is parsed once to check that every requested layer came back, then sent as received.
-  const raw = Buffer.from(await upstream.body.arrayBuffer());
-  const expected = prepared.captureLayerCount;
-  if (expected !== null) {
-    let layers: number | null = null;
-    try {
-      const parsed = JSON.parse(raw.toString('utf8')) as { activations?: { residual_stream?: { shape?: number[] } } };
-      layers = parsed.activations?.residual_stream?.shape?.[0] ?? null;
-    } catch {
-      layers = null;
-    }
-    if (layers === null || layers < expected) {
-      throw new ApiError('capture_incomplete', `the activation capture returned ${layers ?? 0} of ${expected} requested layers`, { headers });
-    }
-  }
-  return reply.header('content-length', raw.length).send(raw);
+/** A capture is relayed unchanged once its envelope holds every requested layer (see capture-relay.ts). */
+async function sendCapture(reply: FastifyReply, prepared: PreparedCompletion, upstream: EngineResponse, headers: Record<string, string>, signal: AbortSignal): Promise<FastifyReply> {
+  const checked = await checkCapture(upstream, prepared.captureLayerCount, headers, signal);
+  if (checked === null) return reply; // the client left; nothing to answer
+  if (checked.length !== null) reply.header('content-length', checked.length);
+  return reply.send(checked.body);
 }

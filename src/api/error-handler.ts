@@ -1,5 +1,7 @@
+import { StoreUnavailable } from '../store/index.ts';
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { ApiError, apiError } from '../errors/index.ts';
+import { badJson, bodyTooLarge, notJson } from './body.ts';
 
 /** Maps anything thrown on the request path to the contract's envelope; internals never leak. */
 export function toApiError(err: unknown): ApiError {
@@ -7,28 +9,19 @@ export function toApiError(err: unknown): ApiError {
   const e = err as FastifyError & { body?: unknown };
   switch (e?.code) {
     case 'FST_ERR_CTP_BODY_TOO_LARGE':
-      return apiError('request_too_large', 'request body exceeds the 8 MB limit');
+      return bodyTooLarge();
     case 'FST_ERR_CTP_INVALID_JSON_BODY':
     case 'FST_ERR_CTP_EMPTY_JSON_BODY':
-      return apiError('bad_json', 'request body is not valid JSON');
+      return badJson();
     case 'FST_ERR_CTP_INVALID_MEDIA_TYPE':
-      return apiError('invalid_request', 'Content-Type must be application/json');
+      return notJson();
     case 'FST_ERR_CTP_INVALID_CONTENT_LENGTH':
       return apiError('invalid_request', 'Content-Length does not match the body');
-    case 'FST_ERR_VALIDATION':
-      return apiError('invalid_request', validationMessage(e));
   }
-  if (e instanceof SyntaxError || e?.name === 'SyntaxError') return apiError('bad_json', 'request body is not valid JSON');
-  if (typeof e?.statusCode === 'number' && e.statusCode === 413) return apiError('request_too_large', 'request body exceeds the 8 MB limit');
+  if (e instanceof StoreUnavailable) return apiError('store_unavailable', 'the event store is unavailable; nothing was done, try again');
+  if (e instanceof SyntaxError || e?.name === 'SyntaxError') return badJson();
+  if (typeof e?.statusCode === 'number' && e.statusCode === 413) return bodyTooLarge();
   return apiError('internal_error', 'internal error');
-}
-
-function validationMessage(e: FastifyError): string {
-  const first = e.validation?.[0];
-  if (!first) return 'invalid request';
-  const where = e.validationContext ?? 'request';
-  const path = first.instancePath ? first.instancePath.slice(1).replaceAll('/', '.') : '';
-  return `${where}${path ? `.${path}` : ''}: ${first.message ?? 'is invalid'}`;
 }
 
 export function sendApiError(request: FastifyRequest, reply: FastifyReply, error: ApiError): FastifyReply {

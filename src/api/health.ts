@@ -1,5 +1,6 @@
 import type { FastifyInstance } from 'fastify';
 import { Type, type Static } from 'typebox';
+import { okResponse } from './route-schema.ts';
 
 export const BackendHealth = Type.Object({
   model_id: Type.String(),
@@ -50,7 +51,14 @@ export async function healthBody(sources: HealthSources): Promise<HealthBody> {
 }
 
 export function healthRoute(app: FastifyInstance, sources: HealthSources): void {
-  app.get('/health', async (_request, reply) => {
+  const schema = {
+    summary: 'Aggregated health',
+    response: {
+      200: okResponse('Health body (also when degraded)', HealthBody),
+      503: okResponse('The service cannot serve (its database is down)', HealthBody),
+    },
+  };
+  app.get('/health', { schema }, async (_request, reply) => {
     const body = await healthBody(sources);
     return reply.code(body.wrapper.database.ok ? 200 : 503).send(body);
   });

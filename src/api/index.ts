@@ -1,4 +1,11 @@
-export { buildApp, maxBodyBytes, exposedHeaders, type AppOptions } from './app.ts';
+export { buildApp, exposedHeaders, type AppOptions } from './app.ts';
+export { maxBodyBytes } from './body.ts';
 export { createLogger, type Logger } from './logger.ts';
 export { healthBody, HealthBody, BackendHealth, type HealthSources } from './health.ts';
 export { sendApiError, toApiError } from './error-handler.ts';
+export { completionRoutes, type CompletionRouteOptions, type RequestKey } from './completions.ts';
+export { adminKeyRoutes } from './admin-keys.ts';
+export { decorateAuthenticatedRequest, requireApiKey, requireAdminToken } from './auth.ts';
+export { modelRoutes } from './models.ts';
+export { modelStatusRoutes, type ModelStatusSource } from './model-status.ts';
+export { adminTag, adminSecurity, apiKeySecurity, errorResponses, okResponse } from './route-schema.ts';

@@ -1,7 +1,10 @@
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, onRequestAsyncHookHandler } from 'fastify';
 import { Type, type Static } from 'typebox';
 import { apiError } from '../errors/index.ts';
-import type { ModelConfig } from '../config/index.ts';
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import { modelIdPattern } from '../config/index.ts';
+import type { ModelRegistry } from '../registry/index.ts';
+import { apiKeySecurity, errorResponses, okResponse, validationErrorResponse } from './route-schema.ts';
 
 export const BootStage = Type.Union([
   Type.Object({
@@ -26,15 +29,19 @@ export interface ModelStatusSource {
   warm(modelId: string): boolean;
 }
 
-const modelIdPattern = /^[A-Za-z0-9._-]{1,64}$/;
+const StatusParams = Type.Object({ model_id: Type.String({ pattern: modelIdPattern, description: 'Short model id.' }) });
 
-export function modelStatusRoutes(app: FastifyInstance, models: ModelConfig[], source: ModelStatusSource): void {
-  const byId = new Map(models.map((m) => [m.id, m]));
-  app.get<{ Params: { model_id: string } }>('/v1/models/:model_id/status', async (request) => {
+export function modelStatusRoutes(app: FastifyInstance, registry: ModelRegistry, source: ModelStatusSource, authenticate: onRequestAsyncHookHandler): void {
+  const schema = {
+    summary: 'Per-model warm/cold and boot-stage status',
+    security: apiKeySecurity,
+    params: StatusParams,
+    response: { 200: okResponse('Model status', ModelStatus), ...errorResponses(400, 401, 404, 500), ...validationErrorResponse },
+  };
+  app.withTypeProvider<TypeBoxTypeProvider>().get('/v1/models/:model_id/status', { schema, onRequest: authenticate }, async (request) => {
     const id = request.params.model_id;
-    if (!modelIdPattern.test(id)) throw apiError('invalid_request', 'model_id: must match ^[A-Za-z0-9._-]{1,64}$');
-    const model = byId.get(id);
-    if (!model) throw apiError('model_not_found', `model "${id}" does not exist; available: ${models.filter((m) => m.status !== 'staging').map((m) => m.id).join(', ')}`);
+    const model = registry.get(id);
+    if (!model) throw apiError('model_not_found', `model "${id}" does not exist; available: ${registry.listed().map((m) => m.id).join(', ')}`);
     const boot = source.boot(id);
     // The reference engine serves activations from the same process, so both boots are the same boot.
     const body: ModelStatus = { model_id: id, boot, warm: source.warm(id), ...(model.activations ? { activation_boot: boot } : {}) };

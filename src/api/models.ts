@@ -1,6 +1,9 @@
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, onRequestAsyncHookHandler } from 'fastify';
 import { Type, type Static } from 'typebox';
 import type { ModelConfig } from '../config/index.ts';
+import { captureDModel, largestCaptureBytes } from '../completion-request/index.ts';
+import type { ModelRegistry } from '../registry/index.ts';
+import { apiKeySecurity, errorResponses, okResponse } from './route-schema.ts';
 
 export const ModelCapabilities = Type.Object({
   max_model_len: Type.Union([Type.Integer(), Type.Null()]),
@@ -18,6 +21,12 @@ export const ModelCapabilities = Type.Object({
   n_layers: Type.Optional(Type.Integer({ description: 'Decoder layers, when known (activation models).' })),
   max_steering_vectors: Type.Optional(Type.Integer()),
   max_activation_prompt_tokens: Type.Optional(Type.Integer()),
+  d_model: Type.Optional(Type.Integer({ description: 'Width of the residual stream, when known (activation models).' })),
+  max_capture_bytes: Type.Optional(
+    Type.Union([Type.Integer(), Type.Null()], {
+      description: 'Largest residual-stream capture response this model serves, in bytes (null when its size is unknown); a capture that could exceed it is refused before any engine work.',
+    }),
+  ),
 });
 
 export const ModelEntry = Type.Object({
@@ -51,6 +60,8 @@ export function modelEntry(model: ModelConfig, created: number): ModelEntry {
             ...(activations.n_layers !== null ? { n_layers: activations.n_layers } : {}),
             max_steering_vectors: activations.max_steering_vectors,
             max_activation_prompt_tokens: activations.max_activation_prompt_tokens,
+            ...(captureDModel(model) !== null ? { d_model: captureDModel(model)! } : {}),
+            max_capture_bytes: largestCaptureBytes(model),
           }
         : {}),
     },
@@ -58,8 +69,13 @@ export function modelEntry(model: ModelConfig, created: number): ModelEntry {
 }
 
 /** The live models; staging models are served when named but not listed. Serialized once. */
-export function modelRoutes(app: FastifyInstance, models: ModelConfig[]): void {
+export function modelRoutes(app: FastifyInstance, registry: ModelRegistry, authenticate: onRequestAsyncHookHandler): void {
   const created = Math.floor(Date.now() / 1000);
-  const body = JSON.stringify({ object: 'list', data: models.filter((m) => m.status !== 'staging').map((m) => modelEntry(m, created)) });
-  app.get('/v1/models', async (_request, reply) => reply.type('application/json; charset=utf-8').send(body));
+  const body = JSON.stringify({ object: 'list', data: registry.listed().map((m) => modelEntry(m, created)) });
+  const schema = {
+    summary: 'Live models with capabilities',
+    security: apiKeySecurity,
+    response: { 200: okResponse('Model list', ModelList), ...errorResponses(401, 500) },
+  };
+  app.get('/v1/models', { schema, onRequest: authenticate }, async (_request, reply) => reply.type('application/json; charset=utf-8').send(body));
 }

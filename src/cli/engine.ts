@@ -1,6 +1,6 @@
 // `svc engine [--model ID] [--port N] [--host H] [--chaos] [--boot-delay-ms N]`: one reference engine, in the
 // foreground, until SIGTERM/SIGINT. Prints one JSON line {"event":"listening","url",...} on stdout when ready.
-import type { Settings } from '../config/index.ts';
+import { defaultModel, type Settings } from '../config/index.ts';
 import { startReferenceEngine } from '../reference-engine/index.ts';
 
 export async function engineCommand(args: string[], settings: Settings): Promise<number> {
@@ -25,7 +25,7 @@ export async function engineCommand(args: string[], settings: Settings): Promise
       return 2;
     }
   }
-  const modelId = typeof flags.model === 'string' ? flags.model : settings.models.find((m) => m.default)?.id;
+  const modelId = typeof flags.model === 'string' ? flags.model : defaultModel(settings.models).id;
   const model = settings.models.find((m) => m.id === modelId);
   if (!model) {
     process.stderr.write(`svc engine: unknown model "${modelId}" (configured: ${settings.models.map((m) => m.id).join(', ')})\n`);

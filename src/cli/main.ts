@@ -6,16 +6,23 @@ commands:
   serve                          run the gateway (store, reference engines, API) on HOST:PORT
   engine [--model ID] [--port N] run a reference engine for one model (default: the default model)
   projections status             lag of each projection behind the event log
-  projections rebuild [name]     drop and replay projections from the event log
+  projections rebuild [name]     replay projections from the event log and swap them in
+  audit usage --key PREFIX --month YYYY-MM [--json]
+                                 recompute a key's month from the log, compare with key_usage (exit 1 on a difference)
+  events read STREAM [--json]    one stream's events: version, type, time, data, metadata
+  events tail [--json] [--from POSITION|start]
+                                 follow the global log live (from the head by default)
+  keys create|list|show|pause|resume|revoke|set-budget
+                                 manage API keys through a running gateway (svc keys --help)
 
 environment: PORT (8080), HOST (127.0.0.1), DATA_DIR (./data), DATABASE_URL, SVC_CONFIG (models file),
-             SVC_ADMIN_TOKEN, LOG_LEVEL (info)`;
+             SVC_ADMIN_TOKEN, LOG_LEVEL (info), SVC_URL (svc keys: http://127.0.0.1:8080)`;
 
 async function serve(settings: Settings): Promise<number> {
   const { startGateway } = await import('../gateway/index.ts');
   const admin = resolveAdminToken(process.env, settings.dataDir);
   // SVC_ENGINE_CHAOS=1 gives reference engines their failure-injection route (for tests of a whole `svc serve`).
-  const gateway = await startGateway(settings, { chaosEngines: process.env.SVC_ENGINE_CHAOS === '1' });
+  const gateway = await startGateway(settings, { chaosEngines: process.env.SVC_ENGINE_CHAOS === '1', adminToken: admin.token });
   if (admin.created) {
     // Printed once, on the first start; it is kept under DATA_DIR readable by the owner only.
     process.stderr.write(`\nadmin token (shown once, stored in ${settings.dataDir}/admin-token): ${admin.token}\n\n`);
@@ -47,9 +54,25 @@ async function main(argv: string[]): Promise<number> {
       const { engineCommand } = await import('./engine.ts');
       return engineCommand(args, settings);
     }
+    case 'keys': {
+      const { keysCommand, keysUsage } = await import('./keys.ts');
+      if (args.length === 0 || args[0] === '--help' || args[0] === 'help') {
+        process.stdout.write(`${keysUsage}\n`);
+        return args.length === 0 ? 2 : 0;
+      }
+      return keysCommand(args, settings);
+    }
     case 'projections': {
       const { projectionsCommand } = await import('./projections.ts');
       return projectionsCommand(args, settings);
+    }
+    case 'audit': {
+      const { auditCommand } = await import('./audit.ts');
+      return auditCommand(args, settings);
+    }
+    case 'events': {
+      const { eventsCommand } = await import('./events.ts');
+      return eventsCommand(args, settings);
     }
     default:
       process.stderr.write(`svc: unknown command "${command}"\n${usage}\n`);

@@ -1,12 +1,12 @@
-/** `svc projections status|rebuild [name]`: opens the store as the server would and runs the command. */
+/** `svc projections ...`: opens the store as the server would; the commands themselves live in the projection runner. */
 import type { Settings } from '../config/index.ts';
-import { runProjectionsCommand } from '../projection-runner/index.ts';
+import { isProjectionsCommand, projectionsUsage, runProjectionsCommand } from '../projection-runner/index.ts';
 import { openEventStore } from '../store/index.ts';
 import { projections } from '../../projections/index.ts';
 
 export async function projectionsCommand(args: string[], settings: Settings): Promise<number> {
-  if (args[0] !== 'status' && args[0] !== 'rebuild') {
-    process.stderr.write('usage: svc projections status [--json]\n       svc projections rebuild [name]\n');
+  if (!isProjectionsCommand(args)) {
+    process.stderr.write(projectionsUsage);
     return 2;
   }
   // With the embedded store, a running server holds DATA_DIR: opening fails with DataDirLocked, which says so.
@@ -14,6 +14,8 @@ export async function projectionsCommand(args: string[], settings: Settings): Pr
     databaseUrl: settings.databaseUrl,
     dataDir: settings.dataDir,
     purpose: `svc projections ${args.join(' ')}`,
+    // a rebuild's swap copies whole tables in one statement: no statement timeout unless one is configured
+    ...(process.env.SVC_DB_STATEMENT_TIMEOUT_MS ? {} : { statementTimeoutMs: 0 }),
   });
   try {
     return await runProjectionsCommand(args, { store, projections, stdout: process.stdout, stderr: process.stderr });

@@ -3,13 +3,15 @@
 // reading the registry, so admission (keys, limits, budget) slots in between this and dispatch.
 import { Compile } from 'typebox/compile';
 import type { ModelConfig } from '../config/index.ts';
-import { apiError } from '../errors/index.ts';
+import { apiError, type ApiError } from '../errors/index.ts';
 import type { ModelRegistry } from '../registry/index.ts';
 import { CompletionRequest, MAX_SEED } from './schema.ts';
 import { schemaError, invalid } from './schema-errors.ts';
 import { steeringVectorError } from './steering.ts';
+import { captureBytePositionLimit, capturePositionLimit } from './capture-size.ts';
 
 export { CompletionRequest, CompletionPrompt, SteeringVector, TensorCodec, StreamOptions } from './schema.ts';
+export { captureBodyBytes, largestCaptureBytes, captureDModel } from './capture-size.ts';
 
 export interface CompletionContext {
   registry: ModelRegistry;
@@ -27,6 +29,8 @@ export interface PreparedCompletion {
   stream: boolean;
   /** Ready to JSON.stringify and send to the engine's POST /v1/completions. */
   engineBody: Record<string, unknown>;
+  /** A stream whose client asked for the usage frame (the engine is always asked for it). */
+  clientWantsUsage: boolean;
   /** 1 for a single string or token-id list; otherwise the batch length. */
   promptCount: number;
   /** Tokens of each prompt as the engine will bill them (`add_special_tokens` applied). */
@@ -97,8 +101,18 @@ export function lowerMaxTokens(prepared: PreparedCompletion, maxTokens: number):
  * named, 503 `tokenizer_unavailable`) or returns what dispatch needs. Tokenizes each text prompt once.
  */
 export function prepareCompletion(body: unknown, ctx: CompletionContext): PreparedCompletion {
-  if (!checkRequest.Check(body)) throw schemaError(body);
-  const req = body as CompletionRequest;
+  const error = completionRequestError(body);
+  if (error) throw error;
+  return prepareValidCompletion(body as CompletionRequest, ctx);
+}
+
+/** The body's first schema problem as a 400 naming the field, or null when it matches (one compiled check). */
+export function completionRequestError(body: unknown): ApiError | null {
+  return checkRequest.Check(body) ? null : schemaError(body);
+}
+
+/** `prepareCompletion` for a body that already passed `completionRequestError` (the route's validator). */
+export function prepareValidCompletion(req: CompletionRequest, ctx: CompletionContext): PreparedCompletion {
   const model = ctx.registry.resolve(req.model);
   const caps = model.capabilities;
 
@@ -231,13 +245,18 @@ export function prepareCompletion(body: unknown, ctx: CompletionContext): Prepar
     );
   }
 
-  // Capture length: prompt + max_tokens - 1 positions, more of them when fewer layers are captured.
+  // Capture length: prompt + max_tokens - 1 positions, more of them when fewer layers are captured, and
+  // no more than the model's largest capture in bytes allows.
   let capturePositions: number | null = null;
+  let captureBoundByBytes = false;
   if (capture && act) {
     const requested = captureLayers === 'all' ? act.n_layers : captureLayers!.length;
-    const ratio = act.n_layers !== null && requested !== null ? act.n_layers / requested : 1;
-    const scaled = Math.floor(act.max_activation_prompt_tokens * ratio);
-    capturePositions = maxModelLen !== null ? Math.min(maxModelLen, scaled) : scaled;
+    capturePositions = capturePositionLimit(model, requested);
+    const byBytes = captureBytePositionLimit(model, requested);
+    if (byBytes < capturePositions) {
+      capturePositions = byBytes;
+      captureBoundByBytes = true;
+    }
   }
 
   // max_tokens: the client's, or the injected default.
@@ -269,11 +288,11 @@ export function prepareCompletion(body: unknown, ctx: CompletionContext): Prepar
   }
   if (capturePositions !== null && (maxTokens < 1 || longestTokens + maxTokens - 1 > capturePositions)) {
     const layers = captureLayers === 'all' ? 'all layers' : `${captureLayerCount} layer(s)`;
-    throw apiError(
-      'activation_prompt_too_long',
-      `output_residual_stream: capturing ${layers} of model ${model.id} allows ${capturePositions} positions (prompt tokens + max_tokens - 1); this request needs ${longestTokens + Math.max(maxTokens, 1) - 1}`,
-      { fields: { param: 'output_residual_stream' } },
-    );
+    const needs = longestTokens + Math.max(maxTokens, 1) - 1;
+    const message = captureBoundByBytes
+      ? `output_residual_stream: captures of model ${model.id} are served up to ${act!.max_capture_bytes} bytes (activations.max_capture_bytes); capturing ${layers} fits ${capturePositions} positions (prompt tokens + max_tokens - 1) in that bound; this request needs ${needs}`
+      : `output_residual_stream: capturing ${layers} of model ${model.id} allows ${capturePositions} positions (prompt tokens + max_tokens - 1); this request needs ${needs}`;
+    throw apiError('activation_prompt_too_long', message, { fields: { param: 'output_residual_stream' } });
   }
 
   const engineBody: Record<string, unknown> = {
@@ -297,8 +316,10 @@ export function prepareCompletion(body: unknown, ctx: CompletionContext): Prepar
     stream,
   };
   if (stream) {
+    // The engine always reports usage on a stream (every stream is billed); the gateway drops that
+    // frame when the client did not ask for it (clientWantsUsage).
     engineBody.stream_options = {
-      include_usage: req.stream_options?.include_usage ?? false,
+      include_usage: true,
       continuous_usage_stats: req.stream_options?.continuous_usage_stats ?? false,
     };
   }
@@ -324,6 +345,7 @@ export function prepareCompletion(body: unknown, ctx: CompletionContext): Prepar
     model,
     stream,
     engineBody,
+    clientWantsUsage: stream && (req.stream_options?.include_usage ?? false),
     promptCount,
     promptTokenCounts,
     promptTokens,

@@ -4,7 +4,8 @@ import { Compile } from 'typebox/compile';
 import { Settings } from 'typebox/system';
 import type { TSchema } from 'typebox';
 import { apiError, type ApiError } from '../errors/index.ts';
-import { CompletionRequest, CODEC_DTYPE_SIZES } from './schema.ts';
+import { CODEC_DTYPE_SIZES } from '../codec/index.ts';
+import { CompletionRequest } from './schema.ts';
 
 interface SchemaError {
   keyword: string;

@@ -1,26 +1,12 @@
 // The completion request body exactly as the contract's tables state it. The same schemas validate
 // requests (compiled once in index.ts) and feed the OpenAPI document.
 import { Type, type Static } from 'typebox';
+import { BASE64_PATTERN, CODEC_DTYPE_SIZES, type CodecDtype } from '../codec/index.ts';
 
 /** Largest seed the contract allows (2^63-1). As a JS number it reads as 2^63, see the README (completion requests: seed). */
 export const MAX_SEED = 9223372036854775807;
 /** Longest base64 `data` of one steering vector's tensor (characters). */
 export const MAX_STEERING_DATA_CHARS = 524_288;
-/** numpy dtype names a tensor codec may carry, with their item sizes in bytes. */
-export const CODEC_DTYPE_SIZES = {
-  float16: 2,
-  float32: 4,
-  float64: 8,
-  int8: 1,
-  int16: 2,
-  int32: 4,
-  int64: 8,
-  uint8: 1,
-  uint16: 2,
-  uint32: 4,
-  uint64: 8,
-} as const;
-export type CodecDtype = keyof typeof CODEC_DTYPE_SIZES;
 
 const NonNegativeInteger = (description: string) => Type.Integer({ minimum: 0, description });
 const TokenId = NonNegativeInteger('A token id of the model vocabulary.');
@@ -30,7 +16,7 @@ export const TensorCodec = Type.Object(
     data: Type.String({
       minLength: 1,
       maxLength: MAX_STEERING_DATA_CHARS,
-      pattern: '^[A-Za-z0-9+/]+={0,2}$',
+      pattern: BASE64_PATTERN,
       description: 'Standard padded base64 of the raw little-endian row-major bytes (zstd-compressed first when `compression` is "zstd").',
     }),
     dtype: Type.Enum(Object.keys(CODEC_DTYPE_SIZES) as CodecDtype[], {

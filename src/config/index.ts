@@ -23,6 +23,12 @@ export interface Settings {
   logLevel: string;
   /** How long a shutdown waits for in-flight requests before closing their connections. */
   shutdownGraceMs: number;
+  /** Budget reservations, rate and concurrency limits per key. Off only to measure the gateway without them. */
+  metering: boolean;
+  /** A hold whose request died (its process was killed) is expired this long after it was made or renewed. */
+  reservationTtlMs: number;
+  /** Daily GPU spend (in the configuration's cost units) past which the service answers 429 spend_cap; null: none. */
+  dailySpendCap: number | null;
 }
 
 export class ConfigError extends Error {
@@ -54,15 +60,30 @@ export function parseServiceConfig(raw: unknown, source: string): ServiceConfig 
     if (model.architecture && model.architecture.d_model % model.architecture.n_heads !== 0) {
       throw new ConfigError(`invalid configuration in ${source}: field models[${i}].architecture.n_heads must divide d_model`);
     }
+    const act = model.activations;
+    if (act && model.architecture && act.d_model != null && act.d_model !== model.architecture.d_model) {
+      throw new ConfigError(`invalid configuration in ${source}: field models[${i}].activations.d_model differs from architecture.d_model`);
+    }
+    if (act?.max_capture_bytes !== undefined && (act.n_layers === null || (act.d_model ?? model.architecture?.d_model ?? null) === null)) {
+      throw new ConfigError(`invalid configuration in ${source}: field models[${i}].activations.max_capture_bytes needs n_layers and d_model (activations.d_model or architecture.d_model) to size a capture`);
+    }
   });
-  const defaults = config.models.filter((m) => m.default === true);
-  if (defaults.length !== 1) {
-    throw new ConfigError(`invalid configuration in ${source}: field models[].default must be true on exactly one model (found ${defaults.length})`);
-  }
-  if (defaults[0].status === 'staging') {
-    throw new ConfigError(`invalid configuration in ${source}: field models[].default names staging model "${defaults[0].id}"`);
-  }
+  defaultModel(config.models, source);
   return config;
+}
+
+/** Live models are listed (`GET /v1/models`); staging models are served when named but not listed. */
+export function isListed(model: ModelConfig): boolean {
+  return model.status !== 'staging';
+}
+
+/** The one default-model rule: exactly one model has `default: true`, and it is a listed (live) model. */
+export function defaultModel(models: readonly ModelConfig[], source = 'the model list'): ModelConfig {
+  const defaults = models.filter((m) => m.default === true);
+  const problem =
+    defaults.length !== 1 ? `found ${defaults.length}` : !isListed(defaults[0]) ? `"${defaults[0].id}" is a staging model` : null;
+  if (problem) throw new ConfigError(`invalid configuration in ${source}: field models[].default must mark exactly one live default model (${problem})`);
+  return defaults[0];
 }
 
 function fieldName(instancePath: string, params: Record<string, unknown>): string {
@@ -98,6 +119,22 @@ function intFromEnv(env: NodeJS.ProcessEnv, name: string, fallback: number, min:
   return n;
 }
 
+function switchFromEnv(env: NodeJS.ProcessEnv, name: string, fallback: boolean): boolean {
+  const value = env[name];
+  if (value === undefined || value === '') return fallback;
+  if (value === 'on') return true;
+  if (value === 'off') return false;
+  throw new ConfigError(`invalid environment variable ${name}: "${value}" is not on or off`);
+}
+
+function numberFromEnv(env: NodeJS.ProcessEnv, name: string): number | null {
+  const value = env[name];
+  if (value === undefined || value === '') return null;
+  const n = Number(value);
+  if (!Number.isFinite(n) || n < 0) throw new ConfigError(`invalid environment variable ${name}: "${value}" is not a non-negative number`);
+  return n;
+}
+
 export function loadSettings(env: NodeJS.ProcessEnv = process.env, overrides: Partial<Settings> = {}): Settings {
   const configPath = overrides.configPath !== undefined ? overrides.configPath : env.SVC_CONFIG || null;
   const models = overrides.models ?? loadServiceConfig(configPath).models;
@@ -110,6 +147,9 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env, overrides: Pa
     deadlineTokensPerSecond: 20,
     logLevel: env.LOG_LEVEL || 'info',
     shutdownGraceMs: intFromEnv(env, 'SVC_SHUTDOWN_GRACE_MS', 60_000, 0, 3600_000),
+    metering: switchFromEnv(env, 'SVC_METERING', true),
+    reservationTtlMs: intFromEnv(env, 'SVC_RESERVATION_TTL_MS', 20 * 60 * 1000, 100, 7 * 24 * 3600 * 1000),
+    dailySpendCap: numberFromEnv(env, 'SVC_DAILY_SPEND_CAP'),
     ...overrides,
     configPath,
     models,

@@ -43,14 +43,24 @@ export const ActivationSupport = Type.Object(
     max_steering_vectors: Type.Integer({ minimum: 1, maximum: 8 }),
     /** Prompt + max_tokens - 1 positions allowed when every layer is captured; scaled up for fewer layers. */
     max_activation_prompt_tokens: Type.Integer({ minimum: 1 }),
+    /** Width of the residual stream; defaults to architecture.d_model. Needed to size captures in bytes. */
+    d_model: Type.Optional(Type.Union([Type.Integer({ minimum: 1 }), Type.Null()])),
+    /**
+     * Largest capture response (bytes) this gateway serves for the model, when memory says less than the
+     * other limits admit; the pre-flight refuses a capture whose body could exceed it (400, before any engine work).
+     */
+    max_capture_bytes: Type.Optional(Type.Integer({ minimum: 1 })),
   },
   { additionalProperties: false },
 );
 export type ActivationSupport = Static<typeof ActivationSupport>;
 
+/** What a short model id may look like (configuration and the status route's path parameter). */
+export const modelIdPattern = '^[A-Za-z0-9._-]{1,64}$';
+
 export const ModelConfig = Type.Object(
   {
-    id: Type.String({ pattern: '^[A-Za-z0-9._-]{1,64}$' }),
+    id: Type.String({ pattern: modelIdPattern }),
     default: Type.Optional(Type.Boolean()),
     status: Type.Optional(Type.Union([Type.Literal('live'), Type.Literal('staging')])),
     /** The checkpoint name the engine serves; responses name it in `model`. */

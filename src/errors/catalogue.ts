@@ -12,6 +12,8 @@ interface CatalogueEntry {
   noRetry?: boolean;
   /** Upstream errors mirror their code in `X-Svc-Upstream-Error-Kind`. */
   upstream?: boolean;
+  /** Other statuses the contract gives this code in named situations (a caller picks one with `status`). */
+  otherStatuses?: readonly number[];
 }
 
 export const errorCatalogue = {
@@ -26,8 +28,10 @@ export const errorCatalogue = {
   activation_prompt_too_long: { status: 400, type: 'invalid_request_error' },
   engine_context_length: { status: 400, type: 'invalid_request_error', upstream: true },
   engine_invalid_request: { status: 400, type: 'invalid_request_error', upstream: true },
-  invalid_api_key: { status: 401, type: 'authentication_error' },
+  // 403 when the key was found paused or revoked at the reservation re-check, after authentication.
+  invalid_api_key: { status: 401, type: 'authentication_error', otherStatuses: [403] },
   not_found: { status: 404, type: 'not_found_error' },
+  key_revoked: { status: 409, type: 'invalid_request_error' },
   method_not_allowed: { status: 405, type: 'invalid_request_error' },
   request_too_large: { status: 413, type: 'invalid_request_error', noRetry: true },
   budget_exceeded: { status: 429, type: 'rate_limit_error', retryAfter: 60 },
@@ -40,6 +44,7 @@ export const errorCatalogue = {
   engine_engine_dead: { status: 502, type: 'upstream_error', retryAfter: 10, upstream: true },
   upstream_server_error: { status: 502, type: 'upstream_error', retryAfter: 5, upstream: true },
   wrapper_saturated: { status: 503, type: 'server_error', retryAfter: 5 },
+  store_unavailable: { status: 503, type: 'server_error', retryAfter: 5 },
   platform_cold_boot: { status: 503, type: 'upstream_error', retryAfter: 30, upstream: true },
   circuit_open: { status: 503, type: 'upstream_error', retryAfter: 30, upstream: true },
   tokenizer_unavailable: { status: 503, type: 'server_error', retryAfter: 10 },
@@ -55,6 +60,8 @@ export interface ApiErrorOptions {
   /** Overrides the catalogue's Retry-After seconds. */
   retryAfter?: number;
   headers?: Record<string, string>;
+  /** One of the entry's `otherStatuses` instead of its usual status. */
+  status?: number;
 }
 
 export class ApiError extends Error {
@@ -68,14 +75,15 @@ export class ApiError extends Error {
     super(message);
     const entry: CatalogueEntry = errorCatalogue[code];
     this.code = code;
-    this.status = entry.status;
+    if (options.status !== undefined && !entry.otherStatuses?.includes(options.status)) throw new RangeError(`${code} is never answered with status ${options.status}`);
+    this.status = options.status ?? entry.status;
     this.type = entry.type;
     this.fields = options.fields ?? {};
     this.headers = { ...options.headers };
     const retryAfter = options.retryAfter ?? entry.retryAfter;
     if (retryAfter !== undefined) this.headers['retry-after'] = String(retryAfter);
     if (entry.noRetry) this.headers['x-should-retry'] = 'false';
-    if (entry.upstream && entry.status >= 400) this.headers['x-svc-upstream-error-kind'] = code;
+    if (entry.upstream) this.headers['x-svc-upstream-error-kind'] = code;
   }
 
   /** The contract's envelope. */

@@ -1,11 +1,23 @@
-import type { FastifyInstance } from 'fastify';
+import { EventEmitter, once } from 'node:events';
+import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { DestinationStream } from 'pino';
-import { buildApp, createLogger, type BackendHealth, type Logger } from '../api/index.ts';
-import { completionRoutes } from '../api/completions.ts';
-import { modelRoutes } from '../api/models.ts';
-import { modelStatusRoutes } from '../api/model-status.ts';
-import { openApiRoutes } from '../api/openapi.ts';
-import type { ModelConfig, Settings } from '../config/index.ts';
+import {
+  adminKeyRoutes,
+  buildApp,
+  completionRoutes,
+  createLogger,
+  decorateAuthenticatedRequest,
+  modelRoutes,
+  modelStatusRoutes,
+  requireApiKey,
+  type BackendHealth,
+  type Logger,
+  type RequestKey,
+} from '../api/index.ts';
+import { Metering } from '../metering/index.ts';
+import { resolveAdminToken, type ModelConfig, type Settings } from '../config/index.ts';
+import { CommandHandler } from '../command-handler/index.ts';
+import { KeyService } from '../keys/index.ts';
 import { EngineClient } from '../engine-client/index.ts';
 import { ModelRegistry } from '../registry/index.ts';
 import { openEventStore, type EventStore } from '../store/index.ts';
@@ -18,6 +30,8 @@ export interface GatewayOptions {
   logDestination?: DestinationStream;
   /** Start reference engines with their failure-injection route (tests only). */
   chaosEngines?: boolean;
+  /** The operators' token for the admin API (default: SVC_ADMIN_TOKEN, else DATA_DIR/admin-token, created if missing). */
+  adminToken?: string;
 }
 
 export interface Gateway {
@@ -25,11 +39,19 @@ export interface Gateway {
   app: FastifyInstance;
   store: EventStore;
   registry: ModelRegistry;
+  /** Runs deciders against streams; every stream's state is cached (keys now, meters later). */
+  commands: CommandHandler;
+  /** API keys: authentication, current state for the metering re-check, administration. */
+  keys: KeyService;
+  /** Resolves once every projection has applied every event committed before the call. */
+  projectionsCaughtUp(): Promise<void>;
   logger: Logger;
   /** Base URL of each model's engine. */
   engineUrls: Map<string, string>;
   /** Process id of each reference engine the gateway started. */
   enginePids: Map<string, number>;
+  /** Resolves with the new address when the model's reference engine next comes back after dying. */
+  engineRestarted(modelId: string): Promise<string>;
   close(): Promise<void>;
 }
 
@@ -68,6 +90,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     const engineUrls = new Map<string, string>();
     const enginePids = new Map<string, number>();
     const referenceEngines = new Map<string, SupervisedEngine>();
+    const restarts = new EventEmitter();
     let engines: EngineClient | null = null;
     const startEngine = async (model: ModelConfig) => {
       if (model.engine !== 'reference') {
@@ -82,6 +105,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
           engineUrls.set(model.id, url);
           enginePids.set(model.id, engine.pid);
           engines?.retarget(model.id, url);
+          restarts.emit(model.id, url);
         },
       });
       stoppers.push(() => engine.stop());
@@ -111,6 +135,37 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     });
     await runner.start();
     stoppers.push(() => runner.stop());
+
+    const commands = new CommandHandler({ store });
+    stoppers.push(() => commands.settled());
+    // The handler's cache follows the log: another process's write to a stream is read before the next decision there.
+    const following = await commands.followLog((error) => logger.error({ err: (error as Error)?.message }, 'log subscription (cache freshness) failed a read; retrying'));
+    stoppers.push(() => following.stop());
+    const keys = new KeyService({ handler: commands });
+    await keys.start();
+    stoppers.push(() => keys.stop());
+    const adminToken = options.adminToken ?? resolveAdminToken(process.env, settings.dataDir).token;
+    const authenticate = requireApiKey(keys);
+    const metering = settings.metering
+      ? new Metering({ handler: commands, store, logger, reservationTtlMs: settings.reservationTtlMs, dailySpendCap: settings.dailySpendCap })
+      : null;
+    if (metering) {
+      metering.start();
+      stoppers.push(() => metering.stop());
+    }
+    const keyOf = (request: FastifyRequest): RequestKey | null => {
+      const key = request.apiKey;
+      if (!key) return null;
+      return {
+        keyId: key.keyId,
+        prefix: key.prefix,
+        email: key.email,
+        current: async () => {
+          const now = await keys.current(key.prefix);
+          return now ? { keyId: now.keyId, status: now.status, budgets: now.budgets } : { keyId: key.keyId, status: 'revoked', budgets: key.budgets };
+        },
+      };
+    };
 
     engines = new EngineClient(
       settings.models.map((m) => ({ modelId: m.id, url: engineUrls.get(m.id)!, checkpoint: m.checkpoint, gpuShape: m.gpu_shape })),
@@ -146,21 +201,24 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
       logger,
       health: { pingStore: (timeoutMs) => store.ping(timeoutMs), backends },
       routes: async (scope) => {
+        decorateAuthenticatedRequest(scope);
         completionRoutes(scope, {
+          authenticate,
           context: { registry, requestWindowMs: settings.requestWindowMs, deadlineTokensPerSecond: settings.deadlineTokensPerSecond },
           engines,
           requestWindowMs: settings.requestWindowMs,
           onServed: (modelId) => lastCompletion.set(modelId, Date.now()),
+          metering: metering ? { meter: metering, keyOf } : undefined,
         });
-        modelRoutes(scope, settings.models);
-        modelStatusRoutes(scope, settings.models, {
+        modelRoutes(scope, registry, authenticate);
+        modelStatusRoutes(scope, registry, {
           boot: (id) => {
             const engine = referenceEngines.get(id);
             return engine?.alive && Date.now() - engine.bootedAt < freshForMs ? { stage: 'ready', at: new Date(engine.bootedAt).toISOString() } : null;
           },
           warm,
-        });
-        await openApiRoutes(scope);
+        }, authenticate);
+        adminKeyRoutes(scope, { keys, adminToken, db: store, projectionsCaughtUp: () => runner.caughtUp() });
       },
     });
     stoppers.push(() => drainAndClose(app, settings.shutdownGraceMs));
@@ -173,9 +231,13 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
       app,
       store,
       registry,
+      commands,
+      keys,
+      projectionsCaughtUp: () => runner.caughtUp(),
       logger,
       engineUrls,
       enginePids,
+      engineRestarted: async (modelId) => String((await once(restarts, modelId))[0]),
       close: () => (closing ??= stopAll().then(() => new Promise<void>((resolve) => logger.flush(() => resolve())))),
     };
   } catch (err) {

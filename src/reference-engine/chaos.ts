@@ -1,8 +1,9 @@
 // Failure modes on demand (only when the engine runs with --chaos): the next N completions fail in a chosen way.
 import { badRequest } from './errors.ts';
 
-export type ChaosMode = 'none' | 'error500' | 'oom' | 'dead' | 'hang' | 'delay' | 'crash';
-const MODES: ChaosMode[] = ['none', 'error500', 'oom', 'dead', 'hang', 'delay', 'crash'];
+// `crash` dies after the first token; `tear` too, but a stream first gets half of its next SSE frame.
+export type ChaosMode = 'none' | 'error500' | 'oom' | 'dead' | 'hang' | 'delay' | 'crash' | 'tear';
+const MODES: ChaosMode[] = ['none', 'error500', 'oom', 'dead', 'hang', 'delay', 'crash', 'tear'];
 
 export class Chaos {
   mode: ChaosMode = 'none';

@@ -84,6 +84,7 @@ export function logprobsJson(tokenizer: Tokenizer, ids: number[], steps: (StepLo
   return `{"text_offset":[${offsets.join(',')}],"token_logprobs":[${lps.join(',')}],"tokens":[${tokens.join(',')}],"top_logprobs":[${tops.join(',')}]}`;
 }
 
+/** Pre-encoded JSON fragments per token id for the full-vocabulary writer, in one blob (few objects to keep). */
 export class VocabJson {
   readonly #tokenizer: Tokenizer;
   #blob: Uint8Array | null = null;

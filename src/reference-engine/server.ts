@@ -32,6 +32,25 @@ export function createEngineServer(opts: EngineServerOptions): EngineServer {
   const created = Math.floor(Date.now() / 1000);
   const sockets = new Set<Socket>();
   const inflight = new Set<AbortController>();
+  // The most generations that ever ran at once: lets a test count concurrency at the engine itself.
+  let inflightPeak = 0;
+  /** Generations cut short because their client went away (chaos: tests tell a cancel from an end). */
+  let cancelled = 0;
+  const inflightWaiters = new Set<() => void>();
+  const inflightChanged = () => {
+    for (const wake of inflightWaiters) wake();
+  };
+  /** Resolves once exactly `count` generations run: a test waits on the event instead of polling /metrics. */
+  const whenRunning = (count: number) =>
+    new Promise<void>((resolve) => {
+      const wake = () => {
+        if (inflight.size !== count) return;
+        inflightWaiters.delete(wake);
+        resolve();
+      };
+      inflightWaiters.add(wake);
+      wake();
+    });
   const completionContext = { generator, checkpoint, vocabJson: new VocabJson(tokenizer) };
   let crashed = false;
 
@@ -64,7 +83,10 @@ export function createEngineServer(opts: EngineServerOptions): EngineServer {
         return void res.end();
       case 'GET /metrics': {
         // vLLM's Prometheus gauge of requests being generated; a client that leaves is no longer counted.
-        const text = `# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=${JSON.stringify(checkpoint)}} ${inflight.size}\n`;
+        const model = `{model_name=${JSON.stringify(checkpoint)}}`;
+        const text =
+          `# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running${model} ${inflight.size}\n` +
+          `# TYPE svc_engine_requests_running_peak gauge\nsvc_engine_requests_running_peak${model} ${inflightPeak}\n`;
         res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4', 'content-length': Buffer.byteLength(text) });
         return void res.end(text);
       }
@@ -99,6 +121,13 @@ export function createEngineServer(opts: EngineServerOptions): EngineServer {
       case 'POST /_chaos':
         if (chaos) return sendJson(res, 200, chaos.configure(await readJson(req)));
         break;
+      case 'POST /_chaos/running': {
+        if (!chaos) break;
+        const count = (await readJson(req)).count;
+        if (!Number.isInteger(count) || (count as number) < 0) throw badRequest('count must be a non-negative integer', 'count');
+        await whenRunning(count as number);
+        return sendJson(res, 200, { running: inflight.size, cancelled });
+      }
     }
     sendJson(res, 404, { detail: 'Not Found' });
   }
@@ -119,17 +148,30 @@ export function createEngineServer(opts: EngineServerOptions): EngineServer {
     if (mode === 'hang') return; // never answered; the socket closes with the server
     const abort = new AbortController();
     inflight.add(abort);
+    inflightPeak = Math.max(inflightPeak, inflight.size);
+    inflightChanged();
     res.on('close', () => {
-      if (!res.writableFinished) abort.abort(new Error('client went away'));
+      if (res.writableFinished) return;
+      cancelled++;
+      abort.abort(new Error('client went away'));
     });
-    const afterToken =
-      mode === 'delay' ? () => new Promise<void>((r) => setTimeout(r, chaos!.delayMs)) : mode === 'crash' ? () => crash() : undefined;
     const id = `cmpl-${randomBytes(16).toString('hex')}`;
+    // A torn frame reaches the client's socket before the engine dies.
+    const tear = () => new Promise<void>((r) => res.write(`data: {"id":"${id}","object":"text_completion","choi`, () => r(crash())));
+    const afterToken =
+      mode === 'delay'
+        ? () => new Promise<void>((r) => setTimeout(r, chaos!.delayMs))
+        : mode === 'crash' || (mode === 'tear' && !req.stream)
+          ? () => crash()
+          : mode === 'tear'
+            ? tear
+            : undefined;
     try {
       if (req.stream) await streamCompletion(completionContext, req, res, id, abort.signal, afterToken);
       else await fullCompletion(completionContext, req, res, id, abort.signal, afterToken);
     } finally {
       inflight.delete(abort);
+      inflightChanged();
     }
   }
 
@@ -144,7 +186,6 @@ export function createEngineServer(opts: EngineServerOptions): EngineServer {
   };
 }
 
-/** Pre-encoded JSON fragments per token id for the full-vocabulary writer, in one blob (few objects to keep). */
 function sendJson(res: ServerResponse, status: number, body: unknown): void {
   const text = JSON.stringify(body);
   res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });

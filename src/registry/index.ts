@@ -1,6 +1,6 @@
 // The model registry: which models exist, which one is the default, which are listed, and each model's
 // tokenizer, loaded at start and retried in the background when it fails (other models unaffected).
-import type { ModelConfig } from '../config/index.ts';
+import { defaultModel, isListed, type ModelConfig } from '../config/index.ts';
 import { apiError } from '../errors/index.ts';
 import { loadTokenizer, type Tokenizer } from '../tokenizer/index.ts';
 
@@ -41,9 +41,7 @@ export class ModelRegistry {
   #closed = false;
 
   constructor(models: readonly ModelConfig[], options: RegistryOptions = {}) {
-    const defaults = models.filter((m) => m.default === true && m.status !== 'staging');
-    if (defaults.length !== 1) throw new Error(`the registry needs exactly one live default model (found ${defaults.length})`);
-    this.default = defaults[0];
+    this.default = defaultModel(models);
     this.#order = [...models];
     this.#models = new Map(models.map((m) => [m.id, m]));
     this.#retryInitialMs = options.retryInitialMs ?? 1000;
@@ -65,7 +63,7 @@ export class ModelRegistry {
 
   /** Live models in configuration order: what `GET /v1/models` lists. Staging models are served but not listed. */
   listed(): ModelConfig[] {
-    return this.#order.filter((m) => m.status !== 'staging');
+    return this.#order.filter(isListed);
   }
 
   /** The model a request names: null/omitted is the default; an unknown id is 400 `model_not_found`. */

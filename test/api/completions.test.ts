@@ -4,20 +4,21 @@ import { gunzipSync } from 'node:zlib';
 import { request } from 'undici';
 import SwaggerParser from '@apidevtools/swagger-parser';
 import { startTestGateway, json, type TestGateway } from '../support/gateway.ts';
+import { assertDocumented } from '../support/openapi.ts';
 
 const e2e = suite('completions end to end (gateway + reference engine over HTTP)');
 let gw: TestGateway;
 const byteCheckpoint = 'svc/ref-byte-4l-64d-dummy';
 
 e2e.before(async () => {
-  gw = await startTestGateway();
+  gw = await startTestGateway({}, { chaosEngines: true });
 });
 e2e.after(async () => {
   await gw?.stop();
 });
 
 function post(body: unknown, headers: Record<string, string> = {}) {
-  return fetch(`${gw.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify(body) });
+  return fetch(`${gw.url}/v1/completions`, { method: 'POST', headers: { ...gw.authHeaders(), 'content-type': 'application/json', ...headers }, body: JSON.stringify(body) });
 }
 
 async function sse(res: Response): Promise<{ frames: any[]; done: boolean }> {
@@ -57,6 +58,7 @@ e2e('non-streaming completion: text_completion passed through, model names the c
   assert.is(body.usage.prompt_tokens, 6, 'BOS + 5 bytes');
   assert.is(body.usage.total_tokens, body.usage.prompt_tokens + body.usage.completion_tokens);
   assert.ok(body.usage.completion_tokens <= 8);
+  assertDocumented(await json(await fetch(`${gw.url}/openapi.json`)), 'POST', '/v1/completions', res);
 });
 
 e2e('greedy decoding is deterministic through the gateway', async () => {
@@ -126,11 +128,11 @@ e2e('prompt_logprobs k: element 0 null, then maps with the prompt token and rank
 
 e2e('full-vocabulary prompt logprobs: streamed, identical with and without gzip', async () => {
   const body = { prompt: 'full vocab', max_tokens: 1, temperature: 0, prompt_logprobs: -1 };
-  const plain = await request(`${gw.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+  const plain = await request(`${gw.url}/v1/completions`, { method: 'POST', headers: { ...gw.authHeaders(), 'content-type': 'application/json' }, body: JSON.stringify(body) });
   assert.is(plain.statusCode, 200);
   assert.is(plain.headers['content-encoding'], undefined);
   const plainText = await plain.body.text();
-  const gz = await request(`${gw.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'accept-encoding': 'gzip' }, body: JSON.stringify(body) });
+  const gz = await request(`${gw.url}/v1/completions`, { method: 'POST', headers: { ...gw.authHeaders(), 'content-type': 'application/json', 'accept-encoding': 'gzip' }, body: JSON.stringify(body) });
   assert.is(gz.statusCode, 200);
   assert.is(gz.headers['content-encoding'], 'gzip');
   assert.match(String(gz.headers.vary), /Accept-Encoding/i);
@@ -153,7 +155,7 @@ e2e('full-vocabulary prompt logprobs: streamed, identical with and without gzip'
 e2e('gzip on an ordinary non-streaming response; small ones stay plain', async () => {
   const big = await request(`${gw.url}/v1/completions`, {
     method: 'POST',
-    headers: { 'content-type': 'application/json', 'accept-encoding': 'gzip' },
+    headers: { ...gw.authHeaders(), 'content-type': 'application/json', 'accept-encoding': 'gzip' },
     body: JSON.stringify({ prompt: 'zip', max_tokens: 40, temperature: 0, logprobs: 5 }),
   });
   assert.is(big.statusCode, 200);
@@ -162,7 +164,7 @@ e2e('gzip on an ordinary non-streaming response; small ones stay plain', async (
   assert.is(parsed.object, 'text_completion');
   const small = await request(`${gw.url}/v1/completions`, {
     method: 'POST',
-    headers: { 'content-type': 'application/json', 'accept-encoding': 'gzip' },
+    headers: { ...gw.authHeaders(), 'content-type': 'application/json', 'accept-encoding': 'gzip' },
     body: JSON.stringify({ prompt: 'z', max_tokens: 1, temperature: 0 }),
   });
   assert.is(small.headers['content-encoding'], undefined);
@@ -188,6 +190,28 @@ e2e('streaming without include_usage: one frame per token, no usage frame, [DONE
   const text = frames.map((f) => f.choices[0].text).join('');
   const whole = await json(await post({ prompt: 'Stream', max_tokens: 10, temperature: 0 }));
   assert.is(text, whole.choices[0].text);
+});
+
+e2e('streaming is streamed: the first frame reaches the client while the engine is still generating', async () => {
+  const engine = gw.engineUrls.get('ref-byte')!;
+  const running = async () => Number((await (await fetch(`${engine}/metrics`)).text()).match(/num_requests_running\{[^}]*\} (\d+)/)![1]);
+  // The engine holds its generation for 30 s after the first token: a relay that buffered the body
+  // would have nothing to show the client before then.
+  await (await fetch(`${engine}/_chaos`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ mode: 'delay', delay_ms: 30_000, count: 1 }) })).arrayBuffer();
+  const client = new AbortController();
+  const res = await fetch(`${gw.url}/v1/completions`, {
+    method: 'POST',
+    headers: { ...gw.authHeaders(), 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt: 'Incremental', max_tokens: 3, temperature: 0, stream: true }),
+    signal: client.signal,
+  });
+  assert.is(res.status, 200);
+  const reader = res.body!.getReader();
+  const first = Buffer.from((await reader.read()).value!).toString('utf8');
+  assert.match(first, /^data: \{/);
+  assert.is(JSON.parse(first.slice(6).split('\n\n')[0]).choices.length, 1, 'a whole content frame');
+  assert.is(await running(), 1, 'the engine has not finished the generation');
+  client.abort();
 });
 
 e2e('streaming with include_usage: final usage frame with empty choices before [DONE]', async () => {
@@ -234,12 +258,12 @@ e2e('steering changes the next-token distribution', async () => {
 e2e('omitted max_tokens on a non-streaming request is cut to the deadline and reported', async () => {
   const short = await startTestGateway({ requestWindowMs: 14_000 });
   try {
-    const res = await fetch(`${short.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: 'Clamp', temperature: 0 }) });
+    const res = await fetch(`${short.url}/v1/completions`, { method: 'POST', headers: { ...short.authHeaders(), 'content-type': 'application/json' }, body: JSON.stringify({ prompt: 'Clamp', temperature: 0 }) });
     assert.is(res.status, 200);
     assert.is(res.headers.get('x-svc-max-tokens-clamped'), 'requested=32000,applied=260,reason=deadline,source=default');
     const body = await json(res);
     assert.ok(body.usage.completion_tokens <= 260);
-    const streamed = await fetch(`${short.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: 'Clamp', temperature: 0, stream: true, max_tokens: null }) });
+    const streamed = await fetch(`${short.url}/v1/completions`, { method: 'POST', headers: { ...short.authHeaders(), 'content-type': 'application/json' }, body: JSON.stringify({ prompt: 'Clamp', temperature: 0, stream: true, max_tokens: null }) });
     assert.is(streamed.headers.get('x-svc-max-tokens-clamped'), null, 'streaming keeps the full default');
     await streamed.body?.cancel();
   } finally {
@@ -255,10 +279,11 @@ e2e('validation errors come back in the envelope before any engine is called', a
   assert.match(body.error.message, /extra_body/);
   assert.is(body.request_id, res.headers.get('x-request-id'));
   assert.is(res.headers.get('x-svc-upstream-model'), null);
+  assertDocumented(await json(await fetch(`${gw.url}/openapi.json`)), 'POST', '/v1/completions', res);
 });
 
 e2e('GET /v1/models lists live models with capabilities', async () => {
-  const res = await fetch(`${gw.url}/v1/models`);
+  const res = await fetch(`${gw.url}/v1/models`, { headers: gw.authHeaders() });
   assert.is(res.status, 200);
   const body = await json(res);
   assert.is(body.object, 'list');
@@ -277,22 +302,28 @@ e2e('GET /v1/models lists live models with capabilities', async () => {
   assert.is(caps.activations, true);
   assert.is(caps.n_layers, 4);
   assert.is(caps.max_steering_vectors, 8);
+  assert.is(caps.d_model, 64);
+  // 1 layer x 32,768 positions x 64 wide, as base64 bf16, plus 64 KiB + 64 B per position of JSON.
+  assert.is(caps.max_capture_bytes, 4 * Math.ceil((32_768 * 64 * 2) / 3) + 65_536 + 32_768 * 64);
 });
 
 e2e('GET /v1/models/{id}/status: boot and warm; 400 for a malformed id', async () => {
-  const res = await fetch(`${gw.url}/v1/models/ref-byte/status`);
+  const res = await fetch(`${gw.url}/v1/models/ref-byte/status`, { headers: gw.authHeaders() });
   assert.is(res.status, 200);
   const body = await json(res);
   assert.ok('boot' in body && 'warm' in body && 'activation_boot' in body);
   for (const id of [encodeURIComponent('bad id!'), 'x'.repeat(65), 'y'.repeat(300)]) {
-    const bad = await fetch(`${gw.url}/v1/models/${id}/status`);
+    const bad = await fetch(`${gw.url}/v1/models/${id}/status`, { headers: gw.authHeaders() });
     assert.is(bad.status, 400, id);
     const body = await json(bad);
     assert.is(body.error.code, 'invalid_request');
     assert.is(body.request_id, bad.headers.get('x-request-id'));
   }
-  const unknown = await fetch(`${gw.url}/v1/models/no-such-model/status`);
+  const unknown = await fetch(`${gw.url}/v1/models/no-such-model/status`, { headers: gw.authHeaders() });
   assert.is(unknown.status, 400);
+  const doc = await json(await fetch(`${gw.url}/openapi.json`));
+  assertDocumented(doc, 'GET', '/v1/models/{model_id}/status', res);
+  assertDocumented(doc, 'GET', '/v1/models/{model_id}/status', unknown);
   assert.is((await json(unknown)).error.code, 'model_not_found');
 });
 

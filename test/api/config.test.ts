@@ -38,6 +38,8 @@ config('invalid configuration names the field', () => {
   rejects((c) => (c.models[1].default = true), /default/);
   rejects((c) => (c.models[1].id = c.models[0].id), /models\[1\]\.id/);
   rejects((c) => (c.models[0].tokenizer = { kind: 'sentencepiece' }), /models\[0\]\.tokenizer/);
+  rejects((c) => (c.models[0].activations.d_model = 32), /models\[0\]\.activations\.d_model differs/);
+  rejects((c) => (c.models[0].activations = { ...c.models[0].activations, n_layers: null, max_capture_bytes: 1000 }), /models\[0\]\.activations\.max_capture_bytes needs n_layers and d_model/);
 });
 
 config('bad environment variables name the variable', () => {

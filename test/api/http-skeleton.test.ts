@@ -2,6 +2,7 @@ import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { request as httpRequest } from 'node:http';
 import { startTestGateway, json, type TestGateway } from '../support/gateway.ts';
+import { assertDocumented } from '../support/openapi.ts';
 
 const http = suite<{ gw: TestGateway }>('http skeleton');
 let gw: TestGateway;
@@ -88,19 +89,19 @@ http('the route is judged before the body: unknown route with bad JSON is 404, w
 });
 
 http('malformed JSON: 400 bad_json', async () => {
-  const res = await fetch(`${gw.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"prompt": "x",' });
+  const res = await fetch(`${gw.url}/v1/completions`, { method: 'POST', headers: { ...gw.authHeaders(), 'content-type': 'application/json' }, body: '{"prompt": "x",' });
   assert.is(res.status, 400);
   assertEnvelope(await json(res), res, 'bad_json');
 });
 
 http('empty JSON body: 400 bad_json', async () => {
-  const res = await fetch(`${gw.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '' });
+  const res = await fetch(`${gw.url}/v1/completions`, { method: 'POST', headers: { ...gw.authHeaders(), 'content-type': 'application/json' }, body: '' });
   assert.is(res.status, 400);
   assertEnvelope(await json(res), res, 'bad_json');
 });
 
 http('application/json with a charset parameter is JSON', async () => {
-  const res = await fetch(`${gw.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json; charset=utf-8' }, body: '{"prompt": "a", "max_tokens": 1}' });
+  const res = await fetch(`${gw.url}/v1/completions`, { method: 'POST', headers: { ...gw.authHeaders(), 'content-type': 'application/json; charset=utf-8' }, body: '{"prompt": "a", "max_tokens": 1}' });
   assert.is(res.status, 200);
   await res.arrayBuffer();
 });
@@ -113,7 +114,7 @@ http('a bare OPTIONS request is answered, not refused in plain text', async () =
 });
 
 http('non-JSON content type: 400 invalid_request naming Content-Type', async () => {
-  const res = await fetch(`${gw.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'text/plain' }, body: 'hello' });
+  const res = await fetch(`${gw.url}/v1/completions`, { method: 'POST', headers: { ...gw.authHeaders(), 'content-type': 'text/plain' }, body: 'hello' });
   assert.is(res.status, 400);
   const body = await json(res);
   assertEnvelope(body, res, 'invalid_request');
@@ -122,16 +123,17 @@ http('non-JSON content type: 400 invalid_request naming Content-Type', async () 
 
 http('body over 8 MB: 413 request_too_large with X-Should-Retry: false', async () => {
   const big = JSON.stringify({ prompt: 'x'.repeat(8 * 1024 * 1024 + 10) });
-  const res = await fetch(`${gw.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: big });
+  const res = await fetch(`${gw.url}/v1/completions`, { method: 'POST', headers: { ...gw.authHeaders(), 'content-type': 'application/json' }, body: big });
   assert.is(res.status, 413);
   assert.is(res.headers.get('x-should-retry'), 'false');
   assertEnvelope(await json(res), res, 'request_too_large');
+  assertDocumented(await json(await fetch(`${gw.url}/openapi.json`)), 'POST', '/v1/completions', res);
 });
 
 http('body over 8 MB without Content-Length (chunked): still 413', async () => {
   const url = new URL(`${gw.url}/v1/completions`);
   const result = await new Promise<{ status: number; headers: Record<string, any>; body: string }>((resolve, reject) => {
-    const req = httpRequest({ host: url.hostname, port: url.port, path: url.pathname, method: 'POST', headers: { 'content-type': 'application/json', 'transfer-encoding': 'chunked' } }, (res) => {
+    const req = httpRequest({ host: url.hostname, port: url.port, path: url.pathname, method: 'POST', headers: { ...gw.authHeaders(), 'content-type': 'application/json', 'transfer-encoding': 'chunked' } }, (res) => {
       let body = '';
       res.on('data', (d) => (body += d));
       res.on('end', () => resolve({ status: res.statusCode!, headers: res.headers, body }));

@@ -2,7 +2,7 @@ import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { Writable } from 'node:stream';
 import { buildApp, createLogger } from '../../src/api/index.ts';
-import { openEventStore, type EventStore } from '../../src/store/index.ts';
+import { openEventStore, StoreUnavailable, type EventStore } from '../../src/store/index.ts';
 
 // An exception nobody anticipated still answers in the envelope, with a request id and no internal text.
 const internal = suite('unhandled exceptions');
@@ -47,6 +47,31 @@ internal('a throwing route answers 500 internal_error without its message or sta
     await app.close();
   }
   assert.ok(lines.some((l) => l.includes('secret internal detail')), 'the stack is logged for operators');
+});
+
+internal('a store that cannot be reached answers 503 store_unavailable with Retry-After, in the envelope', async () => {
+  const logger = createLogger('silent');
+  const app = await buildApp({
+    logger,
+    health: { pingStore: (t) => store.ping(t), backends: () => [] },
+    routes: (scope) => {
+      scope.get('/v1/store-down', async () => {
+        throw new StoreUnavailable('the database did not answer within 10000 ms', true);
+      });
+    },
+  });
+  await app.listen({ port: 0, host: '127.0.0.1' });
+  try {
+    const { port } = app.server.address() as { port: number };
+    const res = await fetch(`http://127.0.0.1:${port}/v1/store-down`);
+    assert.is(res.status, 503);
+    assert.is(res.headers.get('retry-after'), '5');
+    const body = (await res.json()) as { error: { code: string }; request_id: string };
+    assert.is(body.error.code, 'store_unavailable');
+    assert.is(body.request_id, res.headers.get('x-request-id'));
+  } finally {
+    await app.close();
+  }
 });
 
 internal.run();

@@ -10,7 +10,7 @@ let openai: OpenAI;
 
 client.before(async () => {
   gw = await startTestGateway();
-  openai = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'sk-test-not-checked-yet', maxRetries: 0 });
+  openai = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: gw.apiKey, maxRetries: 0 });
 });
 client.after(async () => {
   await gw?.stop();

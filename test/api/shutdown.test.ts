@@ -6,6 +6,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { issueKey } from '../support/gateway.ts';
 
 const svc = fileURLToPath(new URL('../../bin/svc.js', import.meta.url));
 
@@ -35,6 +36,7 @@ test('SIGTERM drains an in-flight stream, refuses new connections, stops engines
       child.once('exit', (code) => reject(new Error(`svc serve exited ${code}: ${stderr}`)));
     });
     assert.match(stderr, /admin token \(shown once/, 'the first start prints the generated admin token');
+    const apiKey = await issueKey(url, stderr.match(/admin token \(shown once[^)]*\): (\S+)/)![1]);
     const engine = engines.get('ref-byte')!;
     assert.ok(engine, 'the default model has a reference engine');
 
@@ -42,7 +44,7 @@ test('SIGTERM drains an in-flight stream, refuses new connections, stops engines
     await fetch(`${engine.url}/_chaos`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ mode: 'delay', delay_ms: 100, count: 1 }) });
     const res = await fetch(`${url}/v1/completions`, {
       method: 'POST',
-      headers: { 'content-type': 'application/json' },
+      headers: { authorization: `Bearer ${apiKey}`, 'content-type': 'application/json' },
       body: JSON.stringify({ prompt: 'drain me', max_tokens: 12, temperature: 0, stream: true, stream_options: { include_usage: true } }),
     });
     assert.is(res.status, 200);

@@ -15,6 +15,8 @@ import {
   lowerMaxTokens,
   deadlineFeasibleTokens,
   formatMaxTokensClamped,
+  captureBodyBytes,
+  largestCaptureBytes,
   type CompletionContext,
   type PreparedCompletion,
 } from '../../src/completion-request/index.ts';
@@ -38,6 +40,8 @@ const models: ModelConfig[] = [
   variant(byteModel, 'byte-noact', { activations: null }),
   variant(byteModel, 'byte-layers-unknown', { activations: { ...byteModel.activations!, n_layers: null } }),
   variant(byteModel, 'byte-staging', { status: 'staging' }),
+  // A gateway that serves captures of this model up to 1 MB: 1251 positions with all 4 layers (d_model 64).
+  variant(byteModel, 'byte-cap1m', { activations: { ...byteModel.activations!, max_capture_bytes: 1_000_000 } }),
 ];
 const registry = new ModelRegistry(models);
 await registry.loadTokenizers();
@@ -230,19 +234,19 @@ const rows: Row[] = [
   { name: 'stream_options: non-boolean', body: { prompt: 'a', max_tokens: 1, stream: true, stream_options: { include_usage: 1 } }, reject: bad('stream_options.include_usage: must be a boolean') },
   { name: 'stream_options: not an object', body: { prompt: 'a', max_tokens: 1, stream: true, stream_options: true }, reject: bad('stream_options: must be an object') },
   {
-    name: 'stream_options: explicit booleans sent',
+    name: 'stream_options: explicit booleans sent; the client asked for the usage frame',
     body: { prompt: 'a', max_tokens: 1, stream: true, stream_options: { include_usage: true } },
-    accept: (p) => assert.equal(p.engineBody.stream_options, { include_usage: true, continuous_usage_stats: false }),
+    accept: (p) => (assert.equal(p.engineBody.stream_options, { include_usage: true, continuous_usage_stats: false }), assert.is(p.clientWantsUsage, true)),
   },
   {
-    name: 'stream_options: both false when omitted',
+    name: 'stream_options omitted: the engine is still asked for usage (streams are billed), the client did not ask',
     body: { prompt: 'a', max_tokens: 1, stream: true },
-    accept: (p) => (assert.ok(p.stream), assert.equal(p.engineBody.stream_options, { include_usage: false, continuous_usage_stats: false })),
+    accept: (p) => (assert.ok(p.stream), assert.equal(p.engineBody.stream_options, { include_usage: true, continuous_usage_stats: false }), assert.is(p.clientWantsUsage, false)),
   },
   {
     name: 'stream_options: continuous_usage_stats',
     body: { prompt: 'a', max_tokens: 1, stream: true, stream_options: { continuous_usage_stats: true, include_usage: false } },
-    accept: (p) => assert.equal(p.engineBody.stream_options, { include_usage: false, continuous_usage_stats: true }),
+    accept: (p) => (assert.equal(p.engineBody.stream_options, { include_usage: true, continuous_usage_stats: true }), assert.is(p.clientWantsUsage, false)),
   },
 
   // Model resolution.
@@ -361,6 +365,24 @@ const rows: Row[] = [
   { name: 'capture cap: default fits the cap', body: { prompt: x(99), output_residual_stream: true }, accept: maxIs(8093) },
   { name: 'capture cap: default of 1 at the cap', body: { prompt: x(8191), output_residual_stream: true }, accept: maxIs(1) },
   { name: 'capture cap: no room for a default', body: { prompt: x(8192), output_residual_stream: true }, reject: { status: 400, code: 'activation_prompt_too_long' } },
+  {
+    name: 'capture bytes: an omitted max_tokens fits in max_capture_bytes',
+    body: { model: 'byte-cap1m', prompt: x(99), output_residual_stream: true },
+    accept: (p) => assert.is(p.maxTokens, 1251 - 100 + 1),
+  },
+  { name: 'capture bytes: the last position that fits', body: { model: 'byte-cap1m', prompt: x(99), max_tokens: 1152, output_residual_stream: true }, accept: (p) => assert.is(p.maxTokens, 1152) },
+  {
+    name: 'capture bytes: one position over the bound, refused naming it',
+    body: { model: 'byte-cap1m', prompt: x(99), max_tokens: 1153, output_residual_stream: true },
+    reject: {
+      status: 400,
+      code: 'activation_prompt_too_long',
+      message:
+        'output_residual_stream: captures of model byte-cap1m are served up to 1000000 bytes (activations.max_capture_bytes); capturing all layers fits 1251 positions (prompt tokens + max_tokens - 1) in that bound; this request needs 1252',
+    },
+  },
+  { name: 'capture bytes: one layer fits more positions', body: { model: 'byte-cap1m', prompt: x(99), max_tokens: 3883, output_residual_stream: [2] }, accept: (p) => assert.is(p.maxTokens, 3883) },
+  { name: 'capture bytes: one layer, one over', body: { model: 'byte-cap1m', prompt: x(99), max_tokens: 3884, output_residual_stream: [2] }, reject: { status: 400, code: 'activation_prompt_too_long', message: 'capturing 1 layer(s) fits 3982 positions' } },
   { name: 'capture cap: steering alone is not capped', body: { prompt: x(9000), max_tokens: 10, apply_steering_vectors: [vec()] }, accept: ok() },
 
   // Activations: steering.
@@ -530,11 +552,23 @@ for (const row of rows) {
       for (const [name, value] of Object.entries(row.reject.headers ?? {})) assert.is(e.headers[name], value);
     } else {
       const prepared = prepareCompletion(row.body, context);
-      JSON.stringify(prepared.engineBody); // must serialize
+      // What the engine receives is exactly what was built: no undefined, NaN, Infinity or non-JSON value.
+      assert.equal(JSON.parse(JSON.stringify(prepared.engineBody)), prepared.engineBody, 'the engine body survives JSON unchanged');
       row.accept?.(prepared);
     }
   });
 }
+
+test('largest capture per model: over every layer count, within max_capture_bytes', () => {
+  // ref-byte: 1 layer x 32,768 positions (max_model_len) x 64 wide is its largest body.
+  assert.is(captureBodyBytes(1, 32_768, 64), 4 * Math.ceil((32_768 * 64 * 2) / 3) + 65_536 + 32_768 * 64);
+  assert.is(largestCaptureBytes(byteModel), captureBodyBytes(1, 32_768, 64));
+  assert.is(largestCaptureBytes(gpt2Model), captureBodyBytes(2, 2048, 64)); // max_model_len caps one layer at the positions of two
+  const capped = largestCaptureBytes(models.find((m) => m.id === 'byte-cap1m')!)!;
+  assert.ok(capped <= 1_000_000 && capped > 990_000, String(capped));
+  assert.is(largestCaptureBytes(models.find((m) => m.id === 'byte-layers-unknown')!), null);
+  assert.is(largestCaptureBytes(models.find((m) => m.id === 'byte-noact')!), null);
+});
 
 test('deadline-feasible tokens: 14 minutes at 20 tokens/s is 15,600', () => {
   assert.is(deadlineFeasibleTokens(14 * 60_000, 20), 15_600);

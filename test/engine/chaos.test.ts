@@ -79,6 +79,21 @@ chaos('hang never answers while other requests are served', async () => {
   await hung;
 });
 
+chaos('running answers when the count of generations is reached, and counts those cut short by their client', async () => {
+  const running = (count: number) => post(`${ctx.url}/_chaos/running`, { count });
+  const idle = await running(0);
+  assert.equal(idle.json, { running: 0, cancelled: idle.json.cancelled });
+  await arm('delay', { delay_ms: 1_000 });
+  const client = new AbortController();
+  const pending = fetch(`${ctx.url}/v1/completions`, { method: 'POST', body: JSON.stringify(body), signal: client.signal }).catch(() => undefined);
+  assert.is((await running(1)).json.running, 1);
+  client.abort();
+  await pending;
+  const after = await running(0);
+  assert.is(after.json.cancelled, idle.json.cancelled + 1);
+  assert.is((await running(-1)).status, 400);
+});
+
 chaos('crash drops the connection mid-request and the engine stops answering', async () => {
   await arm('crash');
   let failed = false;
@@ -99,6 +114,35 @@ chaos('crash drops the connection mid-request and the engine stops answering', a
 });
 
 chaos.run();
+
+const tear = suite('tear');
+tear('a stream gets its first frame, then half a frame, then the connection drops', async () => {
+  const engine = await startReferenceEngine(model, { chaos: true });
+  try {
+    await post(`${engine.url}/_chaos`, { mode: 'tear' });
+    const res = await fetch(`${engine.url}/v1/completions`, { method: 'POST', body: JSON.stringify({ ...body, stream: true }) });
+    const reader = res.body!.getReader();
+    let text = '';
+    let broke = false;
+    try {
+      for (;;) {
+        const { done, value } = await reader.read();
+        if (done) break;
+        text += Buffer.from(value).toString('utf8');
+      }
+    } catch {
+      broke = true;
+    }
+    assert.ok(broke, 'the connection broke');
+    const [first, torn, ...rest] = text.split('\n\n');
+    assert.is(JSON.parse(first.slice('data: '.length)).object, 'text_completion');
+    assert.match(torn, /^data: \{"id":"cmpl-[0-9a-f]+","object":"text_completion","choi$/);
+    assert.equal(rest, []);
+  } finally {
+    await engine.close();
+  }
+});
+tear.run();
 
 const boot = suite('slow boot');
 boot('bootDelayMs delays listening', async () => {

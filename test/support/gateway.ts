@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -9,7 +10,23 @@ export interface TestGateway extends Gateway {
   /** Every log line the gateway wrote, as text. */
   logs(): string;
   dataDir: string;
+  /** The admin token this gateway accepts. */
+  adminToken: string;
+  /** A key issued through the real admin API at start (no budgets). */
+  apiKey: string;
+  /** `{ authorization: 'Bearer <apiKey>' }`, merged with `extra`. */
+  authHeaders(extra?: Record<string, string>): Record<string, string>;
+  /** `{ authorization: 'Bearer <adminToken>' }`, merged with `extra`. */
+  adminHeaders(extra?: Record<string, string>): Record<string, string>;
   stop(): Promise<void>;
+}
+
+/** Issues a key through the admin API of a running gateway; returns the full key. */
+export async function issueKey(url: string, adminToken: string, body: Record<string, unknown> = { email: 'tests@example.org' }): Promise<string> {
+  const res = await fetch(`${url}/admin/keys`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${adminToken}` }, body: JSON.stringify(body) });
+  const text = await res.text();
+  if (res.status !== 201) throw new Error(`issuing a test key failed: ${res.status} ${text}`);
+  return JSON.parse(text).key;
 }
 
 /** A real gateway on port 0 with a fresh PGlite data directory and real reference engine processes. */
@@ -23,10 +40,22 @@ export async function startTestGateway(overrides: Partial<Settings> = {}, option
     },
   });
   const settings = loadSettings({ ...process.env, DATA_DIR: dataDir, PORT: '0', HOST: '127.0.0.1', DATABASE_URL: '' }, overrides);
-  const gateway = await startGateway(settings, { logDestination: logDestination as never, chaosEngines: options.chaosEngines });
+  const adminToken = `svc_admin_test_${randomBytes(12).toString('hex')}`;
+  const gateway = await startGateway(settings, { logDestination: logDestination as never, chaosEngines: options.chaosEngines, adminToken });
+  let apiKey: string;
+  try {
+    apiKey = await issueKey(gateway.url, adminToken);
+  } catch (err) {
+    await gateway.close();
+    throw err;
+  }
   return {
     ...gateway,
     dataDir,
+    adminToken,
+    apiKey,
+    authHeaders: (extra = {}) => ({ authorization: `Bearer ${apiKey}`, ...extra }),
+    adminHeaders: (extra = {}) => ({ authorization: `Bearer ${adminToken}`, ...extra }),
     logs: () => chunks.join(''),
     stop: async () => {
       await gateway.close();

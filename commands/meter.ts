@@ -1,0 +1,268 @@
+/**
+ * The meter decider: one key's budgets, rate and active requests for one UTC day (stream
+ * `meter-<keyId>-<yyyy-mm-dd>`). Reserve before the engine runs, settle with the engine's real usage,
+ * expire holds whose request died. Pure: time, budgets, limits and the key's status come in on the
+ * command.
+ */
+import { reject, type Decider, type Rejection } from '../src/event-sourcing/index.ts';
+import type { KeyBudgetValues } from '../events/key.ts';
+import {
+  BudgetReserved,
+  CarriedHoldReleased,
+  MeterClosed,
+  MeterOpened,
+  meterEvents,
+  RequestRejected,
+  ReservationExpired,
+  ReservationRenewed,
+  UsageSettled,
+  type MeterEvent,
+  type MeterOpening,
+  type RequestFactsData,
+  utcDay,
+} from '../events/meter.ts';
+import type { KeyStatus } from './key.ts';
+
+export interface Hold {
+  readonly input: number;
+  readonly output: number;
+  /** The meter day whose stream holds the reservation (another day's when carried over midnight). */
+  readonly day: string;
+  readonly at: string;
+  readonly expiresAt: string;
+}
+
+export interface MeterState {
+  readonly opened: boolean;
+  /** The next day opened from this one: reservations go there. */
+  readonly closed: boolean;
+  readonly day: string | null;
+  /** Charged this month, today included (settlements and expiries). */
+  readonly monthInput: number;
+  readonly monthOutput: number;
+  /** Charged on this stream's day. */
+  readonly todayInput: number;
+  readonly todayOutput: number;
+  /** Open reservations by request id: requests running now. */
+  readonly holds: Readonly<Record<string, Hold>>;
+  /** Request starts (epoch ms) of the last minute, oldest first. */
+  readonly starts: readonly number[];
+}
+
+export type BudgetName = 'monthly_token_budget' | 'daily_token_budget' | 'monthly_input_token_budget' | 'monthly_output_token_budget';
+
+export type MeterCommand =
+  | { type: 'OpenMeter'; opening: MeterOpening; now: string }
+  | {
+      type: 'Reserve';
+      facts: RequestFactsData;
+      inputTokens: number;
+      /** max_tokens as the request stands (requested, or the injected default, after any deadline clamp). */
+      maxTokens: number;
+      /** What the client asked for (null: omitted). */
+      maxTokensRequested: number | null;
+      choices: number;
+      budgets: KeyBudgetValues;
+      keyStatus: KeyStatus;
+      limits: { maxActive: number; perMinute: number };
+      ttlMs: number;
+      now: string;
+    }
+  | { type: 'Renew'; requestId: string; expiresAt: string; now: string }
+  | {
+      type: 'Settle';
+      facts: RequestFactsData;
+      inputTokens: number;
+      outputTokens: number;
+      status: number;
+      latencyMs: number;
+      gpuSeconds: number;
+      cost: number;
+      disconnected: boolean;
+      now: string;
+    }
+  | { type: 'CloseMeter'; nextDay: string; now: string }
+  | { type: 'Expire'; requestId: string; now: string }
+  | { type: 'ReleaseCarried'; requestId: string; day: string; inputTokens: number; outputTokens: number; now: string }
+  | { type: 'RecordRejection'; facts: RequestFactsData; code: string; status: number; inputTokens: number; latencyMs: number; now: string };
+
+export type MeterRejection = Rejection<'meter_not_opened' | 'meter_closed' | 'key_inactive' | 'duplicate_request' | 'rate_limited' | 'at_capacity' | 'budget_exceeded'>;
+
+const minuteMs = 60_000;
+const budgetNames: readonly BudgetName[] = ['monthly_token_budget', 'daily_token_budget', 'monthly_input_token_budget', 'monthly_output_token_budget'];
+
+export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRejection> = {
+  events: meterEvents,
+  initialState: () => ({ opened: false, closed: false, day: null, monthInput: 0, monthOutput: 0, todayInput: 0, todayOutput: 0, holds: {}, starts: [] }),
+  evolve(state, event) {
+    switch (event.type) {
+      case 'MeterOpened': {
+        const d = event.data;
+        const holds: Record<string, Hold> = {};
+        for (const h of d.carried_holds) holds[h.request_id] = { input: h.input_tokens, output: h.output_tokens, day: h.day, at: h.at, expiresAt: h.expires_at };
+        return { opened: true, closed: false, day: d.day, monthInput: d.month_input_tokens, monthOutput: d.month_output_tokens, todayInput: 0, todayOutput: 0, holds, starts: d.recent_starts };
+      }
+      case 'BudgetReserved': {
+        const d = event.data;
+        const at = Date.parse(d.at);
+        const hold: Hold = { input: d.input_tokens, output: d.output_tokens, day: state.day ?? utcDay(d.at), at: d.at, expiresAt: d.expires_at };
+        return { ...state, holds: { ...state.holds, [d.request_id]: hold }, starts: [...state.starts.filter((t) => t > at - minuteMs), at] };
+      }
+      case 'ReservationRenewed': {
+        const hold = state.holds[event.data.request_id];
+        return hold ? { ...state, holds: { ...state.holds, [event.data.request_id]: { ...hold, expiresAt: event.data.expires_at } } } : state;
+      }
+      case 'UsageSettled':
+      case 'ReservationExpired':
+        return charge(state, event.data.request_id, event.data.input_tokens, event.data.output_tokens, { month: true, today: true });
+      case 'CarriedHoldReleased':
+        // Charged on its own day's stream already; it counts in this month only if that day is in it.
+        return charge(state, event.data.request_id, event.data.input_tokens, event.data.output_tokens, { month: sameMonth(event.data.day, state.day), today: false });
+      case 'MeterClosed':
+        return { ...state, closed: true };
+      case 'RequestRejected':
+        return state;
+    }
+  },
+  decide(command, state) {
+    switch (command.type) {
+      case 'OpenMeter':
+        return state.opened ? [] : MeterOpened({ ...command.opening, at: command.now });
+      case 'CloseMeter':
+        return state.closed || !state.opened ? [] : MeterClosed({ day: state.day!, next_day: command.nextDay, at: command.now });
+      case 'Reserve':
+        return reserve(command, state);
+      case 'Renew': {
+        const hold = state.holds[command.requestId];
+        // Only on the hold's own day (where it is settled or expired), and never earlier than it stands.
+        if (!hold || hold.day !== state.day || Date.parse(command.expiresAt) <= Date.parse(hold.expiresAt)) return [];
+        return ReservationRenewed({ request_id: command.requestId, expires_at: command.expiresAt, at: command.now });
+      }
+      case 'Settle': {
+        const hold = state.holds[command.facts.request_id];
+        // Settled or expired already (a resend, or a request that outlived its hold): nothing more to charge.
+        if (!hold || hold.day !== state.day) return [];
+        return UsageSettled({
+          ...command.facts,
+          input_tokens: command.inputTokens,
+          output_tokens: command.outputTokens,
+          status: command.status,
+          latency_ms: command.latencyMs,
+          gpu_seconds: command.gpuSeconds,
+          cost: command.cost,
+          disconnected: command.disconnected,
+          at: command.now,
+        });
+      }
+      case 'Expire': {
+        const hold = state.holds[command.requestId];
+        if (!hold || hold.day !== state.day || Date.parse(hold.expiresAt) > Date.parse(command.now)) return [];
+        return ReservationExpired({ request_id: command.requestId, input_tokens: hold.input, output_tokens: hold.output, at: command.now });
+      }
+      case 'ReleaseCarried': {
+        const hold = state.holds[command.requestId];
+        if (!hold || hold.day !== command.day || hold.day === state.day) return [];
+        return CarriedHoldReleased({ request_id: command.requestId, day: command.day, input_tokens: command.inputTokens, output_tokens: command.outputTokens, at: command.now });
+      }
+      case 'RecordRejection':
+        return RequestRejected({ ...command.facts, code: command.code, status: command.status, input_tokens: command.inputTokens, latency_ms: command.latencyMs, at: command.now });
+      default: {
+        const unhandled: never = command;
+        throw new Error(`unknown meter command ${JSON.stringify(unhandled)}`);
+      }
+    }
+  },
+};
+
+/** Whether a meter day falls in the month of the stream's day. */
+const sameMonth = (holdDay: string, day: string | null): boolean => day !== null && holdDay.slice(0, 7) === day.slice(0, 7);
+
+/** Releases a hold and charges what was used against this stream's month and/or day. */
+function charge(state: MeterState, requestId: string, input: number, output: number, { month, today }: { month: boolean; today: boolean }): MeterState {
+  const { [requestId]: _released, ...holds } = state.holds;
+  return {
+    ...state,
+    holds,
+    monthInput: state.monthInput + (month ? input : 0),
+    monthOutput: state.monthOutput + (month ? output : 0),
+    todayInput: state.todayInput + (today ? input : 0),
+    todayOutput: state.todayOutput + (today ? output : 0),
+  };
+}
+
+/**
+ * Tokens held by open reservations against this month (a hold carried from the previous month's last
+ * day is that month's: it is charged on its own stream) and those made on this stream's day.
+ */
+export function heldTokens(state: MeterState): { input: number; output: number; todayInput: number; todayOutput: number } {
+  const held = { input: 0, output: 0, todayInput: 0, todayOutput: 0 };
+  for (const hold of Object.values(state.holds)) {
+    if (sameMonth(hold.day, state.day)) {
+      held.input += hold.input;
+      held.output += hold.output;
+    }
+    if (hold.day === state.day) {
+      held.todayInput += hold.input;
+      held.todayOutput += hold.output;
+    }
+  }
+  return held;
+}
+
+/**
+ * Room left for output tokens under each budget that is set, once the prompt is counted:
+ * Infinity when a budget is unset, negative when even the prompt does not fit.
+ */
+export function outputRoom(state: MeterState, budgets: KeyBudgetValues, inputTokens: number): Record<BudgetName, number> {
+  const held = heldTokens(state);
+  const room = (budget: number | null, used: number, extraInput: number) => (budget === null ? Infinity : budget - used - extraInput);
+  const input = budgets.monthly_input_token_budget;
+  return {
+    monthly_token_budget: room(budgets.monthly_token_budget, state.monthInput + state.monthOutput + held.input + held.output, inputTokens),
+    daily_token_budget: room(budgets.daily_token_budget, state.todayInput + state.todayOutput + held.todayInput + held.todayOutput, inputTokens),
+    // The input budget cannot be met by lowering max_tokens: it either fits whole or not at all.
+    monthly_input_token_budget: input === null || state.monthInput + held.input + inputTokens <= input ? Infinity : -1,
+    monthly_output_token_budget: room(budgets.monthly_output_token_budget, state.monthOutput + held.output, 0),
+  };
+}
+
+function reserve(command: Extract<MeterCommand, { type: 'Reserve' }>, state: MeterState) {
+  if (!state.opened) return reject('meter_not_opened', 'the meter day must be opened before a reservation');
+  if (state.closed) return reject('meter_closed', `meter day ${state.day} is closed: the next day has opened`);
+  if (command.keyStatus !== 'active') return reject('key_inactive', `the key is ${command.keyStatus}`, { status: command.keyStatus });
+  // Holds are keyed by request id, and a client may choose its X-Request-Id: a second hold under the same
+  // id would replace the first, freeing its tokens and its active slot while both requests run.
+  if (state.holds[command.facts.request_id]) {
+    return reject('duplicate_request', `request ${command.facts.request_id} already holds a reservation`, { request_id: command.facts.request_id });
+  }
+  const now = Date.parse(command.now);
+  const recent = state.starts.filter((t) => t > now - minuteMs);
+  if (recent.length >= command.limits.perMinute) {
+    // Starts come from several processes' clocks and the opener's list: sort before picking the one that must leave.
+    const oldestFirst = recent.sort((a, b) => a - b);
+    const retryAfterSeconds = Math.max(1, Math.ceil((oldestFirst[oldestFirst.length - command.limits.perMinute] + minuteMs - now) / 1000));
+    return reject('rate_limited', `more than ${command.limits.perMinute} request starts in the last minute`, { retry_after_seconds: retryAfterSeconds });
+  }
+  if (Object.keys(state.holds).length >= command.limits.maxActive) {
+    return reject('at_capacity', `${command.limits.maxActive} requests of this key are already running`);
+  }
+  const room = outputRoom(state, command.budgets, command.inputTokens);
+  let binding: BudgetName | null = null;
+  for (const name of budgetNames) if (binding === null || room[name] < room[binding]) binding = name;
+  const fit = binding === null ? Infinity : Math.floor(room[binding] / command.choices);
+  if (fit < 1) {
+    return reject('budget_exceeded', `the key's ${binding!.replaceAll('_', ' ')} cannot cover this request`, { budget: binding });
+  }
+  const applied = Math.min(command.maxTokens, fit);
+  return BudgetReserved({
+    ...command.facts,
+    input_tokens: command.inputTokens,
+    output_tokens: applied * command.choices,
+    max_tokens_requested: command.maxTokensRequested,
+    max_tokens_applied: applied,
+    choices: command.choices,
+    clamped_by: applied < command.maxTokens ? binding : null,
+    at: command.now,
+    expires_at: new Date(now + command.ttlMs).toISOString(),
+  });
+}

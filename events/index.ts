@@ -1,0 +1,4 @@
+/** Every stream category's events. */
+export * from './key.ts';
+export * from './meter.ts';
+export * from './spend.ts';

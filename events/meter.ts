@@ -1,0 +1,156 @@
+/**
+ * Stream `meter-<keyId>-<yyyy-mm-dd>`: one key's metering for one UTC day. It opens with the
+ * month-to-date balance carried from the key's previous day, so loading a key never reads more than
+ * one day of events. Token counts only: never a prompt or a completion.
+ */
+import { defineEvent, eventCatalogue, Type, type EventOf } from '../src/event-sourcing/index.ts';
+
+const Instant = Type.String({ pattern: '^\\d{4}-\\d{2}-\\d{2}T', description: 'ISO 8601, UTC' });
+const Tokens = Type.Integer({ minimum: 0 });
+const Nullable = <T extends Parameters<typeof Type.Union>[0][number]>(t: T) => Type.Union([t, Type.Null()]);
+
+/** A hold still open when the day changed: it counts against the month and the active cap until released. */
+export const CarriedHold = Type.Object(
+  { request_id: Type.String(), day: Type.String(), input_tokens: Tokens, output_tokens: Tokens, at: Instant, expires_at: Instant },
+  { additionalProperties: false },
+);
+
+export const MeterOpened = defineEvent(
+  'MeterOpened',
+  Type.Object(
+    {
+      key_id: Type.String(),
+      day: Type.String({ pattern: '^\\d{4}-\\d{2}-\\d{2}$' }),
+      /** Tokens charged this month before this day (settled and expired), from the key's previous meter day. */
+      month_input_tokens: Tokens,
+      month_output_tokens: Tokens,
+      /** The meter day the balance was taken from; null on the month's first metered day. */
+      carried_from: Nullable(Type.String()),
+      carried_holds: Type.Array(CarriedHold),
+      /** Request starts of the last minute (epoch ms), for the rolling rate limit across midnight. */
+      recent_starts: Type.Array(Type.Number()),
+      at: Instant,
+    },
+    { additionalProperties: false },
+  ),
+);
+
+/** What every request record carries besides token counts (metadata only). */
+const RequestFacts = {
+  request_id: Type.String(),
+  key_prefix: Type.String(),
+  email: Type.String(),
+  client_ip: Nullable(Type.String()),
+  endpoint: Type.String(),
+  model: Nullable(Type.String()),
+  /** The request's `user` tag (telemetry only). */
+  user: Nullable(Type.String()),
+  /** `X-Svc-Workload` when it is `interactive` or `batch`. */
+  workload: Nullable(Type.Union([Type.Literal('interactive'), Type.Literal('batch')])),
+};
+
+export const BudgetReserved = defineEvent(
+  'BudgetReserved',
+  Type.Object(
+    {
+      ...RequestFacts,
+      /** Prompt tokens of every prompt. */
+      input_tokens: Tokens,
+      /** max_tokens (after any clamp) × choices. */
+      output_tokens: Tokens,
+      max_tokens_requested: Nullable(Tokens),
+      max_tokens_applied: Tokens,
+      choices: Type.Integer({ minimum: 1 }),
+      /** Which budget lowered max_tokens, when one did. */
+      clamped_by: Nullable(Type.String()),
+      at: Instant,
+      expires_at: Instant,
+    },
+    { additionalProperties: false },
+  ),
+);
+
+export const ReservationRenewed = defineEvent(
+  'ReservationRenewed',
+  Type.Object({ request_id: Type.String(), expires_at: Instant, at: Instant }, { additionalProperties: false }),
+);
+
+export const UsageSettled = defineEvent(
+  'UsageSettled',
+  Type.Object(
+    {
+      ...RequestFacts,
+      input_tokens: Tokens,
+      output_tokens: Tokens,
+      status: Type.Integer(),
+      latency_ms: Type.Number({ minimum: 0 }),
+      /** Backend time billed for the request and its price (cost per GPU-second from the configuration). */
+      gpu_seconds: Type.Number({ minimum: 0 }),
+      cost: Type.Number({ minimum: 0 }),
+      /** True when the client left before the end (billed for what was generated). */
+      disconnected: Type.Boolean(),
+      at: Instant,
+    },
+    { additionalProperties: false },
+  ),
+);
+
+export const ReservationExpired = defineEvent(
+  'ReservationExpired',
+  Type.Object(
+    {
+      request_id: Type.String(),
+      /** What the expiry charges: the whole hold (see the README: the engine may have generated all of it). */
+      input_tokens: Tokens,
+      output_tokens: Tokens,
+      at: Instant,
+    },
+    { additionalProperties: false },
+  ),
+);
+
+/** A hold carried into this day was settled (or expired) on its own day: release it here, charging what was charged there. */
+export const CarriedHoldReleased = defineEvent(
+  'CarriedHoldReleased',
+  Type.Object({ request_id: Type.String(), day: Type.String(), input_tokens: Tokens, output_tokens: Tokens, at: Instant }, { additionalProperties: false }),
+);
+
+export const RequestRejected = defineEvent(
+  'RequestRejected',
+  Type.Object(
+    { ...RequestFacts, code: Type.String(), status: Type.Integer(), input_tokens: Tokens, latency_ms: Type.Number({ minimum: 0 }), at: Instant },
+    { additionalProperties: false },
+  ),
+);
+
+/**
+ * The next meter day opened from this day's balance: no reservation lands here after this (settlements
+ * and expiries of its holds still do). Appended under the stream's version by the opener, so a
+ * reservation decided just before midnight either lands first (and is carried) or is decided again
+ * on the new day.
+ */
+export const MeterClosed = defineEvent(
+  'MeterClosed',
+  Type.Object({ day: Type.String(), next_day: Type.String(), at: Instant }, { additionalProperties: false }),
+);
+
+export const meterEvents = eventCatalogue('meter', [MeterOpened, MeterClosed, BudgetReserved, ReservationRenewed, UsageSettled, ReservationExpired, CarriedHoldReleased, RequestRejected]);
+export type MeterEvent =
+  | EventOf<typeof MeterOpened>
+  | EventOf<typeof MeterClosed>
+  | EventOf<typeof BudgetReserved>
+  | EventOf<typeof ReservationRenewed>
+  | EventOf<typeof UsageSettled>
+  | EventOf<typeof ReservationExpired>
+  | EventOf<typeof CarriedHoldReleased>
+  | EventOf<typeof RequestRejected>;
+export type MeterOpening = Omit<EventOf<typeof MeterOpened>['data'], 'at'>;
+export type RequestFactsData = Pick<EventOf<typeof UsageSettled>['data'], keyof typeof RequestFacts>;
+
+/** `meter-<keyId>-<yyyy-mm-dd>` for the UTC day of `at`. */
+export const meterStream = (keyId: string, day: string): string => `meter-${keyId}-${day}`;
+export function utcDay(at: Date | string): string {
+  if (typeof at !== 'string') return at.toISOString().slice(0, 10);
+  // Only an instant written in UTC can be cut as text: 2026-11-25T01:30:00+02:00 is still the 24th in UTC.
+  return at.endsWith('Z') ? at.slice(0, 10) : new Date(at).toISOString().slice(0, 10);
+}

@@ -1,0 +1,12 @@
+// Request bodies: the size limit and the two errors a body itself can earn, stated once for the
+// content-type parser, fastify's body reader and the error handler.
+import { apiError, type ApiError } from '../errors/index.ts';
+
+/** The contract's request body limit (8 MB). */
+export const maxBodyBytes = 8 * 1024 * 1024;
+
+export const bodyTooLarge = (): ApiError => apiError('request_too_large', `request body exceeds the ${maxBodyBytes / (1024 * 1024)} MB limit`);
+
+export const badJson = (): ApiError => apiError('bad_json', 'request body is not valid JSON');
+
+export const notJson = (): ApiError => apiError('invalid_request', 'Content-Type must be application/json');

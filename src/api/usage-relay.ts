@@ -1,0 +1,158 @@
+/**
+ * Relays that learn a response's usage on the way through, without parsing its body: streams are
+ * always billed, and a completion body's `usage` object is read from its last bytes.
+ */
+import { Transform, type TransformCallback } from 'node:stream';
+
+export interface EngineUsage {
+  prompt_tokens: number;
+  completion_tokens: number;
+}
+
+export interface RelayedUsage {
+  /** The engine's usage, when its body (or usage frame) came through whole. */
+  usage: EngineUsage | null;
+  /** Content frames relayed (one per generated token per choice): what was generated when the stream broke off. */
+  contentFrames: number;
+  /** The body ended normally. */
+  completed: boolean;
+}
+
+const frameEnd = Buffer.from('\n\n');
+const emptyChoices = Buffer.from('"choices":[]');
+const done = Buffer.from('data: [DONE]');
+const errorKey = Buffer.from('"error"');
+
+/**
+ * Passes SSE frames through whole. Counts content frames, reads the engine's usage frame (the gateway
+ * asks for it on every stream) and drops it when the client did not ask for it. A partial frame is
+ * held back until its end arrives, so if the engine's connection breaks mid-frame the client never
+ * sees torn bytes: `fail` then ends the stream with the error frame and `[DONE]`.
+ */
+export class SseUsageRelay extends Transform {
+  readonly result: RelayedUsage = { usage: null, contentFrames: 0, completed: false };
+  #partial: Buffer | null = null;
+  readonly #forwardUsage: boolean;
+
+  constructor(forwardUsage: boolean) {
+    super();
+    this.#forwardUsage = forwardUsage;
+  }
+
+  override _transform(chunk: Buffer, _encoding: BufferEncoding, callback: TransformCallback): void {
+    const data = this.#partial ? Buffer.concat([this.#partial, chunk]) : chunk;
+    this.#partial = null;
+    let start = 0;
+    let sendFrom = 0;
+    for (;;) {
+      const end = data.indexOf(frameEnd, start);
+      if (end < 0) break;
+      const next = end + 2;
+      if (this.#inspect(data, start, end)) {
+        // The usage frame the client did not ask for: send what came before it, skip it.
+        if (start > sendFrom) this.push(data.subarray(sendFrom, start));
+        sendFrom = next;
+      }
+      start = next;
+    }
+    if (start > sendFrom) this.push(data.subarray(sendFrom, start));
+    if (start < data.length) this.#partial = data.subarray(start);
+    callback();
+  }
+
+  override _flush(callback: TransformCallback): void {
+    // An unterminated last frame is not a frame: drop it rather than hand the client torn bytes.
+    this.#partial = null;
+    this.result.completed = true;
+    callback();
+  }
+
+  /** Ends the client's stream with a mid-stream error frame after the last whole frame. */
+  fail(errorFrame: string): void {
+    if (this.destroyed || this.readableEnded) return;
+    this.#partial = null;
+    this.push(errorFrame);
+    this.push(null);
+  }
+
+  /** Reads one frame; true when it is the usage frame and must not be forwarded. */
+  #inspect(data: Buffer, start: number, end: number): boolean {
+    const frame = data.subarray(start, end);
+    if (frame.indexOf(done) === 0) return false;
+    if (frame.indexOf(emptyChoices) >= 0) {
+      const usage = usageFrom(frame);
+      if (usage) {
+        this.result.usage = usage;
+        return !this.#forwardUsage;
+      }
+      return false;
+    }
+    if (frame.indexOf(errorKey) < 0) this.result.contentFrames++;
+    return false;
+  }
+}
+
+/**
+ * Keeps the first and last bytes of a body that flows through, to read its `usage` at the end: vLLM
+ * writes it after the choices, which is the end of a completion but comes before a capture's
+ * `activations`.
+ */
+export class UsageTail extends Transform {
+  readonly result: RelayedUsage = { usage: null, contentFrames: 0, completed: false };
+  #head: Buffer[] = [];
+  #headBytes = 0;
+  #tail: Buffer = Buffer.alloc(0);
+
+  override _transform(chunk: Buffer, _encoding: BufferEncoding, callback: TransformCallback): void {
+    if (this.#headBytes < headBytes) {
+      this.#head.push(chunk.subarray(0, headBytes - this.#headBytes));
+      this.#headBytes += Math.min(chunk.length, headBytes - this.#headBytes);
+    }
+    this.#tail = keepTail(this.#tail, chunk);
+    callback(null, chunk);
+  }
+
+  override _flush(callback: TransformCallback): void {
+    this.result.usage = usageFrom(this.#tail) ?? usageFrom(Buffer.concat(this.#head));
+    this.result.completed = true;
+    callback();
+  }
+}
+
+const headBytes = 64 * 1024;
+
+const tailBytes = 4096;
+
+function keepTail(tail: Buffer, chunk: Buffer): Buffer {
+  if (chunk.length >= tailBytes) return Buffer.from(chunk.subarray(chunk.length - tailBytes));
+  const joined = Buffer.concat([tail, chunk]);
+  return joined.length > tailBytes ? joined.subarray(joined.length - tailBytes) : joined;
+}
+
+const usageKey = Buffer.from('"usage"');
+
+/** The last `"usage": {...}` object in `bytes` (vLLM writes it after the choices), or null. */
+export function usageFrom(bytes: Buffer): EngineUsage | null {
+  let at = bytes.lastIndexOf(usageKey);
+  // Inside a JSON string the quotes would be escaped: such an occurrence is text, not the key.
+  while (at > 0 && bytes[at - 1] === 0x5c /* \\ */) at = bytes.lastIndexOf(usageKey, at - 1);
+  if (at < 0) return null;
+  const open = bytes.indexOf(0x7b /* { */, at);
+  if (open < 0) return null;
+  let depth = 0;
+  for (let i = open; i < bytes.length; i++) {
+    if (bytes[i] === 0x7b) depth++;
+    else if (bytes[i] === 0x7d && --depth === 0) {
+      try {
+        const parsed = JSON.parse(bytes.toString('utf8', open, i + 1)) as Partial<EngineUsage>;
+        if (Number.isInteger(parsed.prompt_tokens) && Number.isInteger(parsed.completion_tokens)) {
+          return { prompt_tokens: parsed.prompt_tokens!, completion_tokens: parsed.completion_tokens! };
+        }
+      } catch {
+        /* not a usage object after all */
+      }
+      return null;
+    }
+  }
+  return null;
+}

@@ -1,0 +1,464 @@
+/**
+ * Metering: reserve before the engine runs, settle with its real usage, expire holds whose request
+ * died. Decisions are the meter decider's (commands/meter.ts), made in memory through the command
+ * handler; concurrent reservations on one key leave in one append, and the engine is called once the
+ * reservation is durable.
+ *
+ * Per key and UTC day one meter stream, opened with the month-to-date balance of the key's previous
+ * meter day (walked back within the month), so a key's load never reads more than one day.
+ */
+import type { Logger } from 'pino';
+import { apiError, ApiError } from '../errors/index.ts';
+import type { CommandHandler } from '../command-handler/index.ts';
+import type { EventStore } from '../store/index.ts';
+import { meterDecider, spendDecider, type KeyStatus, type MeterCommand, type MeterRejection, type MeterState } from '../../commands/index.ts';
+import { expiredHolds, spendOfDay } from '../../projections/index.ts';
+import { meterStream, spendStream, utcDay, type KeyBudgetValues, type MeterOpening, type RequestFactsData } from '../../events/index.ts';
+
+/** The key as metering needs it, read again at every (re)decision: the reservation re-check. */
+export interface MeteredKey {
+  keyId: string;
+  status: KeyStatus;
+  budgets: KeyBudgetValues;
+}
+
+export interface AdmitRequest {
+  key: () => Promise<MeteredKey>;
+  /** The key's id (the queue it waits in). */
+  keyId: string;
+  facts: RequestFactsData;
+  inputTokens: number;
+  maxTokens: number;
+  maxTokensRequested: number | null;
+  choices: number;
+  limits: { maxActive: number; maxQueued: number; perMinute: number };
+  /** The client left: a waiting request leaves the queue. */
+  signal: AbortSignal;
+}
+
+export interface Reservation {
+  readonly requestId: string;
+  readonly keyId: string;
+  /** The meter day (and stream) the hold is on. */
+  readonly day: string;
+  readonly stream: string;
+  readonly maxTokens: number;
+  /** The budget that lowered max_tokens, or null. */
+  readonly clampedBy: string | null;
+}
+
+export interface Admission extends Reservation {
+  /** The reservation as stored: this one, or the one decided again on fresh state (rejects with an ApiError). */
+  readonly durable: Promise<Reservation>;
+}
+
+/** What a settlement records besides the request's facts: the meter decider's Settle command, less its envelope. */
+export type Usage = Omit<Extract<MeterCommand, { type: 'Settle' }>, 'type' | 'facts' | 'now'>;
+
+export interface MeteringOptions {
+  handler: CommandHandler;
+  store: EventStore;
+  logger: Logger;
+  /** A hold whose request died is expired this long after it was made or last renewed. */
+  reservationTtlMs: number;
+  /** Past this day's GPU spend the whole service answers 429 spend_cap until the next UTC day; null: no cap. */
+  dailySpendCap: number | null;
+  /** How often the reaper and the spend check run (default: a quarter of the TTL, at most 15 s). */
+  sweepIntervalMs?: number;
+  now?: () => Date;
+}
+
+interface Waiter {
+  request: AdmitRequest;
+  resolve(admission: Admission): void;
+  reject(error: unknown): void;
+}
+
+const secondsUntilNextUtcDay = (now: Date): number => {
+  const next = Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), now.getUTCDate() + 1);
+  return Math.max(1, Math.ceil((next - now.getTime()) / 1000));
+};
+
+export class Metering {
+  readonly #handler: CommandHandler;
+  readonly #store: EventStore;
+  readonly #logger: Logger;
+  readonly #ttlMs: number;
+  readonly #spendCap: number | null;
+  readonly #sweepMs: number;
+  readonly #now: () => Date;
+  /** FIFO of requests waiting for one of the key's active slots, per key. */
+  readonly #queues = new Map<string, Waiter[]>();
+  /** Holds of requests running in this process: renewed while they run. */
+  readonly #running = new Map<string, Reservation & { expiresAt: number }>();
+  readonly #opening = new Map<string, Promise<void>>();
+  readonly #background = new Set<Promise<unknown>>();
+  #spendCappedDay: string | null = null;
+  #timer: NodeJS.Timeout | null = null;
+  #unlisten: (() => void) | null = null;
+
+  constructor(options: MeteringOptions) {
+    this.#handler = options.handler;
+    this.#store = options.store;
+    this.#logger = options.logger;
+    this.#ttlMs = options.reservationTtlMs;
+    this.#spendCap = options.dailySpendCap;
+    this.#sweepMs = options.sweepIntervalMs ?? Math.min(15_000, Math.max(50, Math.floor(options.reservationTtlMs / 4)));
+    this.#now = options.now ?? (() => new Date());
+  }
+
+  /** Starts the reaper, the renewals and the spend check, and wakes waiting requests on other processes' meter writes. */
+  start(): void {
+    this.#unlisten = this.#handler.onForeignEvent((event) => {
+      if (event.type === 'SpendCapReached') this.#spendCappedDay = (event.data as { day: string }).day;
+      const match = /^meter-(.+)-\d{4}-\d{2}-\d{2}$/.exec(event.streamId);
+      if (match) this.#wake(match[1]);
+    });
+    const tick = () => {
+      this.#track(this.#sweep()).finally(() => {
+        if (this.#timer) this.#timer = setTimeout(tick, this.#sweepMs).unref();
+      });
+    };
+    this.#timer = setTimeout(tick, this.#sweepMs).unref();
+  }
+
+  /** Stops the timers and waits for settlements and records under way. */
+  async stop(): Promise<void> {
+    if (this.#timer) clearTimeout(this.#timer);
+    this.#timer = null;
+    this.#unlisten?.();
+    for (const queue of this.#queues.values()) for (const waiter of queue.splice(0)) waiter.reject(apiError('wrapper_saturated', 'the gateway is shutting down'));
+    while (this.#background.size > 0) await Promise.allSettled([...this.#background]);
+    await this.#handler.settled();
+  }
+
+  /**
+   * Admits a request: reserves its worst case (prompt + max_tokens × choices, max_tokens lowered to fit
+   * a budget when needed), or waits FIFO for an active slot, or throws the contract's error.
+   */
+  async admit(request: AdmitRequest): Promise<Admission> {
+    const now = this.#now();
+    if (this.#spendCappedDay === utcDay(now)) {
+      throw apiError('spend_cap', 'the service has reached its daily GPU spend cap; it resumes at the next UTC day', { retryAfter: secondsUntilNextUtcDay(now) });
+    }
+    const queue = this.#queues.get(request.keyId);
+    if (!queue || queue.length === 0) {
+      const admitted = await this.#tryReserve(request);
+      if (admitted) return admitted;
+    }
+    return this.#enqueue(request);
+  }
+
+  /** Settles a reservation with the engine's real usage and releases the hold (also a hold carried into today). */
+  settle(reservation: Reservation, facts: RequestFactsData, usage: Usage): Promise<void> {
+    return this.#track(this.#settle(reservation, facts, usage));
+  }
+
+  /** Records a request refused after authentication (metadata only). Not awaited by the response. */
+  recordRejection(keyId: string, facts: RequestFactsData, code: string, status: number, inputTokens: number, latencyMs: number): void {
+    const now = this.#now();
+    void this.#track(
+      this.#handler
+        .handle(meterStream(keyId, utcDay(now)), { type: 'RecordRejection', facts, code, status, inputTokens, latencyMs, now: now.toISOString() }, meterDecider, {
+          commandId: `rejected:${facts.request_id}`,
+          metadata: { request_id: facts.request_id },
+        })
+        .catch((error) => this.#logger.error({ err: String(error), request_id: facts.request_id }, 'recording a rejected request failed')),
+    );
+  }
+
+  // --- admission ------------------------------------------------------------------------------
+
+  /**
+   * One reservation attempt: an Admission, or null when the key's active slots are all taken. `day`
+   * is today's, unless today's meter was already closed by a process whose clock passed midnight first.
+   */
+  async #tryReserve(request: AdmitRequest, nextDayOf?: string): Promise<Admission | null> {
+    const now = this.#now();
+    const day = nextDayOf ? nextDay(nextDayOf) : utcDay(now);
+    const keyId = request.keyId;
+    const stream = meterStream(keyId, day);
+    await this.#ensureOpened(keyId, day, now);
+    const current = await request.key(); // the reservation re-check: the key as it is now
+    const decision = await this.#handler.decide(
+      stream,
+      {
+        type: 'Reserve',
+        facts: request.facts,
+        inputTokens: request.inputTokens,
+        maxTokens: request.maxTokens,
+        maxTokensRequested: request.maxTokensRequested,
+        choices: request.choices,
+        budgets: current.budgets,
+        keyStatus: current.status,
+        limits: { maxActive: request.limits.maxActive, perMinute: request.limits.perMinute },
+        ttlMs: this.#ttlMs,
+        now: now.toISOString(),
+      },
+      meterDecider,
+      { commandId: `reserve:${request.facts.request_id}`, metadata: { request_id: request.facts.request_id } },
+    );
+    const outcome = decision.outcome;
+    if (!outcome.accepted) {
+      if (outcome.rejection.rejected === 'at_capacity') return null;
+      if (outcome.rejection.rejected === 'meter_closed') return this.#tryReserve(request, day);
+      throw rejectionToApiError(outcome.rejection);
+    }
+    const reservation = reservationFrom(keyId, day, stream, outcome.newEvents);
+    this.#running.set(reservation.requestId, { ...reservation, expiresAt: now.getTime() + this.#ttlMs });
+    const durable = decision.durable.then(
+      async (final): Promise<Reservation> => {
+        if (final.accepted) {
+          const stored = reservationFrom(keyId, day, stream, final.newEvents);
+          this.#running.set(stored.requestId, { ...stored, expiresAt: now.getTime() + this.#ttlMs });
+          return stored;
+        }
+        this.#running.delete(reservation.requestId);
+        // Decided again on fresh state and refused: wait for a slot like any other request, or fail.
+        if (final.rejection.rejected === 'at_capacity') return (await this.#enqueue(request)).durable;
+        if (final.rejection.rejected === 'meter_closed') {
+          const onNextDay = await this.#tryReserve(request, day);
+          return (onNextDay ?? (await this.#enqueue(request))).durable;
+        }
+        throw rejectionToApiError(final.rejection);
+      },
+      (error: unknown) => {
+        this.#running.delete(reservation.requestId);
+        this.#logger.error({ err: String(error), request_id: request.facts.request_id }, 'reservation could not be stored');
+        throw apiError('store_unavailable', 'the usage store is unavailable; the request was not run');
+      },
+    );
+    return { ...reservation, durable };
+  }
+
+  #enqueue(request: AdmitRequest): Promise<Admission> {
+    const keyId = request.keyId;
+    let queue = this.#queues.get(keyId);
+    if (!queue) this.#queues.set(keyId, (queue = []));
+    if (queue.length >= request.limits.maxQueued) {
+      return Promise.reject(apiError('queue_full', `the key already has ${request.limits.maxActive} active and ${request.limits.maxQueued} queued requests`));
+    }
+    return new Promise<Admission>((resolve, reject) => {
+      const waiter: Waiter = { request, resolve, reject };
+      queue.push(waiter);
+      const leave = () => {
+        const at = queue.indexOf(waiter);
+        if (at >= 0) queue.splice(at, 1);
+        reject(new DOMException('the client left the queue', 'AbortError'));
+      };
+      if (request.signal.aborted) return leave();
+      request.signal.addEventListener('abort', leave, { once: true });
+      const unlisten = () => request.signal.removeEventListener('abort', leave);
+      waiter.resolve = (a) => {
+        unlisten();
+        resolve(a);
+      };
+      waiter.reject = (e) => {
+        unlisten();
+        reject(e);
+      };
+      this.#scheduleRetry(keyId);
+    });
+  }
+
+  /** Lets the key's waiting requests try again, first come first served, until one finds no slot. */
+  #wake(keyId: string): void {
+    const queue = this.#queues.get(keyId);
+    if (!queue || queue.length === 0 || (queue as Waiter[] & { busy?: boolean }).busy) return;
+    const marked = queue as Waiter[] & { busy?: boolean };
+    marked.busy = true;
+    void this.#track(
+      (async () => {
+        try {
+          while (queue.length > 0) {
+            const waiter = queue[0];
+            let admitted: Admission | null;
+            try {
+              admitted = await this.#tryReserve(waiter.request);
+            } catch (error) {
+              queue.shift();
+              waiter.reject(error);
+              continue;
+            }
+            if (!admitted) break;
+            if (queue[0] === waiter) queue.shift();
+            waiter.resolve(admitted);
+          }
+        } finally {
+          marked.busy = false;
+          if (queue.length === 0) this.#queues.delete(keyId);
+          else this.#scheduleRetry(keyId);
+        }
+      })(),
+    );
+  }
+
+  /** A fallback for wake-ups that never come (a slot freed by the reaper of another process, a lost hint). */
+  #scheduleRetry(keyId: string): void {
+    setTimeout(() => this.#wake(keyId), 250).unref();
+  }
+
+  // --- the day's meter ------------------------------------------------------------------------
+
+  #ensureOpened(keyId: string, day: string, now: Date): Promise<void> {
+    const stream = meterStream(keyId, day);
+    let opening = this.#opening.get(stream);
+    if (!opening) {
+      opening = (async () => {
+        const { state } = await this.#handler.load(stream, meterDecider);
+        if (state.opened) return;
+        const balance = await this.#openingBalance(keyId, day, now);
+        await this.#handler.handle(stream, { type: 'OpenMeter', opening: balance, now: now.toISOString() }, meterDecider);
+      })().finally(() => this.#opening.delete(stream));
+      this.#opening.set(stream, opening);
+    }
+    return opening;
+  }
+
+  /**
+   * The opening balance: from the key's latest meter day of the last 31, which is closed first (so no
+   * reservation can land there unseen once its balance is read). Another month's day carries only
+   * its running holds and recent starts (they take active slots and count against the rate), not its tokens.
+   */
+  async #openingBalance(keyId: string, day: string, now: Date): Promise<MeterOpening> {
+    const date = Date.parse(`${day}T00:00:00Z`);
+    for (let back = 1; back <= 31; back++) {
+      const earlier = new Date(date - back * 86_400_000).toISOString().slice(0, 10);
+      const stream = meterStream(keyId, earlier);
+      const { state } = await this.#handler.load(stream, meterDecider, { fresh: true });
+      if (!state.opened) continue;
+      const closed = await this.#handler.handle(stream, { type: 'CloseMeter', nextDay: day, now: now.toISOString() }, meterDecider);
+      return balanceFrom(keyId, day, earlier, closed.state, now);
+    }
+    return { key_id: keyId, day, month_input_tokens: 0, month_output_tokens: 0, carried_from: null, carried_holds: [], recent_starts: [] };
+  }
+
+  // --- settling, expiring ---------------------------------------------------------------------
+
+  async #settle(reservation: Reservation, facts: RequestFactsData, usage: Usage): Promise<void> {
+    const now = this.#now();
+    try {
+      await this.#handler.handle(
+        reservation.stream,
+        { type: 'Settle', facts, ...usage, now: now.toISOString() },
+        meterDecider,
+        { commandId: `settle:${reservation.requestId}`, metadata: { request_id: reservation.requestId } },
+      );
+      await this.#releaseCarried(reservation.keyId, reservation.day, reservation.requestId, usage.inputTokens, usage.outputTokens, now);
+    } catch (error) {
+      // The hold stays until the reaper expires it: the budget stays safe, the usage is charged as the whole hold.
+      this.#logger.error({ err: String(error), request_id: reservation.requestId }, 'settlement could not be stored; the reaper will expire the hold');
+    } finally {
+      this.#running.delete(reservation.requestId);
+      this.#wake(reservation.keyId);
+    }
+    if (usage.cost > 0) void this.#track(this.#checkSpend());
+  }
+
+  /** A hold made on an earlier day of this month was carried into today's meter: release it there too. */
+  async #releaseCarried(keyId: string, day: string, requestId: string, inputTokens: number, outputTokens: number, now: Date): Promise<void> {
+    const today = utcDay(now);
+    if (today === day) return;
+    const stream = meterStream(keyId, today);
+    const { state } = await this.#handler.load(stream, meterDecider);
+    if (!state.holds[requestId]) return;
+    await this.#handler.handle(stream, { type: 'ReleaseCarried', requestId, day, inputTokens, outputTokens, now: now.toISOString() }, meterDecider, {
+      commandId: `release:${requestId}:${today}`,
+    });
+  }
+
+  /** Renews the holds of requests still running here; expires holds whose request died (anywhere). */
+  async #sweep(): Promise<void> {
+    const now = this.#now();
+    for (const running of this.#running.values()) {
+      if (running.expiresAt - now.getTime() > this.#ttlMs / 2) continue;
+      const expiresAt = now.getTime() + this.#ttlMs;
+      try {
+        await this.#handler.handle(running.stream, { type: 'Renew', requestId: running.requestId, expiresAt: new Date(expiresAt).toISOString(), now: now.toISOString() }, meterDecider);
+        running.expiresAt = expiresAt;
+      } catch (error) {
+        this.#logger.error({ err: String(error), request_id: running.requestId }, 'renewing a hold failed');
+      }
+    }
+    await this.#reap(now).catch((error) => this.#logger.error({ err: String(error) }, 'reaper pass failed'));
+    await this.#checkSpend().catch((error) => this.#logger.error({ err: String(error) }, 'spend check failed'));
+  }
+
+  async #reap(now: Date): Promise<void> {
+    const rows = await expiredHolds(this.#store, now, 500);
+    for (const row of rows) {
+      if (this.#running.has(row.requestId)) continue;
+      const outcome = await this.#handler.handle(row.streamId, { type: 'Expire', requestId: row.requestId, now: now.toISOString() }, meterDecider, {
+        commandId: `expire:${row.requestId}`,
+      });
+      if (outcome.accepted && outcome.newEvents.length > 0) {
+        const expired = outcome.newEvents[0].data as { input_tokens: number; output_tokens: number };
+        this.#logger.warn({ request_id: row.requestId, key_id: row.keyId }, 'reservation expired: its request died with its process');
+        await this.#releaseCarried(row.keyId, row.day, row.requestId, expired.input_tokens, expired.output_tokens, now);
+        this.#wake(row.keyId);
+      }
+    }
+  }
+
+  async #checkSpend(): Promise<void> {
+    if (this.#spendCap === null) return;
+    const now = this.#now();
+    const day = utcDay(now);
+    if (this.#spendCappedDay === day) return;
+    const { cost: spend } = await spendOfDay(this.#store, day);
+    if (spend < this.#spendCap) return;
+    this.#spendCappedDay = day;
+    await this.#handler.handle(spendStream(day), { type: 'ReachSpendCap', day, spend, cap: this.#spendCap, now: now.toISOString() }, spendDecider, {
+      commandId: `spend-cap:${day}`,
+    });
+    this.#logger.warn({ day, spend, cap: this.#spendCap }, 'daily GPU spend cap reached: the service answers 429 spend_cap until the next UTC day');
+  }
+
+  #track<T>(work: Promise<T>): Promise<T> {
+    const tracked = work.finally(() => this.#background.delete(tracked));
+    this.#background.add(tracked);
+    return tracked;
+  }
+}
+
+function reservationFrom(keyId: string, day: string, stream: string, events: readonly { type: string; data: unknown }[]): Reservation {
+  const reserved = events.find((e) => e.type === 'BudgetReserved')!.data as { request_id: string; max_tokens_applied: number; clamped_by: string | null };
+  return { requestId: reserved.request_id, keyId, day, stream, maxTokens: reserved.max_tokens_applied, clampedBy: reserved.clamped_by };
+}
+
+function nextDay(day: string): string {
+  return new Date(Date.parse(`${day}T00:00:00Z`) + 86_400_000).toISOString().slice(0, 10);
+}
+
+function balanceFrom(keyId: string, day: string, earlier: string, state: MeterState, now: Date): MeterOpening {
+  const sameMonth = earlier.slice(0, 7) === day.slice(0, 7);
+  return {
+    key_id: keyId,
+    day,
+    month_input_tokens: sameMonth ? state.monthInput : 0,
+    month_output_tokens: sameMonth ? state.monthOutput : 0,
+    carried_from: earlier,
+    carried_holds: Object.entries(state.holds).map(([request_id, h]) => ({ request_id, day: h.day, input_tokens: h.input, output_tokens: h.output, at: h.at, expires_at: h.expiresAt })),
+    recent_starts: state.starts.filter((t) => t > now.getTime() - 60_000),
+  };
+}
+
+/** The one place meter rejections become the contract's errors. */
+export function rejectionToApiError(rejection: MeterRejection): ApiError {
+  switch (rejection.rejected) {
+    case 'key_inactive':
+      return apiError('invalid_api_key', `the API key is ${String(rejection.details?.status ?? 'not active')}`, { status: 403 });
+    case 'rate_limited':
+      return apiError('rate_limited', rejection.message, { retryAfter: Number(rejection.details?.retry_after_seconds ?? 1) });
+    case 'budget_exceeded':
+      return apiError('budget_exceeded', rejection.message, { fields: { budget: rejection.details?.budget } });
+    case 'at_capacity':
+      return apiError('queue_full', rejection.message);
+    case 'duplicate_request':
+      return apiError('invalid_request', 'X-Request-Id is already in use by a running request of this key');
+    case 'meter_not_opened':
+    case 'meter_closed':
+      return new ApiError('internal_error', 'internal error');
+  }
+}
+

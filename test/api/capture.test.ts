@@ -1,0 +1,95 @@
+import { suite } from 'uvu';
+import * as assert from 'uvu/assert';
+import { startTestGateway, type TestGateway } from '../support/gateway.ts';
+import { captureRequest, engineCaptureBody, postHashed, startCaptureStub, stubModel, STUB_CHECKPOINT, type CaptureStub } from '../support/capture.ts';
+
+// An 11 MB capture (16 layers x 129 positions x 2048, bf16) from a stub engine process that answers at
+// once, relayed by a real gateway; the 610 MB one is in capture-large.test.ts.
+const capture = suite('capture relay: 11 MB');
+let stub: CaptureStub;
+let gw: TestGateway;
+
+capture.before(async () => {
+  stub = await startCaptureStub();
+  gw = await startTestGateway({ models: [stubModel(stub.url)] });
+});
+capture.after(async () => {
+  await gw?.stop();
+  await stub?.stop();
+});
+
+const POSITIONS = 129;
+const BYTES_11MB = 4 * Math.ceil((16 * POSITIONS * 2048 * 2) / 3);
+
+function viaGateway(req: Record<string, unknown>) {
+  return postHashed(`${gw.url}/v1/completions`, JSON.stringify(req), undefined, gw.authHeaders());
+}
+
+function assertUpstreamError(res: Awaited<ReturnType<typeof postHashed>>, status: number, code: string): any {
+  assert.is(res.status, status, res.head);
+  const body = JSON.parse(res.head);
+  assert.is(body.error.code, code);
+  assert.is(res.headers['x-svc-upstream-error-kind'], code);
+  assert.is(res.headers['x-svc-upstream-model'], STUB_CHECKPOINT);
+  assert.ok(Number(res.headers['retry-after']) > 0);
+  return body;
+}
+
+capture('every layer: the engine body arrives byte-identical, with its length', async () => {
+  const req = captureRequest('whole', POSITIONS);
+  const direct = await postHashed(`${stub.url}/v1/completions`, engineCaptureBody(req));
+  assert.is(direct.status, 200);
+  assert.ok(direct.bytes > BYTES_11MB && direct.bytes < BYTES_11MB + 1024, String(direct.bytes));
+  const relayed = await viaGateway(req);
+  assert.is(relayed.status, 200, relayed.head);
+  assert.is(relayed.bytes, direct.bytes);
+  assert.is(relayed.sha256, direct.sha256);
+  assert.is(relayed.headers['content-length'], String(direct.bytes));
+  assert.is(relayed.headers['content-type'], 'application/json');
+  assert.is(relayed.headers['x-svc-upstream-model'], STUB_CHECKPOINT);
+});
+
+capture('an envelope ahead of the rest of the body is judged there, and the rest streamed through', async () => {
+  const req = captureRequest('first', POSITIONS);
+  const direct = await postHashed(`${stub.url}/v1/completions`, engineCaptureBody(req));
+  assert.ok(direct.head.startsWith('{"activations"'));
+  const relayed = await viaGateway(req);
+  assert.is(relayed.status, 200, relayed.head);
+  assert.is(relayed.sha256, direct.sha256);
+  assert.is(relayed.headers['content-length'], String(direct.bytes), "the engine's announced length");
+});
+
+capture('a layer list is judged by its own length', async () => {
+  const relayed = await viaGateway(captureRequest('whole', POSITIONS, [0, 5, 15]));
+  assert.is(relayed.status, 200, relayed.head);
+  const fewer = await viaGateway(captureRequest('fewer', POSITIONS, [0, 5, 15]));
+  assert.match(assertUpstreamError(fewer, 502, 'capture_incomplete').error.message, /returned 2 of 3 requested layers/);
+});
+
+capture('fewer layers than requested: 502 capture_incomplete', async () => {
+  const res = await viaGateway(captureRequest('fewer', POSITIONS));
+  const body = assertUpstreamError(res, 502, 'capture_incomplete');
+  assert.is(body.error.message, 'the activation capture returned 15 of 16 requested layers');
+  assert.is(body.request_id, res.headers['x-request-id']);
+});
+
+capture('no activations in the body (an engine without the capture path): 502 capture_incomplete', async () => {
+  const res = await viaGateway(captureRequest('none', POSITIONS));
+  assert.match(assertUpstreamError(res, 502, 'capture_incomplete').error.message, /returned 0 of 16/);
+});
+
+capture('small fields that are not valid JSON: 502 upstream_server_error with the upstream status', async () => {
+  const res = await viaGateway(captureRequest('malformed', POSITIONS));
+  const body = assertUpstreamError(res, 502, 'upstream_server_error');
+  assert.is(body.error.upstream_status, 200);
+  assert.match(body.error.message, /capture response is malformed: the body is not valid JSON at byte \d+/);
+});
+
+capture('the engine connection breaking inside the data: 502 upstream_unreachable, nothing half-sent', async () => {
+  const res = await viaGateway(captureRequest('break', POSITIONS));
+  assertUpstreamError(res, 502, 'upstream_unreachable');
+  const after = await viaGateway(captureRequest('whole', POSITIONS));
+  assert.is(after.status, 200, 'the gateway serves the next capture');
+});
+
+capture.run();

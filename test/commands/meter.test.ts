@@ -1,0 +1,548 @@
+/**
+ * The meter decider's rules, given / when / then: reserve (budgets, clamp, rate, active cap), settle,
+ * expire, renew, carried holds, and the UTC month and day boundaries. No token over budget, ever.
+ */
+import { suite } from 'uvu';
+import * as assert from 'uvu/assert';
+import { heldTokens, meterDecider, type MeterCommand, type MeterState } from '../../commands/meter.ts';
+import type { KeyBudgetValues } from '../../events/key.ts';
+import {
+  BudgetReserved,
+  CarriedHoldReleased,
+  MeterClosed,
+  MeterOpened,
+  meterEvents,
+  meterStream,
+  RequestRejected,
+  ReservationExpired,
+  ReservationRenewed,
+  UsageSettled,
+  utcDay,
+  type MeterEvent,
+  type MeterOpening,
+  type RequestFactsData,
+} from '../../events/meter.ts';
+import { decisionEvents, foldEvents, isRejection } from '../../src/event-sourcing/index.ts';
+import { deciderSpecification } from '../support/decider-specification.ts';
+
+const spec = deciderSpecification(meterDecider);
+const key_id = '0123456789ab';
+const day = '2026-11-24';
+const at = (time: string, d = day) => `${d}T${time}Z`;
+const ms = (instant: string) => Date.parse(instant);
+const iso = (epochMs: number) => new Date(epochMs).toISOString();
+const noon = at('12:00:00.000');
+const ttlMs = 600_000;
+const limits = { maxActive: 16, perMinute: 600 };
+
+const unlimited: KeyBudgetValues = { monthly_token_budget: null, daily_token_budget: null, monthly_input_token_budget: null, monthly_output_token_budget: null, monthly_harvest_jobs: null };
+
+const opening = (o: Partial<MeterOpening> = {}): MeterOpening => ({
+  key_id,
+  day,
+  month_input_tokens: 0,
+  month_output_tokens: 0,
+  carried_from: '2026-11-23',
+  carried_holds: [],
+  recent_starts: [],
+  ...o,
+});
+const opened = (o: Partial<MeterOpening> = {}, when = at('00:00:00.000', o.day ?? day)) => MeterOpened({ ...opening(o), at: when });
+
+const facts = (request_id: string): RequestFactsData => ({
+  request_id,
+  key_prefix: key_id,
+  email: 'ada@example.com',
+  client_ip: '203.0.113.7',
+  endpoint: '/v1/completions',
+  model: 'base-7b',
+  user: 'tag-1',
+  workload: 'batch',
+});
+
+type Reserve = Extract<MeterCommand, { type: 'Reserve' }>;
+const reserve = (o: Partial<Omit<Reserve, 'type'>> & { id?: string; budget?: Partial<KeyBudgetValues> } = {}): Reserve => {
+  const { id = 'r1', budget = {}, ...rest } = o;
+  return {
+    type: 'Reserve',
+    facts: facts(id),
+    inputTokens: 10,
+    maxTokens: 100,
+    maxTokensRequested: 100,
+    choices: 1,
+    budgets: { ...unlimited, ...budget },
+    keyStatus: 'active',
+    limits,
+    ttlMs,
+    now: noon,
+    ...rest,
+  };
+};
+
+/** The event a Reserve of these figures appends. */
+const reserved = (
+  o: { id?: string; input?: number; applied?: number; requested?: number | null; choices?: number; clampedBy?: string | null; now?: string; ttl?: number } = {},
+) => {
+  const { id = 'r1', input = 10, applied = 100, requested = 100, choices = 1, clampedBy = null, now = noon, ttl = ttlMs } = o;
+  return BudgetReserved({
+    ...facts(id),
+    input_tokens: input,
+    output_tokens: applied * choices,
+    max_tokens_requested: requested,
+    max_tokens_applied: applied,
+    choices,
+    clamped_by: clampedBy,
+    at: now,
+    expires_at: iso(ms(now) + ttl),
+  });
+};
+
+type Settle = Extract<MeterCommand, { type: 'Settle' }>;
+const settle = (id: string, input: number, output: number, now = at('12:00:30.000')): Settle => ({
+  type: 'Settle',
+  facts: facts(id),
+  inputTokens: input,
+  outputTokens: output,
+  status: 200,
+  latencyMs: 30_000,
+  gpuSeconds: 1.5,
+  cost: 0.003,
+  disconnected: false,
+  now,
+});
+const settled = (id: string, input: number, output: number, now = at('12:00:30.000')) =>
+  UsageSettled({ ...facts(id), input_tokens: input, output_tokens: output, status: 200, latency_ms: 30_000, gpu_seconds: 1.5, cost: 0.003, disconnected: false, at: now });
+
+/** A hold made earlier today and settled with this many tokens: today's (and the month's) usage. */
+const usedToday = (id: string, input: number, output: number): MeterEvent[] => [
+  reserved({ id, input, applied: output, requested: output, now: at('08:00:00.000') }),
+  settled(id, input, output, at('08:00:10.000')),
+];
+
+/** One open reservation: 10 prompt tokens, 100 output. */
+const r1 = reserved({ id: 'r1', input: 10, applied: 100 });
+
+// ---------------------------------------------------------------------------------------------
+
+const opening_ = suite('meter decider: opening a day');
+opening_('the stream is meter-<keyId>-<yyyy-mm-dd>', () => {
+  assert.is(meterStream(key_id, day), 'meter-0123456789ab-2026-11-24');
+});
+opening_('a meter day opens once; opening it again appends nothing', () => {
+  spec.given([]).when({ type: 'OpenMeter', opening: opening(), now: at('00:00:00.000') }).then([opened()]);
+  spec.given([opened()]).when({ type: 'OpenMeter', opening: opening({ month_input_tokens: 5 }), now: at('00:00:01.000') }).thenNothing();
+});
+opening_('a reservation needs an opened meter', () => {
+  spec.given([]).when(reserve()).thenRejects('meter_not_opened');
+});
+opening_('a paused or revoked key is key_inactive at the reservation re-check', () => {
+  spec.given([opened()]).when(reserve({ keyStatus: 'paused' })).thenRejects('key_inactive', { status: 'paused' });
+  spec.given([opened()]).when(reserve({ keyStatus: 'revoked' })).thenRejects('key_inactive', { status: 'revoked' });
+});
+opening_('an active key with no budget reserves prompt + max_tokens × choices, unclamped', () => {
+  spec.given([opened()]).when(reserve()).then([reserved()]);
+  spec.given([opened()]).when(reserve({ maxTokens: 1_000_000, maxTokensRequested: null, choices: 16 })).then([reserved({ applied: 1_000_000, requested: null, choices: 16 })]);
+  spec.given([opened({ month_input_tokens: 9e12, month_output_tokens: 9e12 })]).when(reserve()).then([reserved()]);
+});
+opening_('the hold expires ttl after the reservation', () => {
+  spec.given([opened()]).when(reserve({ ttlMs: 90_000 })).then([reserved({ ttl: 90_000 })]);
+});
+opening_.run();
+
+// ---------------------------------------------------------------------------------------------
+
+const budgets = suite('meter decider: budgets at their boundaries');
+
+budgets('monthly total: the month-to-date plus prompt plus max_tokens exactly at the budget fits unclamped', () => {
+  // 900 used + 10 prompt + 90 output = 1000.
+  const given = [opened({ month_input_tokens: 400, month_output_tokens: 500 })];
+  spec.given(given).when(reserve({ maxTokens: 90, maxTokensRequested: 90, budget: { monthly_token_budget: 1000 } })).then([reserved({ applied: 90, requested: 90 })]);
+});
+budgets('monthly total: one token over is clamped to fit, naming the budget', () => {
+  const given = [opened({ month_input_tokens: 400, month_output_tokens: 500 })];
+  spec.given(given).when(reserve({ maxTokens: 91, maxTokensRequested: 91, budget: { monthly_token_budget: 1000 } })).then([reserved({ applied: 90, requested: 91, clampedBy: 'monthly_token_budget' })]);
+});
+budgets('monthly total: with several choices the room is divided, rounding down', () => {
+  // Room 90 for 4 choices: 22 each (88 held), never 23 (92 > 90).
+  const given = [opened({ month_input_tokens: 400, month_output_tokens: 500 })];
+  spec
+    .given(given)
+    .when(reserve({ maxTokens: 100, choices: 4, budget: { monthly_token_budget: 1000 } }))
+    .then([reserved({ applied: 22, choices: 4, clampedBy: 'monthly_token_budget' })]);
+  // Exactly one token per choice fits.
+  spec.given([opened({ month_input_tokens: 986 })]).when(reserve({ choices: 4, budget: { monthly_token_budget: 1000 } })).then([reserved({ applied: 1, choices: 4, clampedBy: 'monthly_token_budget' })]);
+});
+budgets('monthly total: when not even one token per choice fits, budget_exceeded names it', () => {
+  spec.given([opened({ month_input_tokens: 990 })]).when(reserve({ budget: { monthly_token_budget: 1000 } })).thenRejects('budget_exceeded', { budget: 'monthly_token_budget' });
+  spec.given([opened({ month_input_tokens: 987 })]).when(reserve({ choices: 4, budget: { monthly_token_budget: 1000 } })).thenRejects('budget_exceeded', { budget: 'monthly_token_budget' });
+  spec.given([opened({ month_output_tokens: 1000 })]).when(reserve({ inputTokens: 0, budget: { monthly_token_budget: 1000 } })).thenRejects('budget_exceeded', { budget: 'monthly_token_budget' });
+  spec.given([opened()]).when(reserve({ inputTokens: 0, budget: { monthly_token_budget: 0 } })).thenRejects('budget_exceeded', { budget: 'monthly_token_budget' });
+  // One token left fits a one-token answer.
+  spec.given([opened({ month_input_tokens: 989 })]).when(reserve({ budget: { monthly_token_budget: 1000 } })).then([reserved({ applied: 1, clampedBy: 'monthly_token_budget' })]);
+});
+budgets('monthly total: usage beyond the budget (a lowered budget) rejects, it never goes negative-positive', () => {
+  spec.given([opened({ month_input_tokens: 5000 })]).when(reserve({ budget: { monthly_token_budget: 1000 } })).thenRejects('budget_exceeded', { budget: 'monthly_token_budget' });
+});
+
+budgets('daily: only this UTC day counts, not the month-to-date it opened with', () => {
+  // 60 used today, 10 prompt, 30 output = 100; the 9000 of earlier days do not count against the day.
+  const given = [opened({ month_input_tokens: 9000 }), ...usedToday('earlier', 20, 40)];
+  spec.given(given).when(reserve({ maxTokens: 30, maxTokensRequested: 30, budget: { daily_token_budget: 100 } })).then([reserved({ applied: 30, requested: 30 })]);
+  spec.given(given).when(reserve({ maxTokens: 31, maxTokensRequested: 31, budget: { daily_token_budget: 100 } })).then([reserved({ applied: 30, requested: 31, clampedBy: 'daily_token_budget' })]);
+  spec.given(given).when(reserve({ maxTokens: 31, choices: 7, budget: { daily_token_budget: 100 } })).then([reserved({ applied: 4, requested: 100, choices: 7, clampedBy: 'daily_token_budget' })]);
+  spec.given(given).when(reserve({ inputTokens: 40, budget: { daily_token_budget: 100 } })).thenRejects('budget_exceeded', { budget: 'daily_token_budget' });
+  spec.given(given).when(reserve({ inputTokens: 36, choices: 5, budget: { daily_token_budget: 100 } })).thenRejects('budget_exceeded', { budget: 'daily_token_budget' });
+});
+
+budgets('monthly input: all or nothing, lowering max_tokens cannot help', () => {
+  const given = [opened({ month_input_tokens: 90, month_output_tokens: 5000 })];
+  spec.given(given).when(reserve({ inputTokens: 10, maxTokens: 1000, maxTokensRequested: 1000, budget: { monthly_input_token_budget: 100 } })).then([reserved({ input: 10, applied: 1000, requested: 1000 })]);
+  spec.given(given).when(reserve({ inputTokens: 11, budget: { monthly_input_token_budget: 100 } })).thenRejects('budget_exceeded', { budget: 'monthly_input_token_budget' });
+  spec.given([opened()]).when(reserve({ inputTokens: 1, budget: { monthly_input_token_budget: 0 } })).thenRejects('budget_exceeded', { budget: 'monthly_input_token_budget' });
+  // A prompt of 0 tokens fits a spent input budget exactly.
+  spec.given([opened({ month_input_tokens: 100 })]).when(reserve({ inputTokens: 0, budget: { monthly_input_token_budget: 100 } })).then([reserved({ input: 0 })]);
+});
+
+budgets('monthly output: max_tokens × choices at the boundary; the prompt does not count', () => {
+  const given = [opened({ month_input_tokens: 5000, month_output_tokens: 90 })];
+  spec.given(given).when(reserve({ inputTokens: 500, maxTokens: 10, maxTokensRequested: 10, budget: { monthly_output_token_budget: 100 } })).then([reserved({ input: 500, applied: 10, requested: 10 })]);
+  spec.given(given).when(reserve({ inputTokens: 500, maxTokens: 11, maxTokensRequested: 11, budget: { monthly_output_token_budget: 100 } })).then([reserved({ input: 500, applied: 10, requested: 11, clampedBy: 'monthly_output_token_budget' })]);
+  spec.given(given).when(reserve({ maxTokens: 11, choices: 3, budget: { monthly_output_token_budget: 100 } })).then([reserved({ applied: 3, requested: 100, choices: 3, clampedBy: 'monthly_output_token_budget' })]);
+  spec.given(given).when(reserve({ choices: 11, budget: { monthly_output_token_budget: 100 } })).thenRejects('budget_exceeded', { budget: 'monthly_output_token_budget' });
+  spec.given([opened({ month_output_tokens: 100 })]).when(reserve({ budget: { monthly_output_token_budget: 100 } })).thenRejects('budget_exceeded', { budget: 'monthly_output_token_budget' });
+});
+
+budgets('several budgets: the tightest one clamps and is named', () => {
+  const given = [opened({ month_input_tokens: 100 }), ...usedToday('earlier', 10, 10)];
+  // Month room: 1000 - 120 - 10 = 870; day room: 100 - 20 - 10 = 70; output room: 50.
+  const all = { monthly_token_budget: 1000, daily_token_budget: 100, monthly_output_token_budget: 60 };
+  spec.given(given).when(reserve({ budget: all })).then([reserved({ applied: 50, clampedBy: 'monthly_output_token_budget' })]);
+  spec.given(given).when(reserve({ budget: { ...all, monthly_output_token_budget: null } })).then([reserved({ applied: 70, clampedBy: 'daily_token_budget' })]);
+  spec.given(given).when(reserve({ maxTokens: 40, maxTokensRequested: 40, budget: all })).then([reserved({ applied: 40, requested: 40 })]);
+});
+
+budgets('open holds count against every budget: two reservations in a row', () => {
+  const budget = { monthly_token_budget: 100 };
+  const first = reserved({ id: 'r1', input: 10, applied: 40, requested: 40 });
+  spec.given([opened()]).when(reserve({ id: 'r1', maxTokens: 40, maxTokensRequested: 40, budget })).then([first]);
+  // 50 held: the second has room for 100 - 50 - 10 = 40.
+  spec.given([opened(), first]).when(reserve({ id: 'r2', maxTokens: 50, maxTokensRequested: 50, budget })).then([reserved({ id: 'r2', applied: 40, requested: 50, clampedBy: 'monthly_token_budget' })]);
+  spec.given([opened(), first, reserved({ id: 'r2', applied: 40 })]).when(reserve({ id: 'r3', budget })).thenRejects('budget_exceeded', { budget: 'monthly_token_budget' });
+  // Holds count against the day, the input and the output budgets too.
+  spec.given([opened(), first]).when(reserve({ id: 'r2', budget: { daily_token_budget: 60 } })).thenRejects('budget_exceeded', { budget: 'daily_token_budget' });
+  spec.given([opened(), first]).when(reserve({ id: 'r2', inputTokens: 11, budget: { monthly_input_token_budget: 20 } })).thenRejects('budget_exceeded', { budget: 'monthly_input_token_budget' });
+  spec.given([opened(), first]).when(reserve({ id: 'r2', budget: { monthly_output_token_budget: 41 } })).then([reserved({ id: 'r2', applied: 1, clampedBy: 'monthly_output_token_budget' })]);
+});
+
+budgets('a settlement replaces the hold with the real usage, freeing the rest', () => {
+  const budget = { monthly_token_budget: 100 };
+  const given = [opened(), reserved({ id: 'r1', input: 10, applied: 80 }), settled('r1', 10, 20)];
+  // 30 charged, nothing held: 100 - 30 - 10 = 60.
+  spec.given(given).when(reserve({ id: 'r2', budget })).then([reserved({ id: 'r2', applied: 60, clampedBy: 'monthly_token_budget' })]);
+});
+
+const carriedHold = { request_id: 'late', day: '2026-11-23', input_tokens: 10, output_tokens: 40, at: at('23:59:59.900', '2026-11-23'), expires_at: at('00:09:59.900') };
+budgets('holds carried over midnight count against the month but not against the day', () => {
+  const given = [opened({ carried_holds: [carriedHold] })];
+  spec.given(given).when(reserve({ budget: { monthly_token_budget: 100 } })).then([reserved({ applied: 40, clampedBy: 'monthly_token_budget' })]);
+  spec.given(given).when(reserve({ budget: { daily_token_budget: 100 } })).then([reserved({ applied: 90, clampedBy: 'daily_token_budget' })]);
+  spec.given(given).when(reserve({ inputTokens: 91, budget: { monthly_input_token_budget: 100 } })).thenRejects('budget_exceeded', { budget: 'monthly_input_token_budget' });
+  spec.given(given).when(reserve({ budget: { monthly_output_token_budget: 100 } })).then([reserved({ applied: 60, clampedBy: 'monthly_output_token_budget' })]);
+});
+budgets.run();
+
+// ---------------------------------------------------------------------------------------------
+
+const rate = suite('meter decider: 600 starts per rolling minute');
+/** `count` starts spread evenly from `first` to `last` (epoch ms). */
+const spread = (count: number, first: number, last: number) => Array.from({ length: count }, (_, i) => (count === 1 ? first : Math.round(first + ((last - first) * i) / (count - 1))));
+const t = ms(noon);
+
+rate('the 600th start in a minute passes, the 601st is rate_limited', () => {
+  const starts599 = spread(599, t - 50_000, t - 1);
+  spec.given([opened({ recent_starts: starts599 })]).when(reserve()).then([reserved()]);
+  const starts600 = [...starts599, t - 1];
+  // The oldest leaves the window 50 s after it started: 10 s from now.
+  spec.given([opened({ recent_starts: starts600 })]).when(reserve()).thenRejects('rate_limited', { retry_after_seconds: 10 });
+});
+rate('starts recorded by reservations on this stream count, settled or not', () => {
+  const given: MeterEvent[] = [opened({ recent_starts: spread(598, t - 40_000, t - 20_000) }), reserved({ id: 'a', now: iso(t - 10_000) }), settled('a', 10, 5, iso(t - 9_000))];
+  // 599 starts: the 600th passes and is itself recorded.
+  spec.given(given).when(reserve()).then([reserved()]);
+  spec.given(given).when(reserve()).thenState((state) => assert.is(state.starts.length, 600));
+  spec.given([...given, reserved({ id: 'b', now: iso(t - 5_000) })]).when(reserve()).thenRejects('rate_limited', { retry_after_seconds: 20 });
+});
+rate('a start exactly 60 s old has left the window; one 59.999 s old has not', () => {
+  const inWindow = spread(599, t - 30_000, t - 1);
+  spec.given([opened({ recent_starts: [t - 60_000, ...inWindow] })]).when(reserve()).then([reserved()]);
+  spec.given([opened({ recent_starts: [t - 59_999, ...inWindow] })]).when(reserve()).thenRejects('rate_limited', { retry_after_seconds: 1 });
+  spec.given([opened({ recent_starts: [t - 61_000, t - 60_000, ...inWindow] })]).when(reserve()).then([reserved()]);
+});
+rate('retry_after_seconds counts until enough starts leave for one more, rounded up', () => {
+  // 605 starts in the window: 6 must leave; the 6th oldest started 45.5 s ago and leaves in 14.5 s.
+  const starts = [...spread(6, t - 59_000, t - 45_500), ...spread(599, t - 40_000, t)];
+  spec.given([opened({ recent_starts: starts })]).when(reserve()).thenRejects('rate_limited', { retry_after_seconds: 15 });
+});
+rate('retry_after_seconds does not depend on the order starts were recorded in', () => {
+  // Two processes' clocks differ by a little, and an opener may list starts in any order: the oldest
+  // (50 s ago, so 10 s to wait) is last here.
+  const starts = [...spread(599, t - 40_000, t - 1), t - 50_000];
+  spec.given([opened({ recent_starts: starts })]).when(reserve()).thenRejects('rate_limited', { retry_after_seconds: 10 });
+  const skewed: MeterEvent[] = [opened({ recent_starts: spread(599, t - 40_000, t - 1) }), reserved({ id: 'skew', now: iso(t - 50_000) }), settled('skew', 1, 1)];
+  spec.given(skewed).when(reserve()).thenRejects('rate_limited', { retry_after_seconds: 10 });
+});
+rate('the rate limit holds across midnight through recent_starts', () => {
+  const next = '2026-11-25';
+  const now = at('00:00:20.000', next);
+  const yesterday = spread(600, ms(at('23:59:30.000')), ms(at('23:59:59.900')));
+  const given = [opened({ day: next, carried_from: day, recent_starts: yesterday }, at('00:00:00.000', next))];
+  spec.given(given).when(reserve({ now })).thenRejects('rate_limited', { retry_after_seconds: 10 });
+  spec.given(given).when(reserve({ now: at('00:00:30.000', next) })).then([reserved({ now: at('00:00:30.000', next) })]);
+});
+rate('a rejected request does not count as a start', () => {
+  spec.given([opened()]).when(reserve({ budget: { monthly_token_budget: 0 } })).thenRejects('budget_exceeded');
+  spec.given([opened()]).when({ type: 'RecordRejection', facts: facts('r0'), code: 'budget_exceeded', status: 429, inputTokens: 10, latencyMs: 1, now: noon }).thenState((state) => assert.equal(state.starts, []));
+});
+rate.run();
+
+// ---------------------------------------------------------------------------------------------
+
+const active = suite('meter decider: 16 active requests per key');
+const holds = (n: number, prefix = 'h') => Array.from({ length: n }, (_, i) => reserved({ id: `${prefix}${i}`, now: iso(t - 1000 + i) }));
+active('the 16th concurrent reservation passes, the 17th is at_capacity', () => {
+  spec.given([opened(), ...holds(15)]).when(reserve()).then([reserved()]);
+  spec.given([opened(), ...holds(16)]).when(reserve()).thenRejects('at_capacity');
+});
+active('a settlement or an expiry frees a slot', () => {
+  spec.given([opened(), ...holds(16), settled('h3', 10, 1)]).when(reserve()).then([reserved()]);
+  spec.given([opened(), ...holds(16), ReservationExpired({ request_id: 'h3', input_tokens: 10, output_tokens: 100, at: noon })]).when(reserve()).then([reserved()]);
+});
+active('holds carried over midnight take slots until released', () => {
+  const carried = Array.from({ length: 16 }, (_, i) => ({ ...carriedHold, request_id: `c${i}` }));
+  spec.given([opened({ carried_holds: carried })]).when(reserve()).thenRejects('at_capacity');
+  const released = CarriedHoldReleased({ request_id: 'c0', day: '2026-11-23', input_tokens: 10, output_tokens: 3, at: noon });
+  spec.given([opened({ carried_holds: carried }), released]).when(reserve()).then([reserved()]);
+});
+active('a request id that already holds a reservation cannot reserve again (it would replace the hold)', () => {
+  // X-Request-Id is the client's to choose: 17 concurrent requests under one id must not share one slot
+  // and one hold, nor shrink a hold the engine is already generating against.
+  const budget = { monthly_token_budget: 200 };
+  spec.given([opened(), r1]).when(reserve({ id: 'r1', budget })).thenRejects('duplicate_request', { request_id: 'r1' });
+  spec.given([opened(), ...holds(15), reserved({ id: 'x' })]).when(reserve({ id: 'x' })).thenRejects('duplicate_request');
+  // Once settled, the id is free again: the new hold counts in full.
+  spec.given([opened(), r1, settled('r1', 10, 20)]).when(reserve({ id: 'r1', budget })).then([reserved({ id: 'r1', applied: 100 })]);
+  // A hold carried from yesterday under the same id is still running.
+  spec.given([opened({ carried_holds: [carriedHold] })]).when(reserve({ id: 'late' })).thenRejects('duplicate_request');
+});
+active.run();
+
+// ---------------------------------------------------------------------------------------------
+
+const settling = suite('meter decider: settle, expire, renew');
+const expiresAt = r1.data.expires_at;
+
+settling('settlement charges the engine\'s real usage and releases the hold', () => {
+  spec.given([opened(), r1]).when(settle('r1', 12, 37)).then([settled('r1', 12, 37)]);
+  spec.given([opened({ month_input_tokens: 1000, month_output_tokens: 2000 }), r1]).when(settle('r1', 12, 37)).thenState((state) => {
+    assert.equal(state.holds, {});
+    assert.equal([state.monthInput, state.monthOutput, state.todayInput, state.todayOutput], [1012, 2037, 12, 37]);
+    assert.equal(heldTokens(state), { input: 0, output: 0, todayInput: 0, todayOutput: 0 });
+  });
+});
+settling('a disconnected client is billed for what was generated', () => {
+  const command = { ...settle('r1', 10, 4), disconnected: true, status: 499 };
+  spec.given([opened(), r1]).when(command).then([UsageSettled({ ...settled('r1', 10, 4).data, disconnected: true, status: 499 })]);
+});
+settling('settling an unknown, an already settled or an expired request appends nothing', () => {
+  spec.given([opened()]).when(settle('nope', 1, 1)).thenNothing();
+  spec.given([opened(), r1, settled('r1', 10, 5)]).when(settle('r1', 10, 5)).thenNothing();
+  spec.given([opened(), r1, ReservationExpired({ request_id: 'r1', input_tokens: 10, output_tokens: 100, at: expiresAt })]).when(settle('r1', 10, 5)).thenNothing();
+});
+settling('expiry happens only once expires_at <= now and charges the whole hold', () => {
+  const expire = (now: string): MeterCommand => ({ type: 'Expire', requestId: 'r1', now });
+  spec.given([opened(), r1]).when(expire(iso(ms(expiresAt) - 1))).thenNothing();
+  spec.given([opened(), r1]).when(expire(expiresAt)).then([ReservationExpired({ request_id: 'r1', input_tokens: 10, output_tokens: 100, at: expiresAt })]);
+  spec.given([opened(), r1]).when(expire(iso(ms(expiresAt) + 5_000))).thenState((state) => {
+    assert.equal(state.holds, {});
+    assert.equal([state.monthInput, state.monthOutput, state.todayInput, state.todayOutput], [10, 100, 10, 100]);
+  });
+});
+settling('expiring an unknown, a settled or an expired request appends nothing', () => {
+  const late = iso(ms(expiresAt) + 1);
+  spec.given([opened()]).when({ type: 'Expire', requestId: 'r1', now: late }).thenNothing();
+  spec.given([opened(), r1, settled('r1', 1, 1)]).when({ type: 'Expire', requestId: 'r1', now: late }).thenNothing();
+  spec.given([opened(), r1, ReservationExpired({ request_id: 'r1', input_tokens: 10, output_tokens: 100, at: late })]).when({ type: 'Expire', requestId: 'r1', now: late }).thenNothing();
+});
+settling('a renewal moves expires_at: the old deadline no longer expires the hold, the new one does', () => {
+  const later = iso(ms(expiresAt) + 300_000);
+  const renewed = ReservationRenewed({ request_id: 'r1', expires_at: later, at: at('12:05:00.000') });
+  spec.given([opened(), r1]).when({ type: 'Renew', requestId: 'r1', expiresAt: later, now: at('12:05:00.000') }).then([renewed]);
+  spec.given([opened(), r1, renewed]).when({ type: 'Expire', requestId: 'r1', now: expiresAt }).thenNothing();
+  spec.given([opened(), r1, renewed]).when({ type: 'Expire', requestId: 'r1', now: later }).then([ReservationExpired({ request_id: 'r1', input_tokens: 10, output_tokens: 100, at: later })]);
+});
+settling('renewing an unknown or finished request appends nothing', () => {
+  spec.given([opened()]).when({ type: 'Renew', requestId: 'r1', expiresAt: at('13:00:00.000'), now: noon }).thenNothing();
+  spec.given([opened(), r1, settled('r1', 1, 1)]).when({ type: 'Renew', requestId: 'r1', expiresAt: at('13:00:00.000'), now: noon }).thenNothing();
+});
+settling('a renewal never shortens a hold, and a resent renewal appends nothing', () => {
+  const renew = (expires: string): MeterCommand => ({ type: 'Renew', requestId: 'r1', expiresAt: expires, now: at('12:05:00.000') });
+  spec.given([opened(), r1]).when(renew(expiresAt)).thenNothing();
+  spec.given([opened(), r1]).when(renew(at('12:05:00.000'))).thenNothing();
+  const renewed = ReservationRenewed({ request_id: 'r1', expires_at: at('12:20:00.000'), at: at('12:05:00.000') });
+  spec.given([opened(), r1, renewed]).when(renew(at('12:20:00.000'))).thenNothing();
+});
+settling.run();
+
+// ---------------------------------------------------------------------------------------------
+
+const boundaries = suite('meter decider: UTC month and day boundaries');
+const d = '2026-11-24';
+const next = '2026-11-25';
+const late = at('23:59:59.900', d);
+const straddling = reserved({ id: 'mid', input: 10, applied: 100, now: late });
+const carriedMid = { request_id: 'mid', day: d, input_tokens: 10, output_tokens: 100, at: late, expires_at: straddling.data.expires_at };
+const nextOpened = opened({ day: next, carried_from: d, month_input_tokens: 500, month_output_tokens: 500, carried_holds: [carriedMid], recent_starts: [ms(late)] }, at('00:00:00.100', next));
+
+boundaries('a MeterOpened on the 1st of the month starts the month from zero', () => {
+  const first = opened({ day: '2026-12-01', carried_from: null, month_input_tokens: 0, month_output_tokens: 0 }, '2026-12-01T00:00:00.000Z');
+  spec.given([first]).when(reserve({ maxTokens: 990, maxTokensRequested: 990, now: '2026-12-01T00:00:01.000Z', budget: { monthly_token_budget: 1000 } })).then([reserved({ applied: 990, requested: 990, now: '2026-12-01T00:00:01.000Z' })]);
+});
+boundaries('a day opened mid-month carries the month-to-date, and starts its day at zero', () => {
+  const mid = opened({ month_input_tokens: 400, month_output_tokens: 500 });
+  spec.given([mid]).when(reserve({ budget: { monthly_token_budget: 1000, daily_token_budget: 1000 } })).then([reserved({ applied: 90, clampedBy: 'monthly_token_budget' })]);
+  spec.given([mid]).when(reserve()).thenState((state) => assert.equal([state.day, state.monthInput, state.monthOutput, state.todayInput, state.todayOutput], [d, 400, 500, 0, 0]));
+});
+boundaries('a reservation at 23:59:59.9 on day D settles after midnight on day D\'s stream', () => {
+  spec.given([opened({ day: d })]).when(reserve({ id: 'mid', now: late })).then([straddling]);
+  const afterMidnight = at('00:00:05.000', next);
+  spec.given([opened(), straddling]).when(settle('mid', 10, 30, afterMidnight)).then([settled('mid', 10, 30, afterMidnight)]);
+  // Day D's books: the settlement counts on day D, whenever it landed.
+  spec.given([opened(), straddling]).when(settle('mid', 10, 30, afterMidnight)).thenState((state) => assert.equal([state.todayInput, state.todayOutput], [10, 30]));
+});
+boundaries('day D+1 carries the straddling hold and releases it with CarriedHoldReleased', () => {
+  const release: MeterCommand = { type: 'ReleaseCarried', requestId: 'mid', day: d, inputTokens: 10, outputTokens: 30, now: at('00:00:06.000', next) };
+  const released = CarriedHoldReleased({ request_id: 'mid', day: d, input_tokens: 10, output_tokens: 30, at: at('00:00:06.000', next) });
+  spec.given([nextOpened]).when(release).then([released]);
+  spec.given([nextOpened]).when(release).thenState((state) => {
+    assert.equal(state.holds, {});
+    // The month is charged what day D charged; day D+1 is not.
+    assert.equal([state.monthInput, state.monthOutput, state.todayInput, state.todayOutput], [510, 530, 0, 0]);
+  });
+  // Released once; not settled, expired or renewed on D+1's stream (those land on D's).
+  spec.given([nextOpened, released]).when(release).thenNothing();
+  spec.given([nextOpened]).when(settle('mid', 10, 30, at('00:00:05.000', next))).thenNothing();
+  spec.given([nextOpened]).when({ type: 'Expire', requestId: 'mid', now: at('01:00:00.000', next) }).thenNothing();
+  // Renewed on its own day's stream, where the reaper expires it: a renewal on D+1's would leave D's deadline as it was.
+  spec.given([nextOpened]).when({ type: 'Renew', requestId: 'mid', expiresAt: at('00:30:00.000', next), now: at('00:05:00.000', next) }).thenNothing();
+  // A release naming the wrong day, an unknown request, or a hold of the stream's own day appends nothing.
+  spec.given([nextOpened]).when({ ...release, day: '2026-11-23' }).thenNothing();
+  spec.given([nextOpened]).when({ ...release, requestId: 'other' }).thenNothing();
+  const own = reserved({ id: 'own', now: at('00:01:00.000', next) });
+  spec.given([nextOpened, own]).when({ ...release, requestId: 'own', day: next }).thenNothing();
+});
+boundaries('day D+1 counts the carried hold against the month while it is open, not against the day', () => {
+  // Month: 1000 budget, 1000 used + 110 held: nothing fits. Day: nothing used today.
+  spec.given([nextOpened]).when(reserve({ now: at('00:00:01.000', next), budget: { monthly_token_budget: 1100 } })).thenRejects('budget_exceeded', { budget: 'monthly_token_budget' });
+  spec.given([nextOpened]).when(reserve({ now: at('00:00:01.000', next), budget: { daily_token_budget: 110 } })).then([reserved({ applied: 100, now: at('00:00:01.000', next) })]);
+});
+boundaries('a hold carried over the month boundary charges its own month, not the new one', () => {
+  const oct31 = '2026-10-31';
+  const lastMinute = '2026-10-31T23:59:59.900Z';
+  const hold = { request_id: 'oct', day: oct31, input_tokens: 10, output_tokens: 100, at: lastMinute, expires_at: '2026-11-01T00:09:59.900Z' };
+  const nov1 = opened({ day: '2026-11-01', carried_from: null, carried_holds: [hold] }, '2026-11-01T00:00:00.000Z');
+  const now = '2026-11-01T00:00:10.000Z';
+  // October's hold is October's: November's budget is whole while it runs (it still takes an active slot).
+  spec.given([nov1]).when(reserve({ now, budget: { monthly_token_budget: 110, monthly_input_token_budget: 10, monthly_output_token_budget: 100 } })).then([reserved({ now })]);
+  const released = CarriedHoldReleased({ request_id: 'oct', day: oct31, input_tokens: 10, output_tokens: 60, at: now });
+  spec.given([nov1]).when({ type: 'ReleaseCarried', requestId: 'oct', day: oct31, inputTokens: 10, outputTokens: 60, now }).then([released]);
+  spec.given([nov1, released]).when(reserve({ now })).thenState((state) => assert.equal([state.monthInput, state.monthOutput], [0, 0]));
+  const carried16 = Array.from({ length: 16 }, (_, i) => ({ ...hold, request_id: `oct${i}` }));
+  spec.given([opened({ day: '2026-11-01', carried_from: null, carried_holds: carried16 }, '2026-11-01T00:00:00.000Z')]).when(reserve({ now })).thenRejects('at_capacity');
+});
+boundaries('utcDay is the UTC calendar day of an instant, whatever offset it is written with', () => {
+  assert.is(utcDay(late), '2026-11-24');
+  assert.is(utcDay('2026-11-25T00:00:00.000Z'), '2026-11-25');
+  assert.is(utcDay(new Date('2026-11-25T01:30:00+02:00')), '2026-11-24');
+  assert.is(utcDay('2026-11-25T01:30:00+02:00'), '2026-11-24');
+  assert.is(utcDay('2026-11-24T20:00:00-05:00'), '2026-11-25');
+  assert.is(utcDay('2026-12-01T00:00:00.000Z'), '2026-12-01');
+});
+boundaries('instants are compared as instants, not as text', () => {
+  // 14:10+02:00 is 12:10Z, r1's deadline: the hold expires; 14:09:59.999+02:00 is before it.
+  spec.given([opened(), r1]).when({ type: 'Expire', requestId: 'r1', now: '2026-11-24T14:09:59.999+02:00' }).thenNothing();
+  spec.given([opened(), r1]).when({ type: 'Expire', requestId: 'r1', now: '2026-11-24T14:10:00+02:00' }).then([ReservationExpired({ request_id: 'r1', input_tokens: 10, output_tokens: 100, at: '2026-11-24T14:10:00+02:00' })]);
+  // A reservation's deadline is written in UTC whatever its now was written with.
+  spec.given([opened()]).when(reserve({ now: '2026-11-24T14:00:00+02:00' })).thenState((state) => assert.is(state.holds.r1?.expiresAt, '2026-11-24T12:10:00.000Z'));
+});
+
+// ---------------------------------------------------------------------------------------------
+
+boundaries('closing a day: the opener of the next day closes it; a reservation there is refused, to be made on the next day', () => {
+  const closed = MeterClosed({ day: d, next_day: next, at: at('00:00:00.050', next) });
+  spec.given([opened({ day: d })]).when({ type: 'CloseMeter', nextDay: next, now: at('00:00:00.050', next) }).then([closed]);
+  spec.given([opened({ day: d }), closed]).when({ type: 'CloseMeter', nextDay: next, now: at('00:00:00.060', next) }).thenNothing();
+  spec.given([opened({ day: d }), closed]).when(reserve({ id: 'late', now: late })).thenRejects('meter_closed');
+  // The holds of a closed day are still settled and expired there.
+  spec.given([opened({ day: d }), straddling, closed]).when(settle('mid', 10, 60, at('00:00:01.000', next))).then([settled('mid', 10, 60, at('00:00:01.000', next))]);
+});
+boundaries.run();
+
+const records = suite('meter decider: rejections recorded, metadata only');
+records('a rejected request is recorded with its metadata, and changes nothing', () => {
+  const command: MeterCommand = { type: 'RecordRejection', facts: facts('r9'), code: 'budget_exceeded', status: 429, inputTokens: 12, latencyMs: 0.4, now: noon };
+  spec.given([opened()]).when(command).then([RequestRejected({ ...facts('r9'), code: 'budget_exceeded', status: 429, input_tokens: 12, latency_ms: 0.4, at: noon })]);
+  spec.given([opened(), r1]).when(command).thenState((state) => {
+    assert.equal(state, foldEvents(meterDecider, meterDecider.initialState(), [opened(), r1]));
+  });
+});
+records('no event of the meter catalogue can carry a prompt or a completion', () => {
+  const withPrompt = { ...RequestRejected({ ...facts('r9'), code: 'rate_limited', status: 429, input_tokens: 1, latency_ms: 1, at: noon }) };
+  assert.throws(() => meterEvents.check({ type: 'RequestRejected', data: { ...withPrompt.data, prompt: 'secret marker' } }));
+  assert.throws(() => meterEvents.check({ type: 'UsageSettled', data: { ...settled('r1', 1, 1).data, completion: 'secret marker' } }));
+  assert.throws(() => meterEvents.check({ type: 'BudgetReserved', data: { ...r1.data, prompt: 'secret marker' } }));
+});
+records.run();
+
+// ---------------------------------------------------------------------------------------------
+
+const storage = suite('meter decider: events as stored');
+/** A day that produces every event type, decided command after command. */
+const dayOfCommands: MeterCommand[] = [
+  { type: 'OpenMeter', opening: opening({ month_input_tokens: 7, month_output_tokens: 9, carried_holds: [carriedHold], recent_starts: [t - 70_000, t - 30_000] }), now: at('00:00:00.000') },
+  { type: 'ReleaseCarried', requestId: 'late', day: '2026-11-23', inputTokens: 10, outputTokens: 12, now: at('00:00:03.000') },
+  reserve({ id: 'a', budget: { monthly_token_budget: 500 } }),
+  reserve({ id: 'b', choices: 3, budget: { monthly_token_budget: 500, daily_token_budget: 300 } }),
+  { type: 'Renew', requestId: 'b', expiresAt: at('12:20:00.000'), now: at('12:05:00.000') },
+  settle('a', 10, 55),
+  { type: 'Expire', requestId: 'b', now: at('12:20:00.000') },
+  reserve({ id: 'c', budget: { monthly_token_budget: 500 } }),
+  { type: 'RecordRejection', facts: facts('d'), code: 'rate_limited', status: 429, inputTokens: 3, latencyMs: 0.2, now: noon },
+  { type: 'CloseMeter', nextDay: '2026-11-25', now: at('00:00:00.050', '2026-11-25') },
+];
+function run(commands: readonly MeterCommand[]): { events: MeterEvent[]; state: MeterState } {
+  let state = meterDecider.initialState();
+  const events: MeterEvent[] = [];
+  for (const command of commands) {
+    const decided = decisionEvents(meterDecider.decide(command, state));
+    if (isRejection(decided)) assert.unreachable(`${command.type} rejected: ${decided.message}`);
+    else {
+      events.push(...decided);
+      state = foldEvents(meterDecider, state, decided);
+    }
+  }
+  return { events, state };
+}
+storage('every event the decider produces passes the meter catalogue', () => {
+  const { events } = run(dayOfCommands);
+  assert.equal([...new Set(events.map((e) => e.type))].sort(), [...meterEvents.types].sort());
+  for (const event of events) meterEvents.check(event);
+});
+storage('events stored as JSON and parsed back evolve to the same state', () => {
+  const { events, state } = run(dayOfCommands);
+  const reloaded = events.map((e) => meterEvents.parse(JSON.parse(JSON.stringify({ type: e.type, data: e.data, metadata: { schema_version: meterEvents.versionOf(e.type) } }))));
+  assert.equal(foldEvents(meterDecider, meterDecider.initialState(), reloaded), state);
+  // And the figures are the ones the rules give: 7 + 10 (carried) + 10 (a) + 10 (b, expired) input; b clamped by the day to 60 × 3, all charged on expiry.
+  assert.equal([state.monthInput, state.monthOutput], [37, 9 + 12 + 55 + 60 * 3]);
+  assert.equal(Object.keys(state.holds), ['c']);
+});
+storage.run();

@@ -1,0 +1,97 @@
+// A stub activation engine: a separate HTTP process speaking the engine protocol (ENGINE.md) that answers
+// captures at once, at any size, laid out as vLLM + vllm-lens write them (`activations` last, the codec's
+// `data` before its `shape`). Its tensor is a repeated base64 block, so a 610 MB body costs no memory.
+// The capture spans prompt bytes + 1 (BOS) + max_tokens - 1 positions of D_MODEL bf16 values per layer.
+// The prompt's first word picks a behaviour:
+//   whole        every requested layer
+//   fewer        one layer less than requested
+//   malformed    an envelope whose small fields are not JSON (`"dtype":int16`)
+//   none         no activations key at all (a stock vLLM ignores the capture)
+//   break        the connection drops half-way through the data
+//   first        `activations` first, the rest of the completion after it (another engine's order)
+// Run: node --import tsx test/support/capture-engine.ts [checkpoint]; prints {"event":"listening","url"}.
+import { createServer, type ServerResponse } from 'node:http';
+
+const D_MODEL = 2048;
+const N_LAYERS = 16;
+const checkpoint = process.argv[2] ?? 'stub/capture-16l-2048d';
+
+// 3 × 64 Ki bytes of varied bf16-like patterns: base64 of a multiple of 3 bytes has no padding, so copies
+// of the block concatenate into valid base64 of their concatenated bytes.
+const BLOCK_RAW = 3 * 65_536;
+const blockRaw = Buffer.alloc(BLOCK_RAW);
+for (let i = 0; i < BLOCK_RAW; i++) blockRaw[i] = (i * 2654435761) >>> 24;
+const block = Buffer.from(blockRaw.toString('base64'));
+
+function layersOf(xargs: Record<string, unknown> | undefined): number {
+  const value = xargs?.output_residual_stream;
+  if (value === undefined) return 0;
+  const parsed = typeof value === 'string' ? JSON.parse(value) : value;
+  return parsed === true ? N_LAYERS : (parsed as number[]).length;
+}
+
+/** Writes with backpressure. */
+async function write(res: ServerResponse, piece: Buffer | string): Promise<void> {
+  if (!res.write(piece)) await new Promise<void>((resolve) => res.once('drain', resolve));
+}
+
+async function capture(res: ServerResponse, body: Record<string, any>): Promise<void> {
+  const prompt = String(body.prompt ?? '');
+  const mode = prompt.split(' ')[0];
+  const requested = layersOf(body.vllm_xargs);
+  const positions = Buffer.byteLength(prompt) + 1 + Number(body.max_tokens ?? 1) - 1;
+  const layers = mode === 'fewer' ? requested - 1 : requested;
+  const rawBytes = layers * positions * D_MODEL * 2;
+  const whole = Math.floor(rawBytes / BLOCK_RAW);
+  const tail = Buffer.from(blockRaw.subarray(0, rawBytes - whole * BLOCK_RAW).toString('base64'));
+  const dataLength = whole * block.length + tail.length;
+  const head = `{"id":"cmpl-stub","object":"text_completion","created":1700000000,"model":${JSON.stringify(checkpoint)},"choices":[{"index":0,"text":" \\"x\\" {y}","logprobs":null,"finish_reason":"length","stop_reason":null,"prompt_logprobs":null}],"usage":{"prompt_tokens":${positions},"total_tokens":${positions + 1},"completion_tokens":1}`;
+  if (mode === 'none' || requested === 0) {
+    const text = `${head}}`;
+    res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
+    res.end(text);
+    return;
+  }
+  const first = mode === 'first';
+  const open = `${first ? '{' : `${head},`}"activations":{"residual_stream":{"data":"`;
+  const dtype = mode === 'malformed' ? 'int16' : '"int16"';
+  const close = `","dtype":${dtype},"original_dtype":"torch.bfloat16","shape":[${layers},${positions},${D_MODEL}],"compression":null}}${first ? `,${head.slice(1)}` : ''}}`;
+  res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(open) + dataLength + Buffer.byteLength(close) });
+  await write(res, open);
+  const stopAt = mode === 'break' ? Math.floor(whole / 2) : Infinity;
+  for (let i = 0; i < whole; i++) {
+    if (i === stopAt) {
+      res.destroy();
+      return;
+    }
+    await write(res, block);
+  }
+  await write(res, tail);
+  res.end(close);
+}
+
+const server = createServer((req, res) => {
+  const chunks: Buffer[] = [];
+  req.on('data', (c) => chunks.push(c));
+  req.on('end', () => {
+    if (req.url === '/health') return void res.end();
+    if (req.url === '/v1/models') {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      return void res.end(JSON.stringify({ object: 'list', data: [{ id: checkpoint, object: 'model', created: 0, owned_by: 'stub', root: checkpoint, max_model_len: 32768 }] }));
+    }
+    if (req.method !== 'POST' || req.url !== '/v1/completions') {
+      res.writeHead(404, { 'content-type': 'application/json' });
+      return void res.end(JSON.stringify({ error: { message: 'not found', type: 'NotFoundError', param: null, code: 404 } }));
+    }
+    capture(res, JSON.parse(Buffer.concat(chunks).toString('utf8'))).catch(() => res.destroy());
+  });
+});
+server.keepAliveTimeout = 60_000;
+server.listen(0, '127.0.0.1', () => {
+  const address = server.address() as { port: number };
+  process.stdout.write(`${JSON.stringify({ event: 'listening', url: `http://127.0.0.1:${address.port}` })}\n`);
+});
+process.on('SIGTERM', () => {
+  server.closeAllConnections();
+  server.close(() => process.exit(0));
+});
