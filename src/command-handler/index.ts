@@ -63,7 +63,7 @@ export interface CommandOptions {
 
 export interface CommandHandlerOptions {
   store: EventStore;
-  /** Times one command is decided again after conflicts before it fails (default 10). */
+  /** Times one command may lose the race to another process's append before it fails (default 100). */
   maxAttempts?: number;
   /** Streams whose state is kept in memory (default 10,000; 0 keeps only streams with work under way). */
   cacheSize?: number;
@@ -115,6 +115,8 @@ interface Slot {
   catchingUp: Promise<void> | null;
   /** Another writer may have changed the stream: catch up before the next decision. */
   stale: boolean;
+  /** Conflicts since this slot's last stored append. */
+  conflicts: number;
 }
 
 export class CommandHandler {
@@ -134,7 +136,7 @@ export class CommandHandler {
 
   constructor(options: CommandHandlerOptions) {
     this.#store = options.store;
-    this.#maxAttempts = options.maxAttempts ?? 10;
+    this.#maxAttempts = options.maxAttempts ?? 100;
     this.#cacheSize = options.cacheSize ?? 10_000;
     this.#pageSize = options.readPageSize ?? 1000;
     this.#recentCommands = options.recentCommands ?? 10_000;
@@ -312,6 +314,7 @@ export class CommandHandler {
       slot.recent.set(entry.commandId, { version: entry.outcome.version, events: [...entry.outcome.newEvents] });
     }
     slot.confirmed = { state, version: result.nextExpectedVersion };
+    slot.conflicts = 0;
     // The store already held exactly these ids here: a resend of commands decided the same way before.
     for (const entry of batch) entry.resolve(result.idempotent && entry.outcome.accepted ? { ...entry.outcome, resent: true } : entry.outcome);
     this.#afterWork(slot);
@@ -331,13 +334,19 @@ export class CommandHandler {
     const pinned = batch[0].options.expectedVersion !== undefined;
     if (pinned) this.#fail(slot, batch, error);
     // Another process wrote first: read what it wrote, then decide again, in order, on the fresh state.
+    // Only the commands that were sent lost a race (those still pending never reached the store).
+    const sent = new Set(pinned ? [] : batch);
     const affected = pinned ? slot.pending : [...batch, ...slot.pending];
     slot.pending = [];
     for (const entry of affected) slot.recent.delete(entry.commandId);
-    slot.catchingUp = this.#catchUp(slot)
+    // Two processes that keep writing one stream would keep colliding in step: after a second
+    // conflict in a row, wait a random moment (up to 2, 4, ... 64 ms) so one of them gets ahead.
+    slot.conflicts++;
+    const backoff = slot.conflicts < 2 ? null : delay(Math.random() * 2 ** Math.min(slot.conflicts - 1, 6));
+    slot.catchingUp = (backoff ? backoff.then(() => this.#catchUp(slot)) : this.#catchUp(slot))
       .then(() => {
         slot.latest = { ...slot.confirmed };
-        for (const entry of affected) this.#redecide(slot, entry, error);
+        for (const entry of affected) this.#redecide(slot, entry, error, sent.has(entry));
       })
       .catch((readError) => {
         this.#fail(slot, affected, readError);
@@ -357,14 +366,14 @@ export class CommandHandler {
     }
   }
 
-  #redecide(slot: Slot, entry: Entry, cause: unknown): void {
+  #redecide(slot: Slot, entry: Entry, cause: unknown, lostRace: boolean): void {
     const stored = slot.recent.get(entry.commandId);
     if (stored && !('commandId' in stored)) {
       // Its events were stored after all (an earlier attempt whose acknowledgement was lost).
       entry.resolve({ accepted: true, state: slot.latest.state, version: stored.version, newEvents: stored.events, resent: true });
       return;
     }
-    entry.attempts++;
+    if (lostRace) entry.attempts++;
     if (entry.attempts >= this.#maxAttempts) {
       this.#fail(slot, [entry], cause);
       return;
@@ -414,7 +423,7 @@ export class CommandHandler {
 
   async #loadSlot(streamId: string, decider: Decider<unknown, unknown, DomainEvent, Rejection>): Promise<Slot> {
     const initial = { state: decider.initialState(), version: 0 };
-    const slot: Slot = { streamId, decider, confirmed: initial, latest: initial, recent: new Map(), inflight: null, pending: [], catchingUp: null, stale: false };
+    const slot: Slot = { streamId, decider, confirmed: initial, latest: initial, recent: new Map(), inflight: null, pending: [], catchingUp: null, stale: false, conflicts: 0 };
     await this.#catchUp(slot);
     slot.latest = { ...slot.confirmed };
     this.#trimCache(); // make room first: the new slot stays at least until its first decision

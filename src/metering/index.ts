@@ -7,6 +7,7 @@
  * Per key and UTC day one meter stream, opened with the month-to-date balance of the key's previous
  * meter day (walked back within the month), so a key's load never reads more than one day.
  */
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import { apiError, ApiError } from '../errors/index.ts';
 import type { CommandHandler } from '../command-handler/index.ts';
@@ -55,6 +56,9 @@ export interface Admission extends Reservation {
 /** What a settlement records besides the request's facts: the meter decider's Settle command, less its envelope. */
 export type Usage = Omit<Extract<MeterCommand, { type: 'Settle' }>, 'type' | 'facts' | 'now'>;
 
+/** The usage of a request answered before it reached the engine (its reservation was not confirmed). */
+const notRun: Usage = { inputTokens: 0, outputTokens: 0, status: 503, latencyMs: 0, gpuSeconds: 0, cost: 0, disconnected: false };
+
 export interface MeteringOptions {
   handler: CommandHandler;
   store: EventStore;
@@ -95,6 +99,8 @@ export class Metering {
   readonly #background = new Set<Promise<unknown>>();
   #spendCappedDay: string | null = null;
   #timer: NodeJS.Timeout | null = null;
+  /** Aborted by stop(): writes being tried again give up. */
+  readonly #stopping = new AbortController();
   #unlisten: (() => void) | null = null;
 
   constructor(options: MeteringOptions) {
@@ -126,6 +132,7 @@ export class Metering {
   async stop(): Promise<void> {
     if (this.#timer) clearTimeout(this.#timer);
     this.#timer = null;
+    this.#stopping.abort();
     this.#unlisten?.();
     for (const queue of this.#queues.values()) for (const waiter of queue.splice(0)) waiter.reject(apiError('wrapper_saturated', 'the gateway is shutting down'));
     while (this.#background.size > 0) await Promise.allSettled([...this.#background]);
@@ -223,8 +230,10 @@ export class Metering {
         throw rejectionToApiError(final.rejection);
       },
       (error: unknown) => {
-        this.#running.delete(reservation.requestId);
         this.#logger.error({ err: String(error), request_id: request.facts.request_id }, 'reservation could not be stored');
+        // The append's outcome may be unknown (its connection broke after the commit): release the hold
+        // it may have stored, at zero usage, instead of leaving it to the reaper (which charges it whole).
+        void this.#track(this.#settle(reservation, request.facts, notRun));
         throw apiError('store_unavailable', 'the usage store is unavailable; the request was not run');
       },
     );
@@ -337,7 +346,8 @@ export class Metering {
 
   async #settle(reservation: Reservation, facts: RequestFactsData, usage: Usage): Promise<void> {
     const now = this.#now();
-    try {
+    // The hold stays renewed while the settlement is tried again: the real usage is known here.
+    const stored = await this.#persist(async () => {
       await this.#handler.handle(
         reservation.stream,
         { type: 'Settle', facts, ...usage, now: now.toISOString() },
@@ -345,14 +355,32 @@ export class Metering {
         { commandId: `settle:${reservation.requestId}`, metadata: { request_id: reservation.requestId } },
       );
       await this.#releaseCarried(reservation.keyId, reservation.day, reservation.requestId, usage.inputTokens, usage.outputTokens, now);
-    } catch (error) {
-      // The hold stays until the reaper expires it: the budget stays safe, the usage is charged as the whole hold.
-      this.#logger.error({ err: String(error), request_id: reservation.requestId }, 'settlement could not be stored; the reaper will expire the hold');
-    } finally {
-      this.#running.delete(reservation.requestId);
-      this.#wake(reservation.keyId);
-    }
+    }, reservation.requestId, 'settlement');
+    // Not stored: the hold stays until the reaper expires it; the budget stays safe, the usage is charged as the whole hold.
+    if (!stored) this.#logger.error({ request_id: reservation.requestId }, 'settlement could not be stored; the reaper will expire the hold');
+    this.#running.delete(reservation.requestId);
+    this.#wake(reservation.keyId);
     if (usage.cost > 0) void this.#track(this.#checkSpend());
+  }
+
+  /**
+   * Runs a meter write that must survive a passing store failure: tried again with the same command
+   * ids (so it is stored at most once) after 0.25, 0.5, 1, ... s, until it is stored, half the hold's
+   * TTL has passed, or the process stops. True once stored.
+   */
+  async #persist(write: () => Promise<unknown>, requestId: string, what: string): Promise<boolean> {
+    const giveUpAt = Date.now() + this.#ttlMs / 2;
+    for (let pause = 250; ; pause *= 2) {
+      try {
+        await write();
+        return true;
+      } catch (error) {
+        if (this.#stopping.signal.aborted || Date.now() + pause > giveUpAt) return false;
+        this.#logger.warn({ err: String(error), request_id: requestId }, `${what} could not be stored yet; trying again`);
+        const stopped = await sleep(pause, false, { signal: this.#stopping.signal }).catch(() => true);
+        if (stopped) return false;
+      }
+    }
   }
 
   /** A hold made on an earlier day of this month was carried into today's meter: release it there too. */

@@ -267,13 +267,33 @@ it('a conflict that turns an acceptance into a rejection tells the caller', asyn
 });
 
 it('racing processes never exceed the cap: every decision is made on the state it appends onto', async ({ store }) => {
-  const handlers = [0, 1, 2].map(() => new CommandHandler({ store, maxAttempts: 100 }));
+  const handlers = [0, 1, 2].map(() => new CommandHandler({ store }));
   const id = stream();
   const outcomes = await Promise.all(Array.from({ length: 45 }, (_, i) => handlers[i % 3].handle(id, issue, tickets)));
   assert.is(outcomes.filter((o) => o.accepted).length, cap);
   for (const o of outcomes) if (!o.accepted) assert.is(o.rejection.rejected, 'sold_out');
   const read = await store.readStream(id);
   assert.equal(read.events.map((e) => (e.data as { number: number }).number), Array.from({ length: cap }, (_, i) => i + 1));
+});
+
+it('three processes writing one hot stream without pause: every command is stored, none fails for losing races', async ({ store }) => {
+  const handlers = [0, 1, 2].map(() => new CommandHandler({ store }));
+  for (const handler of handlers) await handler.followLog();
+  const id = stream();
+  const failures: unknown[] = [];
+  await Promise.all(
+    handlers.map(async (handler) => {
+      for (let wave = 0; wave < 20; wave++) {
+        await Promise.all(
+          Array.from({ length: 25 }, () =>
+            handler.handle(id, { type: 'Note', text: 'x' }, tickets).catch((error: unknown) => void failures.push(error)),
+          ),
+        );
+      }
+    }),
+  );
+  assert.is(failures.length, 0, `${failures.length} failed, first: ${String(failures[0])}`);
+  assert.is((await store.readStream(id)).version, 3 * 20 * 25);
 });
 
 it('a pinned expected version fails with the conflict instead of deciding again', async ({ store }) => {
@@ -308,6 +328,26 @@ it('gives up after maxAttempts conflicts', async ({ store }) => {
   }
   assert.is(attempts, 3);
   assert.ok(decision.superseded.aborted);
+});
+
+it('only commands that were sent are charged for a lost race, not those waiting behind them', async ({ store }) => {
+  let lose = 2;
+  const losingTwice: EventStore = {
+    ...store,
+    async append(streamId, events, expected) {
+      if (lose-- > 0) throw new WrongExpectedVersion(streamId, expected, 99);
+      return store.append(streamId, events, expected);
+    },
+  };
+  const handler = new CommandHandler({ store: losingTwice, maxAttempts: 2 });
+  const id = stream();
+  await handler.load(id, tickets);
+  // The first is sent at once and loses twice; the other two wait behind it, then go out with it once.
+  const [first, ...waiting] = [0, 1, 2].map(() => handler.decide(id, issue, tickets));
+  const outcomes = await Promise.allSettled([first, ...waiting].map(async (d) => (await d).durable));
+  assert.is(outcomes[0].status, 'rejected', 'the command sent twice lost both races');
+  assert.equal(outcomes.slice(1).map((o) => o.status), ['fulfilled', 'fulfilled']);
+  assert.is((await store.readStream(id)).version, 2);
 });
 
 it('stored events are checked and upcast before evolve sees them', async ({ store }) => {

@@ -1,0 +1,113 @@
+/**
+ * Metering when the store fails for a moment: a reservation whose append outcome is unknown is
+ * released at zero usage (not left to the reaper, which would charge it whole), and a settlement the
+ * store refused is tried again until it is stored with the real usage. A real (in-memory) store, with
+ * appends made to fail the way a broken connection fails them.
+ */
+import { suite } from 'uvu';
+import * as assert from 'uvu/assert';
+import { randomUUID } from 'node:crypto';
+import pino from 'pino';
+import { CommandHandler } from '../../src/command-handler/index.ts';
+import { Metering, type AdmitRequest } from '../../src/metering/index.ts';
+import { ApiError } from '../../src/errors/index.ts';
+import { openEventStore, type EventStore } from '../../src/store/index.ts';
+import { meterEvents, meterStream, utcDay, type MeterEvent } from '../../events/meter.ts';
+
+interface Context {
+  store: EventStore;
+}
+const it = suite<Context>('metering when the store fails for a moment');
+it.before.each(async (context) => {
+  context.store = await openEventStore({ inMemory: true });
+});
+it.after.each(async ({ store }) => {
+  await store.close();
+});
+
+/** Appends carrying an event of `type` fail `times` times; `stored`: the failed append did reach the store (its answer was lost). */
+function failing(store: EventStore, type: string, times: number, stored: boolean): EventStore {
+  let left = times;
+  return {
+    ...store,
+    async append(streamId, events, expected) {
+      if (left > 0 && events.some((e) => e.type === type)) {
+        left--;
+        if (stored) await store.append(streamId, events, expected);
+        throw new Error('Connection terminated unexpectedly');
+      }
+      return store.append(streamId, events, expected);
+    },
+  };
+}
+
+const budgets = { monthly_token_budget: 1000, daily_token_budget: null, monthly_input_token_budget: null, monthly_output_token_budget: null, monthly_harvest_jobs: null };
+
+function request(keyId: string): AdmitRequest {
+  const requestId = randomUUID();
+  return {
+    key: async () => ({ keyId, status: 'active', budgets }),
+    keyId,
+    facts: { request_id: requestId, key_prefix: keyId, email: 'f@example.org', client_ip: null, endpoint: '/v1/completions', model: 'ref-byte', user: null, workload: null },
+    inputTokens: 5,
+    maxTokens: 100,
+    maxTokensRequested: 100,
+    choices: 1,
+    limits: { maxActive: 16, maxQueued: 64, perMinute: 600 },
+    signal: new AbortController().signal,
+  };
+}
+
+async function meterOf(store: EventStore, keyId: string): Promise<MeterEvent[]> {
+  return (await store.readStream(meterStream(keyId, utcDay(new Date())))).events.map((e) => meterEvents.parse(e));
+}
+
+async function until(what: string, probe: () => Promise<boolean>): Promise<void> {
+  for (let i = 0; i < 200; i++) {
+    if (await probe()) return;
+    await new Promise((r) => setTimeout(r, 25));
+  }
+  throw new Error(`timed out waiting for ${what}`);
+}
+
+function meteringOn(store: EventStore): Metering {
+  const handler = new CommandHandler({ store });
+  return new Metering({ handler, store, logger: pino({ level: 'silent' }), reservationTtlMs: 60_000, dailySpendCap: null });
+}
+
+it('a reservation stored but unacknowledged is answered store_unavailable and released at zero usage', async ({ store }) => {
+  const keyId = randomUUID().slice(0, 12);
+  // The first append and both resends of it are stored, their answers lost.
+  const metering = meteringOn(failing(store, 'BudgetReserved', 3, true));
+  const admission = await metering.admit(request(keyId));
+  try {
+    await admission.durable;
+    assert.unreachable('the reservation was confirmed');
+  } catch (error) {
+    assert.instance(error, ApiError);
+    assert.is((error as ApiError).code, 'store_unavailable');
+  }
+  await until('the hold released', async () => (await meterOf(store, keyId)).some((e) => e.type === 'UsageSettled'));
+  const events = await meterOf(store, keyId);
+  assert.equal(events.map((e) => e.type), ['MeterOpened', 'BudgetReserved', 'UsageSettled']);
+  const settled = events[2];
+  assert.ok(settled.type === 'UsageSettled' && settled.data.input_tokens === 0 && settled.data.output_tokens === 0 && settled.data.status === 503);
+  await metering.stop();
+});
+
+it('a settlement the store refused is tried again and stored with the real usage', async ({ store }) => {
+  const keyId = randomUUID().slice(0, 12);
+  // More failures than the handler's own resends: the settlement fails once, then succeeds on a later try.
+  const metering = meteringOn(failing(store, 'UsageSettled', 4, false));
+  const req = request(keyId);
+  const admission = await metering.admit(req);
+  await admission.durable;
+  await metering.settle(admission, req.facts, { inputTokens: 5, outputTokens: 42, status: 200, latencyMs: 3, gpuSeconds: 0.01, cost: 0, disconnected: false });
+  const events = await meterOf(store, keyId);
+  assert.equal(events.map((e) => e.type), ['MeterOpened', 'BudgetReserved', 'UsageSettled']);
+  const settled = events[2];
+  assert.ok(settled.type === 'UsageSettled' && settled.data.output_tokens === 42, 'the real usage, not the whole hold');
+  await metering.stop();
+});
+
+it.run();
