@@ -61,7 +61,9 @@ export function createEngineServer(opts: EngineServerOptions): EngineServer {
     server.close();
   };
 
-  const server = createServer((req, res) => {
+  // Idle keep-alive connections stay open a minute (Node's default is 5 s): a client reusing one just
+  // as the server closes it gets a reset, and under load the clients' one-second margin is not enough.
+  const server = createServer({ keepAliveTimeout: 65_000 }, (req, res) => {
     handle(req, res).catch((err: unknown) => {
       const e = err instanceof EngineHttpError ? err : internalError((err as Error)?.message ?? String(err));
       if (!res.headersSent) sendError(res, e);
