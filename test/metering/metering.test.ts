@@ -10,6 +10,7 @@ import { meterDecider } from '../../commands/meter.ts';
 import { foldEvents } from '../../src/event-sourcing/index.ts';
 import { meterEvents, meterStream, utcDay, type MeterEvent } from '../../events/meter.ts';
 import { assertRollingMinuteLimit } from '../support/rate-window.ts';
+import { until } from '../support/until.ts';
 
 const it = suite<{ gw: TestGateway }>('metering');
 it.before(async (context) => {
@@ -36,13 +37,11 @@ async function complete(gw: TestGateway, key: string, body: Record<string, unkno
 }
 
 /** Waits until the metering appended what the responses imply (settlement follows the response). */
-async function settledCount(gw: TestGateway, key: string, count: number): Promise<MeterEvent[]> {
-  for (let i = 0; i < 400; i++) {
+function settledCount(gw: TestGateway, key: string, count: number): Promise<MeterEvent[]> {
+  return until(`${count} settlements`, async () => {
     const events = await meterEventsOf(gw, key);
-    if (events.filter((e) => e.type === 'UsageSettled').length >= count) return events;
-    await new Promise((r) => setTimeout(r, 25));
-  }
-  throw new Error(`fewer than ${count} settlements`);
+    return events.filter((e) => e.type === 'UsageSettled').length >= count ? events : null;
+  }, 10_000, 25);
 }
 
 it("a completion reserves its worst case, then settles the engine's real usage, with metadata only", async ({ gw }) => {
@@ -161,11 +160,10 @@ it('at most 600 request starts per rolling minute, then 429 rate_limited with Re
   const refused = statuses.filter((s) => s === 429).length;
   assert.ok(refused > 0, 'some requests were refused');
   assert.ok(Number(retryAfter) >= 1 && Number(retryAfter) <= 60);
-  let events = await meterEventsOf(gw, key);
-  for (let i = 0; i < 400 && events.filter((e) => e.type === 'RequestRejected').length < refused; i++) {
-    await new Promise((r) => setTimeout(r, 25));
-    events = await meterEventsOf(gw, key);
-  }
+  const events = await until('every refusal recorded', async () => {
+    const recorded = await meterEventsOf(gw, key);
+    return recorded.filter((e) => e.type === 'RequestRejected').length >= refused ? recorded : null;
+  }, 10_000, 25);
   assert.is(events.filter((e) => e.type === 'RequestRejected').length, refused, 'every refusal is recorded');
   assertRollingMinuteLimit(events, 600);
   // Inside one minute the counts are exact (a slower machine lets the first starts leave the window).

@@ -13,6 +13,7 @@ import { Metering, type AdmitRequest } from '../../src/metering/index.ts';
 import { ApiError } from '../../src/errors/index.ts';
 import { openEventStore, type EventStore } from '../../src/store/index.ts';
 import { meterEvents, meterStream, utcDay, type MeterEvent } from '../../events/meter.ts';
+import { until } from '../support/until.ts';
 
 interface Context {
   store: EventStore;
@@ -62,14 +63,6 @@ async function meterOf(store: EventStore, keyId: string): Promise<MeterEvent[]> 
   return (await store.readStream(meterStream(keyId, utcDay(new Date())))).events.map((e) => meterEvents.parse(e));
 }
 
-async function until(what: string, probe: () => Promise<boolean>): Promise<void> {
-  for (let i = 0; i < 200; i++) {
-    if (await probe()) return;
-    await new Promise((r) => setTimeout(r, 25));
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
-
 function meteringOn(store: EventStore): Metering {
   const handler = new CommandHandler({ store });
   return new Metering({ handler, store, logger: pino({ level: 'silent' }), reservationTtlMs: 60_000, dailySpendCap: null });
@@ -87,7 +80,7 @@ it('a reservation stored but unacknowledged is answered store_unavailable and re
     assert.instance(error, ApiError);
     assert.is((error as ApiError).code, 'store_unavailable');
   }
-  await until('the hold released', async () => (await meterOf(store, keyId)).some((e) => e.type === 'UsageSettled'));
+  await until('the hold released', async () => (await meterOf(store, keyId)).some((e) => e.type === 'UsageSettled'), 5_000, 25);
   const events = await meterOf(store, keyId);
   assert.equal(events.map((e) => e.type), ['MeterOpened', 'BudgetReserved', 'UsageSettled']);
   const settled = events[2];

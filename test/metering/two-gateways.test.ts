@@ -16,6 +16,7 @@ import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { issueKey } from '../support/gateway.ts';
 import { assertRollingMinuteLimit } from '../support/rate-window.ts';
+import { until } from '../support/until.ts';
 import { openEventStore, type EventStore } from '../../src/store/index.ts';
 import { meterDecider, type MeterState } from '../../commands/meter.ts';
 import { foldEvents } from '../../src/event-sourcing/index.ts';
@@ -97,16 +98,6 @@ async function meterOf(context: Context, key: string): Promise<{ events: MeterEv
   const read = await context.store.readStream(meterStream(key.split('_')[1], utcDay(new Date())));
   const events = read.events.map((e) => meterEvents.parse(e));
   return { events, state: foldEvents(meterDecider, meterDecider.initialState(), events) };
-}
-
-async function until<T>(what: string, probe: () => Promise<T | null | undefined | false>, limitMs = 60_000): Promise<T> {
-  const deadline = Date.now() + limitMs;
-  for (;;) {
-    const value = await probe();
-    if (value) return value;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
 }
 
 function complete(url: string, key: string, body: Record<string, unknown>): Promise<Response> {
