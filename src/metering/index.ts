@@ -328,12 +328,15 @@ export class Metering {
    * The opening balance: from the key's latest meter day of the last 31, which is closed first (so no
    * reservation can land there unseen once its balance is read). Another month's day carries only
    * its running holds and recent starts (they take active slots and count against the rate), not its tokens.
+   * Which of the 31 days have a meter is one read; only those are loaded, latest first.
    */
   async #openingBalance(keyId: string, day: string, now: Date): Promise<MeterOpening> {
     const date = Date.parse(`${day}T00:00:00Z`);
-    for (let back = 1; back <= 31; back++) {
-      const earlier = new Date(date - back * 86_400_000).toISOString().slice(0, 10);
+    const earlierDays = Array.from({ length: 31 }, (_, i) => new Date(date - (i + 1) * 86_400_000).toISOString().slice(0, 10));
+    const versions = await this.#store.streamVersions(earlierDays.map((d) => meterStream(keyId, d)));
+    for (const earlier of earlierDays) {
       const stream = meterStream(keyId, earlier);
+      if (!versions.get(stream)) continue;
       const { state } = await this.#handler.load(stream, meterDecider, { fresh: true });
       if (!state.opened) continue;
       const closed = await this.#handler.handle(stream, { type: 'CloseMeter', nextDay: day, now: now.toISOString() }, meterDecider);

@@ -349,6 +349,16 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
       } satisfies StreamRead;
     },
 
+    async streamVersions(streamIds) {
+      ensureOpen('streamVersions');
+      const { rows } = await driver.query<{ stream_id: string; version: string | number }>(
+        `SELECT s.id AS stream_id, coalesce((SELECT max(stream_version) FROM events WHERE stream_id = s.id), 0) AS version
+         FROM unnest($1::text[]) AS s(id)`,
+        [[...streamIds]],
+      );
+      return new Map(rows.map((r) => [r.stream_id, Number(r.version)]));
+    },
+
     readAll,
     head,
 

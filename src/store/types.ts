@@ -94,6 +94,8 @@ export interface EventStore {
   readonly adapter: 'postgres' | 'pglite';
   append(streamId: string, events: readonly NewEvent[], expected: ExpectedVersion): Promise<AppendResult>;
   readStream(streamId: string, options?: { fromVersion?: number; limit?: number }): Promise<StreamRead>;
+  /** Each stream's current version (0: no events), read in one snapshot: which of many streams exist, in one round trip. */
+  streamVersions(streamIds: readonly string[]): Promise<Map<string, number>>;
   /** Events after `after` in global order, at most `limit`, never one whose transaction may still be overtaken. */
   readAll(after: GlobalPosition, limit: number): Promise<RecordedEvent[]>;
   /** The position of the last event a reader of the global log can see now (logStart when empty). */

@@ -109,6 +109,16 @@ for (const adapter of adaptersUnderTest()) {
     assert.equal(await store.readStream(uniqueStream()), { version: 0, events: [] });
   });
 
+  it('reads the versions of many streams at once, 0 for those with no events', async ({ store }) => {
+    const [a, b, none] = [uniqueStream(), uniqueStream(), uniqueStream()];
+    await store.append(a, [event('A'), event('B')], 'no_stream');
+    await store.append(b, [event('A')], 'no_stream');
+    const versions = await store.streamVersions([none, a, b]);
+    assert.is(versions.size, 3);
+    assert.equal([versions.get(none), versions.get(a), versions.get(b)], [0, 2, 1]);
+    assert.is((await store.streamVersions([])).size, 0);
+  });
+
   it('expected version any appends whatever the stream holds', async ({ store }) => {
     const stream = uniqueStream();
     assert.is((await store.append(stream, [event()], 'any')).nextExpectedVersion, 1);
