@@ -1,5 +1,5 @@
 import type { Projection } from '../projection-runner/index.ts';
-import type { Queryable, RecordedEvent } from '../store/index.ts';
+import type { BatchedStatement, Queryable, RecordedEvent, StoreTransaction } from '../store/index.ts';
 import type { DomainEvent, EventCatalogue } from './events.ts';
 
 /** A stored event after its catalogue checked it: the store's facts plus typed `type` and `data`. */
@@ -9,7 +9,9 @@ type HandlerFor<Event extends DomainEvent, Type extends Event['type']> = (event:
 
 /**
  * A projection written as one handler per event type. Events are checked (and upcast) by their
- * catalogues before a handler sees them; handlers must be idempotent (upserts).
+ * catalogues before a handler sees them; handlers must be idempotent (upserts) and only write: inside
+ * a store transaction, the statements of a whole batch are collected and sent in one round trip
+ * (`queryBatch`) instead of one per statement, and no rows come back to a handler.
  */
 export function defineProjection<Event extends DomainEvent>(definition: {
   name: string;
@@ -33,12 +35,36 @@ export function defineProjection<Event extends DomainEvent>(definition: {
     init: definition.init,
     eventTypes,
     async apply(events, db) {
+      const writes = batchedWrites(db);
       for (const event of events) {
         const handler = handlers[event.type];
         if (!handler) continue;
         const typed = catalogueOf.get(event.type)!.parse(event);
-        await handler({ ...event, data: typed.data } as Recorded<any>, db);
+        await handler({ ...event, data: typed.data } as Recorded<any>, writes.db);
       }
+      await writes.flush();
     },
+  };
+}
+
+const noRows = {
+  get rows(): never {
+    throw new Error("a projection handler's writes are sent as one batch: their rows are not returned");
+  },
+};
+
+/** Collects the handlers' statements when `db` can run them as one batch; otherwise passes them through. */
+function batchedWrites(db: Queryable): { db: Queryable; flush(): Promise<void> } {
+  const batching = typeof (db as Partial<StoreTransaction>).queryBatch === 'function' ? (db as StoreTransaction) : null;
+  if (!batching) return { db, flush: async () => {} };
+  const statements: BatchedStatement[] = [];
+  return {
+    db: {
+      query: async (sql: string, params?: unknown[]) => {
+        statements.push({ sql, params });
+        return noRows as never;
+      },
+    },
+    flush: () => batching.queryBatch(statements.splice(0)),
   };
 }

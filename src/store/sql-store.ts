@@ -24,6 +24,7 @@ import {
 } from './types.ts';
 import { WakeHub } from './wake.ts';
 import { migrate } from './migrations.ts';
+import { sqlScript } from './sql-script.ts';
 
 export interface SqlStoreOptions {
   /** Largest batch a group commit sends (events). */
@@ -392,6 +393,7 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
       const result = await driver.transaction((tx) =>
         insideTransaction.run(true, () => fn({
           query: (sql, params) => tx.query(sql, params),
+          queryBatch: (statements) => (statements.length === 0 ? Promise.resolve() : tx.exec(sqlScript(statements))),
           readAll: (after, limit) => readAllOn(tx, after, limit),
           async append(streamId, events, expected): Promise<AppendResult> {
             validateAppend(streamId, events, expected);

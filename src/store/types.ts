@@ -63,6 +63,17 @@ export interface StoreTransaction extends Queryable {
   append(streamId: string, events: readonly NewEvent[], expected: ExpectedVersion): Promise<AppendResult>;
   /** `store.readAll` on this transaction's connection (the store's own methods refuse inside a transaction). */
   readAll(after: GlobalPosition, limit: number): Promise<RecordedEvent[]>;
+  /**
+   * Runs statements in order in one round trip, their parameters sent inline as quoted literals (typed
+   * as a parameter is: by its cast or its context); no rows come back. For many small writes, such as
+   * a projection's batch. A `$` in a statement must be a parameter reference.
+   */
+  queryBatch(statements: readonly BatchedStatement[]): Promise<void>;
+}
+
+export interface BatchedStatement {
+  sql: string;
+  params?: readonly unknown[];
 }
 
 export interface Subscription {

@@ -7,6 +7,7 @@
  * can fail them.
  */
 import { suite } from 'uvu';
+import { randomUUID } from 'node:crypto';
 import * as assert from 'uvu/assert';
 import {
   AppendNotFirstWrite,
@@ -310,6 +311,35 @@ for (const adapter of adaptersUnderTest()) {
     await store.readable();
     const after = await store.readAll(start, 10);
     assert.equal(after.map((e) => [e.type, e.streamVersion]), [['Kept', 1]]);
+  });
+
+  it('a batch of statements runs in order in one call, its values arriving exactly as parameters would', async ({ store }) => {
+    const table = `batch_${randomUUID().replaceAll('-', '')}`;
+    await store.query(`CREATE TABLE ${table} (k int PRIMARY KEY, t text, n bigint, f float8, j jsonb, at timestamptz)`);
+    const nasty = `it's a \\ back'slash; DROP TABLE ${table}; -- "quoted" ' $1 \n line`;
+    await store.transaction((tx) =>
+      tx.queryBatch([
+        { sql: `INSERT INTO ${table} (k, t, n, f, j, at) VALUES ($1, $2, $3::bigint, $4::float8, $5::jsonb, $6::timestamptz)`, params: [1, nasty, 9007199254740991, 0.30000000000000004, JSON.stringify({ q: "o'k" }), new Date('2026-11-24T01:02:03.456Z')] },
+        { sql: `INSERT INTO ${table} (k, t) VALUES ($1, $2)`, params: [2, null] },
+        { sql: `UPDATE ${table} SET n = n + $2::bigint WHERE k = $1`, params: [1, -1] },
+      ]),
+    );
+    const { rows } = await store.query<{ k: number; t: string | null; n: string | null; f: number | null; j: unknown; at: Date | null }>(`SELECT * FROM ${table} ORDER BY k`);
+    assert.is(rows[0].t, nasty);
+    assert.is(Number(rows[0].n), 9007199254740990);
+    assert.is(rows[0].f, 0.30000000000000004);
+    assert.equal(rows[0].j, { q: "o'k" });
+    assert.is(new Date(rows[0].at!).toISOString(), '2026-11-24T01:02:03.456Z');
+    assert.equal([rows[1].k, rows[1].t], [2, null]);
+    // A failing statement fails the batch and the transaction: nothing of it stays.
+    try {
+      await store.transaction((tx) => tx.queryBatch([{ sql: `INSERT INTO ${table} (k) VALUES ($1)`, params: [3] }, { sql: `INSERT INTO ${table} (k) VALUES ($1)`, params: [1] }]));
+      assert.unreachable('a duplicate key passed');
+    } catch (error) {
+      assert.match(String(error), /duplicate key|unique/i);
+    }
+    assert.is((await store.query(`SELECT k FROM ${table} WHERE k = 3`)).rows.length, 0);
+    await store.query(`DROP TABLE ${table}`);
   });
 
   it('an append inside a transaction commits with the transaction', async ({ store }) => {
