@@ -11,9 +11,9 @@
  *
  * `foldKeyUsage` says the same thing in TypeScript over the log; `svc audit usage` compares the two.
  */
-import { defineProjection, type Queryable, type Recorded } from '../src/event-sourcing/index.ts';
+import { defineBatchProjection, type Queryable } from '../src/event-sourcing/index.ts';
 import { meterEvents, type MeterEvent } from '../events/meter.ts';
-import { createStreamGuard, freshCte, meterDayOf } from './meter-streams.ts';
+import { advanceGuard, createStreamGuard, freshBatch, meterDayOf } from './meter-streams.ts';
 
 export interface KeyUsageRow {
   key_id: string;
@@ -33,32 +33,30 @@ export const usageCounters = ['reserved_tokens', 'input_tokens', 'output_tokens'
 const guard = 'key_usage_applied';
 const holds = 'key_usage_holds';
 
+const columns = 'pos int, stream_id text, version bigint, type text, key_id text, month text, day text, request_id text, input_tokens bigint, output_tokens bigint';
+const counterList = usageCounters.join(', ');
+
 /**
- * Adds the delta read by `source` (a SELECT yielding the six counters, reading from `fresh`) to the
- * key's month row and day row. Parameters: $1 stream, $2 version, $3 key id, $4 month, $5 day.
+ * Adds the rows of `deltas` (stream_id and the six counters, a CTE of the statement) to the month
+ * and day rows of each stream's key, one upsert per row (summed first: a statement may touch a row once).
  */
-function addToPeriods(ctes: string, source: string): string {
-  return `WITH ${freshCte(guard)}${ctes}
-    INSERT INTO key_usage AS u (key_id, period_kind, period, ${usageCounters.join(', ')})
-    SELECT $3, p.kind, p.period, ${usageCounters.map((c) => `d.${c}`).join(', ')}
-    FROM (${source}) d CROSS JOIN (VALUES ('month', $4::text), ('day', $5::text)) AS p(kind, period)
-    ON CONFLICT (key_id, period_kind, period) DO UPDATE SET ${usageCounters.map((c) => `${c} = u.${c} + excluded.${c}`).join(', ')}`;
-}
+const addDeltas = `
+  INSERT INTO key_usage AS u (key_id, period_kind, period, ${counterList})
+  SELECT s.key_id, p.kind, p.period, ${usageCounters.map((c) => `sum(d.${c})`).join(', ')}
+  FROM deltas d
+  JOIN (SELECT DISTINCT stream_id, key_id, month, day FROM fresh) s ON s.stream_id = d.stream_id
+  CROSS JOIN LATERAL (VALUES ('month', s.month), ('day', s.day)) AS p(kind, period)
+  GROUP BY s.key_id, p.kind, p.period
+  ON CONFLICT (key_id, period_kind, period) DO UPDATE SET ${usageCounters.map((c) => `${c} = u.${c} + excluded.${c}`).join(', ')}`;
 
-function periodParams(event: Recorded<MeterEvent>): unknown[] {
-  const { keyId, month, day } = meterDayOf(event.streamId);
-  return [event.streamId, event.streamVersion, keyId, month, day];
-}
+/** A deltas row: the counters in `usageCounters` order. */
+const delta = (stream: string, ...values: string[]) => `SELECT ${stream} AS stream_id, ${values.map((v, i) => `(${v})::bigint AS ${usageCounters[i]}`).join(', ')}`;
 
-// A hold's size is remembered per (stream, request) so its release subtracts exactly what it added.
-const releaseHold = `,
-  released AS (DELETE FROM ${holds} h USING fresh WHERE h.stream_id = $1 AND h.request_id = $6 RETURNING h.tokens)`;
-const releasedTokens = `-coalesce((SELECT sum(tokens) FROM released), 0)::bigint`;
-
-export const keyUsageProjection = defineProjection<MeterEvent>({
+export const keyUsageProjection = defineBatchProjection<MeterEvent>({
   name: 'key_usage',
   tables: ['key_usage', holds, guard],
   events: [meterEvents],
+  eventTypes: ['BudgetReserved', 'UsageSettled', 'ReservationExpired', 'RequestRejected'],
   async init(db) {
     await db.query(`CREATE TABLE IF NOT EXISTS key_usage (
       key_id text NOT NULL,
@@ -75,33 +73,44 @@ export const keyUsageProjection = defineProjection<MeterEvent>({
       stream_id text COLLATE "C" NOT NULL, request_id text NOT NULL, tokens bigint NOT NULL, PRIMARY KEY (stream_id, request_id))`);
     await createStreamGuard(db, guard);
   },
-  handlers: {
-    async BudgetReserved(event, db) {
-      const tokens = event.data.input_tokens + event.data.output_tokens;
-      await db.query(
-        addToPeriods(
-          `,
-  held AS (INSERT INTO ${holds} (stream_id, request_id, tokens) SELECT $1, $6, $7::bigint FROM fresh ON CONFLICT DO NOTHING RETURNING tokens)`,
-          'SELECT tokens AS reserved_tokens, 0 AS input_tokens, 0 AS output_tokens, 0 AS requests, 0 AS expired, 0 AS rejected FROM held',
-        ),
-        [...periodParams(event), event.data.request_id, tokens],
-      );
-    },
-    async UsageSettled(event, db) {
-      await db.query(
-        addToPeriods(releaseHold, `SELECT ${releasedTokens} AS reserved_tokens, $7::bigint AS input_tokens, $8::bigint AS output_tokens, 1 AS requests, 0 AS expired, 0 AS rejected FROM fresh`),
-        [...periodParams(event), event.data.request_id, event.data.input_tokens, event.data.output_tokens],
-      );
-    },
-    async ReservationExpired(event, db) {
-      await db.query(
-        addToPeriods(releaseHold, `SELECT ${releasedTokens} AS reserved_tokens, $7::bigint AS input_tokens, $8::bigint AS output_tokens, 0 AS requests, 1 AS expired, 0 AS rejected FROM fresh`),
-        [...periodParams(event), event.data.request_id, event.data.input_tokens, event.data.output_tokens],
-      );
-    },
-    async RequestRejected(event, db) {
-      await db.query(addToPeriods('', 'SELECT 0 AS reserved_tokens, 0 AS input_tokens, 0 AS output_tokens, 0 AS requests, 0 AS expired, 1 AS rejected FROM fresh'), periodParams(event));
-    },
+  // Two statements, in this order, as one event at a time would leave the rows: the holds made (each
+  // remembered with its size, so its release subtracts exactly what it added), then the holds
+  // released with what settlements and expiries charged, and the rejections.
+  async apply(events, db) {
+    const batch = JSON.stringify(
+      events.map((e, pos) => {
+        const d = e.data as Partial<{ request_id: string; input_tokens: number; output_tokens: number }>;
+        const { keyId, month, day } = meterDayOf(e.streamId);
+        return { pos, stream_id: e.streamId, version: e.streamVersion, type: e.type, key_id: keyId, month, day, request_id: d.request_id, input_tokens: d.input_tokens ?? 0, output_tokens: d.output_tokens ?? 0 };
+      }),
+    );
+    const fresh = freshBatch(guard, columns);
+    await db.query(
+      `WITH ${fresh},
+       held AS (
+         INSERT INTO ${holds} (stream_id, request_id, tokens)
+         SELECT stream_id, request_id, input_tokens + output_tokens FROM fresh WHERE type = 'BudgetReserved'
+         ON CONFLICT DO NOTHING RETURNING stream_id, tokens),
+       deltas AS (${delta('stream_id', 'tokens', '0', '0', '0', '0', '0')} FROM held)
+       ${addDeltas}`,
+      [batch],
+    );
+    await db.query(
+      `WITH ${fresh},
+       released AS (
+         DELETE FROM ${holds} h USING fresh f
+         WHERE f.type IN ('UsageSettled', 'ReservationExpired') AND h.stream_id = f.stream_id AND h.request_id = f.request_id
+         RETURNING h.stream_id, h.tokens),
+       deltas AS (
+         ${delta('stream_id', '-tokens', '0', '0', '0', '0', '0')} FROM released
+         UNION ALL
+         ${delta('stream_id', '0', 'input_tokens', 'output_tokens', "(type = 'UsageSettled')::int", "(type = 'ReservationExpired')::int", '0')} FROM fresh WHERE type IN ('UsageSettled', 'ReservationExpired')
+         UNION ALL
+         ${delta('stream_id', '0', '0', '0', '0', '0', '1')} FROM fresh WHERE type = 'RequestRejected')
+       ${addDeltas}`,
+      [batch],
+    );
+    await db.query(advanceGuard(guard), [batch]);
   },
 });
 

@@ -5,9 +5,9 @@
  * midnight stays one row, under its own day's stream: MeterOpened's carried holds and
  * CarriedHoldReleased change nothing here.
  */
-import { defineProjection, type Queryable } from '../src/event-sourcing/index.ts';
+import { defineBatchProjection, type Queryable } from '../src/event-sourcing/index.ts';
 import { meterEvents, type MeterEvent } from '../events/meter.ts';
-import { createStreamGuard, freshCte, meterDayOf } from './meter-streams.ts';
+import { advanceGuard, createStreamGuard, freshBatch, meterDayOf } from './meter-streams.ts';
 
 const guard = 'meter_holds_applied';
 
@@ -22,10 +22,13 @@ export interface OpenHold {
   expiresAt: Date;
 }
 
-export const meterHoldsProjection = defineProjection<MeterEvent>({
+const columns = 'pos int, stream_id text, version bigint, type text, key_id text, day text, request_id text, input_tokens bigint, output_tokens bigint, at text, expires_at text';
+
+export const meterHoldsProjection = defineBatchProjection<MeterEvent>({
   name: 'meter_holds',
   tables: ['meter_holds', guard],
   events: [meterEvents],
+  eventTypes: ['BudgetReserved', 'ReservationRenewed', 'UsageSettled', 'ReservationExpired'],
   async init(db) {
     await db.query(`CREATE TABLE IF NOT EXISTS meter_holds (
       request_id text PRIMARY KEY,
@@ -39,38 +42,41 @@ export const meterHoldsProjection = defineProjection<MeterEvent>({
     await db.query('CREATE INDEX IF NOT EXISTS meter_holds_expires_at ON meter_holds (expires_at)');
     await createStreamGuard(db, guard);
   },
-  handlers: {
-    async BudgetReserved(event, db) {
-      const d = event.data;
-      const { keyId, day } = meterDayOf(event.streamId);
-      await db.query(
-        `WITH ${freshCte(guard)}
-         INSERT INTO meter_holds (request_id, key_id, stream_id, day, input_tokens, output_tokens, reserved_at, expires_at)
-         SELECT $3, $4, $1, $5::date, $6::bigint, $7::bigint, $8::timestamptz, $9::timestamptz FROM fresh
-         ON CONFLICT (request_id) DO NOTHING`,
-        [event.streamId, event.streamVersion, d.request_id, keyId, day, d.input_tokens, d.output_tokens, d.at, d.expires_at],
-      );
-    },
-    async ReservationRenewed(event, db) {
-      // A carried hold may be renewed on the next day's stream: the row is found by its request id.
-      await db.query(
-        `WITH ${freshCte(guard)}
-         UPDATE meter_holds h SET expires_at = $4::timestamptz FROM fresh WHERE h.request_id = $3 AND h.key_id = $5`,
-        [event.streamId, event.streamVersion, event.data.request_id, event.data.expires_at, meterDayOf(event.streamId).keyId],
-      );
-    },
-    async UsageSettled(event, db) {
-      await closeHold(db, event.streamId, event.streamVersion, event.data.request_id);
-    },
-    async ReservationExpired(event, db) {
-      await closeHold(db, event.streamId, event.streamVersion, event.data.request_id);
-    },
+  // In order, as one event at a time would leave them: holds made, then renewed (the last renewal of
+  // each wins; a carried hold may be renewed on the next day's stream, so it is found by request id),
+  // then closed on their own stream.
+  async apply(events, db) {
+    const batch = JSON.stringify(
+      events.map((e, pos) => {
+        const d = e.data as Partial<{ request_id: string; input_tokens: number; output_tokens: number; at: string; expires_at: string }>;
+        const { keyId, day } = meterDayOf(e.streamId);
+        return { pos, stream_id: e.streamId, version: e.streamVersion, type: e.type, key_id: keyId, day, request_id: d.request_id, input_tokens: d.input_tokens, output_tokens: d.output_tokens, at: d.at, expires_at: d.expires_at };
+      }),
+    );
+    const fresh = freshBatch(guard, columns);
+    await db.query(
+      `WITH ${fresh}
+       INSERT INTO meter_holds (request_id, key_id, stream_id, day, input_tokens, output_tokens, reserved_at, expires_at)
+       SELECT request_id, key_id, stream_id, day::date, input_tokens, output_tokens, at::timestamptz, expires_at::timestamptz
+       FROM fresh WHERE type = 'BudgetReserved' ORDER BY pos
+       ON CONFLICT (request_id) DO NOTHING`,
+      [batch],
+    );
+    await db.query(
+      `WITH ${fresh}, renewed AS (
+         SELECT DISTINCT ON (request_id, key_id) request_id, key_id, expires_at FROM fresh WHERE type = 'ReservationRenewed' ORDER BY request_id, key_id, pos DESC)
+       UPDATE meter_holds h SET expires_at = r.expires_at::timestamptz FROM renewed r WHERE h.request_id = r.request_id AND h.key_id = r.key_id`,
+      [batch],
+    );
+    await db.query(
+      `WITH ${fresh}
+       DELETE FROM meter_holds h USING fresh f
+       WHERE f.type IN ('UsageSettled', 'ReservationExpired') AND h.request_id = f.request_id AND h.stream_id = f.stream_id`,
+      [batch],
+    );
+    await db.query(advanceGuard(guard), [batch]);
   },
 });
-
-async function closeHold(db: Queryable, streamId: string, version: number, requestId: string): Promise<void> {
-  await db.query(`WITH ${freshCte(guard)} DELETE FROM meter_holds h USING fresh WHERE h.request_id = $3 AND h.stream_id = $1`, [streamId, version, requestId]);
-}
 
 /** Holds whose TTL has passed at `now`, oldest first: what the reaper expires. */
 export async function expiredHolds(db: Queryable, now: Date, limit = 1000): Promise<OpenHold[]> {

@@ -41,3 +41,22 @@ export function freshCte(table: string): string {
     ON CONFLICT (stream_id) DO UPDATE SET stream_version = excluded.stream_version WHERE g.stream_version < excluded.stream_version
     RETURNING 1 AS applied)`;
 }
+
+/**
+ * For a projection applied a batch at a time (`defineBatchProjection`): a CTE named `fresh` holding
+ * the batch's events (`$1`, a JSON array of rows with `columns`, among them `stream_id text` and
+ * `version bigint`) that the guard has not seen. Every statement of the batch reads `fresh` against
+ * the guard as it was before the batch; `advanceGuard`, sent last, then records the batch.
+ */
+export function freshBatch(table: string, columns: string): string {
+  return `fresh AS (
+    SELECT e.* FROM jsonb_to_recordset($1::jsonb) AS e(${columns})
+    WHERE NOT EXISTS (SELECT 1 FROM ${table} g WHERE g.stream_id = e.stream_id AND g.stream_version >= e.version))`;
+}
+
+/** The last statement of a batch: each stream's guard moves to the batch's highest version of it. */
+export function advanceGuard(table: string): string {
+  return `INSERT INTO ${table} AS g (stream_id, stream_version)
+    SELECT e.stream_id, max(e.version) FROM jsonb_to_recordset($1::jsonb) AS e(stream_id text, version bigint) GROUP BY e.stream_id
+    ON CONFLICT (stream_id) DO UPDATE SET stream_version = excluded.stream_version WHERE g.stream_version < excluded.stream_version`;
+}

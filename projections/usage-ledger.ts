@@ -4,9 +4,9 @@
  * completion. An expiry carries no request facts of its own, so the reservation's facts wait in
  * `usage_ledger_pending` until the request ends.
  */
-import { defineProjection, type Recorded } from '../src/event-sourcing/index.ts';
+import { defineBatchProjection, type Recorded } from '../src/event-sourcing/index.ts';
 import { meterEvents, type MeterEvent, type RequestFactsData } from '../events/meter.ts';
-import { createStreamGuard, freshCte, meterDayOf } from './meter-streams.ts';
+import { advanceGuard, createStreamGuard, freshBatch, meterDayOf } from './meter-streams.ts';
 
 const guard = 'usage_ledger_applied';
 const pending = 'usage_ledger_pending';
@@ -33,12 +33,61 @@ function placeColumns(event: Recorded<MeterEvent>): LedgerRow {
 
 // A request id is the row's key: the first outcome recorded for it wins (a later one, from a client
 // reusing its X-Request-Id, is left out rather than overwriting; the events keep both).
-const insertRow = (from: string) => `INSERT INTO usage_ledger SELECT r.* FROM ${from} ON CONFLICT (request_id) DO NOTHING`;
 
-export const usageLedgerProjection = defineProjection<MeterEvent>({
+/** What an event puts in the ledger: a reservation's facts (kept until its request ends), or the row of a request that ended. */
+function rowOf(event: Recorded<MeterEvent>): LedgerRow {
+  switch (event.type) {
+    case 'BudgetReserved':
+      return factsColumns(event.data);
+    case 'UsageSettled': {
+      const d = event.data;
+      return {
+        ...factsColumns(d),
+        ...placeColumns(event),
+        input_tokens: d.input_tokens,
+        output_tokens: d.output_tokens,
+        status: d.status,
+        latency_ms: d.latency_ms,
+        gpu_seconds: d.gpu_seconds,
+        cost: d.cost,
+        outcome: 'settled',
+        code: null,
+        disconnected: d.disconnected,
+        at: d.at,
+      };
+    }
+    case 'ReservationExpired': {
+      // Charged the whole hold; nothing ran to report a status, a latency or GPU time (NULL, not 0).
+      const d = event.data;
+      return { request_id: d.request_id, ...placeColumns(event), input_tokens: d.input_tokens, output_tokens: d.output_tokens, outcome: 'expired', at: d.at };
+    }
+    case 'RequestRejected': {
+      const d = event.data;
+      return {
+        ...factsColumns(d),
+        ...placeColumns(event),
+        input_tokens: d.input_tokens,
+        output_tokens: 0,
+        status: d.status,
+        latency_ms: d.latency_ms,
+        gpu_seconds: 0,
+        cost: 0,
+        outcome: 'rejected',
+        code: d.code,
+        disconnected: false,
+        at: d.at,
+      };
+    }
+    default:
+      throw new Error(`usage_ledger does not read ${event.type}`);
+  }
+}
+
+export const usageLedgerProjection = defineBatchProjection<MeterEvent>({
   name: 'usage_ledger',
   tables: ['usage_ledger', pending, guard],
   events: [meterEvents],
+  eventTypes: ['BudgetReserved', 'UsageSettled', 'ReservationExpired', 'RequestRejected'],
   async init(db) {
     await db.query(`CREATE TABLE IF NOT EXISTS usage_ledger (
       request_id text PRIMARY KEY,
@@ -66,69 +115,35 @@ export const usageLedgerProjection = defineProjection<MeterEvent>({
       stream_id text COLLATE "C" NOT NULL, request_id text NOT NULL, facts jsonb NOT NULL, PRIMARY KEY (stream_id, request_id))`);
     await createStreamGuard(db, guard);
   },
-  handlers: {
-    async BudgetReserved(event, db) {
-      await db.query(
-        `WITH ${freshCte(guard)}
-         INSERT INTO ${pending} (stream_id, request_id, facts) SELECT $1, $3, $4::jsonb FROM fresh ON CONFLICT DO NOTHING`,
-        [event.streamId, event.streamVersion, event.data.request_id, JSON.stringify(factsColumns(event.data))],
-      );
-    },
-    async UsageSettled(event, db) {
-      const d = event.data;
-      const row: LedgerRow = {
-        ...factsColumns(d),
-        ...placeColumns(event),
-        input_tokens: d.input_tokens,
-        output_tokens: d.output_tokens,
-        status: d.status,
-        latency_ms: d.latency_ms,
-        gpu_seconds: d.gpu_seconds,
-        cost: d.cost,
-        outcome: 'settled',
-        code: null,
-        disconnected: d.disconnected,
-        at: d.at,
-      };
-      await db.query(
-        `WITH ${freshCte(guard)},
-           done AS (DELETE FROM ${pending} p USING fresh WHERE p.stream_id = $1 AND p.request_id = $3)
-         ${insertRow('fresh, jsonb_populate_record(NULL::usage_ledger, $4::jsonb) r')}`,
-        [event.streamId, event.streamVersion, d.request_id, JSON.stringify(row)],
-      );
-    },
-    async ReservationExpired(event, db) {
-      const d = event.data;
-      // Charged the whole hold; nothing ran to report a status, a latency or GPU time (NULL, not 0).
-      const row: LedgerRow = { request_id: d.request_id, ...placeColumns(event), input_tokens: d.input_tokens, output_tokens: d.output_tokens, outcome: 'expired', at: d.at };
-      await db.query(
-        `WITH ${freshCte(guard)},
-           facts AS (DELETE FROM ${pending} p USING fresh WHERE p.stream_id = $1 AND p.request_id = $3 RETURNING p.facts)
-         ${insertRow(`fresh, jsonb_populate_record(NULL::usage_ledger, coalesce((SELECT facts FROM facts), '{}'::jsonb) || $4::jsonb) r`)}`,
-        [event.streamId, event.streamVersion, d.request_id, JSON.stringify(row)],
-      );
-    },
-    async RequestRejected(event, db) {
-      const d = event.data;
-      const row: LedgerRow = {
-        ...factsColumns(d),
-        ...placeColumns(event),
-        input_tokens: d.input_tokens,
-        output_tokens: 0,
-        status: d.status,
-        latency_ms: d.latency_ms,
-        gpu_seconds: 0,
-        cost: 0,
-        outcome: 'rejected',
-        code: d.code,
-        disconnected: false,
-        at: d.at,
-      };
-      await db.query(`WITH ${freshCte(guard)} ${insertRow('fresh, jsonb_populate_record(NULL::usage_ledger, $3::jsonb) r')}`, [
-        event.streamId,
-        event.streamVersion,
-        JSON.stringify(row),
-      ]);
-    },
+  // Two statements, in this order, as one event at a time would leave the rows: the reservations'
+  // facts put aside, then one row per request that ended, in log order (the first outcome of a
+  // request id wins), an expiry's row taking the facts its reservation put aside.
+  async apply(events, db) {
+    const batch = JSON.stringify(
+      events.map((e, pos) => ({ pos, stream_id: e.streamId, version: e.streamVersion, type: e.type, request_id: (e.data as { request_id: string }).request_id, row: rowOf(e) })),
+    );
+    const fresh = freshBatch(guard, 'pos int, stream_id text, version bigint, type text, request_id text, row jsonb');
+    await db.query(
+      `WITH ${fresh}
+       INSERT INTO ${pending} (stream_id, request_id, facts)
+       SELECT stream_id, request_id, row FROM fresh WHERE type = 'BudgetReserved' ORDER BY pos ON CONFLICT DO NOTHING`,
+      [batch],
+    );
+    await db.query(
+      `WITH ${fresh},
+       ended AS (
+         DELETE FROM ${pending} p USING fresh f
+         WHERE f.type IN ('UsageSettled', 'ReservationExpired') AND p.stream_id = f.stream_id AND p.request_id = f.request_id
+         RETURNING p.stream_id, p.request_id, p.facts)
+       INSERT INTO usage_ledger
+       SELECT r.* FROM fresh f
+       LEFT JOIN ended x ON f.type = 'ReservationExpired' AND x.stream_id = f.stream_id AND x.request_id = f.request_id
+       CROSS JOIN LATERAL jsonb_populate_record(NULL::usage_ledger, coalesce(x.facts, '{}'::jsonb) || f.row) r
+       WHERE f.type <> 'BudgetReserved'
+       ORDER BY f.pos
+       ON CONFLICT (request_id) DO NOTHING`,
+      [batch],
+    );
+    await db.query(advanceGuard(guard), [batch]);
   },
 });

@@ -258,6 +258,7 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
     ensureOpen();
     const batchSize = opts.batchSize ?? 500;
     const poll = opts.pollIntervalMs ?? pollIntervalMs;
+    const gatherMs = opts.gatherMs ?? 0;
     const abort = new AbortController();
     let position = opts.after ?? logStart;
     let waiters: { target: GlobalPosition; resolve(): void; reject(e: unknown): void }[] = [];
@@ -291,6 +292,8 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
           position = batch[batch.length - 1].globalPosition;
           shortDelay = 0;
           settleWaiters();
+          // Caught up: let the next events gather for a moment rather than read them a commit at a time.
+          if (batch.length < batchSize && gatherMs > 0) await pause(gatherMs, abort.signal);
           continue;
         }
         // Commits wait behind an older transaction, whose end sends no hint: re-read at 5, 10, 20, 40,

@@ -89,6 +89,12 @@ export interface SubscribeOptions {
   batchSize?: number;
   /** Polling fallback when no wake-up hint arrives (ms). */
   pollIntervalMs?: number;
+  /**
+   * After a batch that caught up with the log, wait this long before reading again (default 0), so
+   * that under steady writes each read takes what committed meanwhile instead of one commit at a time.
+   * The first event after a quiet spell is still read at once.
+   */
+  gatherMs?: number;
   /** Called with each batch in global order; the position advances once it resolves. */
   handle(events: RecordedEvent[]): Promise<void>;
   /** Called when `handle` or a read fails; the subscription retries the same batch after a pause. */

@@ -459,6 +459,30 @@ for (const adapter of adaptersUnderTest()) {
     }
   });
 
+  it('a subscriber with gatherMs takes what committed during its pause in one batch, and reads the first event after a quiet spell at once', async ({ store }) => {
+    const stream = uniqueStream();
+    const batches: string[][] = [];
+    const first = deferred<void>();
+    const subscription = store.subscribe({
+      after: await settledHead(store),
+      gatherMs: 400,
+      async handle(events) {
+        const mine = events.filter((e) => e.streamId === stream).map((e) => e.type);
+        if (mine.length > 0) batches.push(mine);
+        if (mine.includes('One')) first.resolve();
+      },
+    });
+    await subscription.caughtUp();
+    await store.append(stream, [event('One')], 'no_stream');
+    await first.promise;
+    // Committed one by one while the subscriber pauses after its batch: read together.
+    await store.append(stream, [event('Two')], 1);
+    await store.append(stream, [event('Three')], 2);
+    await subscription.caughtUp();
+    await subscription.stop();
+    assert.equal(batches, [['One'], ['Two', 'Three']]);
+  });
+
   it('concurrent appends of one event id to two streams: the first keeps it, the second gets DuplicateEventId', async ({ store }) => {
     for (const expected of ['no_stream', 'any'] as const) {
       const shared = event('Shared');
