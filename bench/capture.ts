@@ -1,7 +1,8 @@
 // Capture relay: the same residual-stream capture fetched straight from a stub activation engine that
 // answers at once (test/support/capture-engine.ts, its own process) and through the compiled gateway, in
-// one run. Prints the 11 MB capture's time both ways (interleaved rounds) and their ratio, the 610 MB
-// capture's time both ways, and the gateway's RSS while relaying 4 concurrent 610 MB captures.
+// one run. Prints the 11 MB capture's time both ways (interleaved rounds) and their ratio, beside two
+// bare Node.js relays for scale (bench/bare-relay.ts), the 610 MB capture's time both ways, and the
+// gateway's RSS while relaying 4 concurrent 610 MB captures.
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir, cpus, totalmem } from 'node:os';
 import { join } from 'node:path';
@@ -12,13 +13,15 @@ import { captureRequest, engineCaptureBody, postHashed, stubModel, STUB_CHECKPOI
 
 const dir = mkdtempSync(join(tmpdir(), 'svc-bench-capture-'));
 const engine = await spawnWithUrl(['--import', 'tsx', 'test/support/capture-engine.ts', STUB_CHECKPOINT], process.env);
+// For scale: bare relays in their own process (bench/bare-relay.ts), streaming and holding the body.
+const bare = await spawnWithUrl(['--import', 'tsx', 'bench/bare-relay.ts', engine.url], process.env);
 writeFileSync(join(dir, 'models.json'), JSON.stringify({ models: [stubModel(engine.url)] }));
 const storeKind = process.env.DATABASE_URL ? 'postgres' : 'pglite';
 execFileSync(process.execPath, [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', join(root, 'tsconfig.build.json')], { stdio: 'inherit' });
 // With DATABASE_URL the gateway gets a fresh PostgreSQL database of its own (dropped at the end).
 const db = process.env.DATABASE_URL ? await scratchDatabase(process.env.DATABASE_URL, 'capture') : null;
 const gatewayEnv = { ...process.env, SVC_CONFIG: join(dir, 'models.json'), DATA_DIR: join(dir, 'data'), PORT: '0', LOG_LEVEL: 'warn', SVC_ADMIN_TOKEN: benchAdminToken, ...(db ? { DATABASE_URL: db.url } : {}) };
-const gateway = await spawnWithUrl(['dist/src/cli/main.js', 'serve'], gatewayEnv, /listening on (http:\/\/\S+)/);
+const gateway = await spawnWithUrl([...(process.env.BENCH_PROF_DIR ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_PROF_DIR}`] : []), 'dist/src/cli/main.js', 'serve'], gatewayEnv, /listening on (http:\/\/\S+)/);
 // One key (metering on, the default): some 60 requests, at most 4 at once, well inside its limits.
 const [apiKey] = await issueKeys(gateway.url, 1, 'capture');
 const keyHeader = { authorization: `Bearer ${apiKey}` };
@@ -28,6 +31,7 @@ const small = captureRequest('whole', 129); // 16 x 129 x 2048: 11.3 MB
 const large = captureRequest('whole', 6980); // 16 x 6,980 x 2048: 610 MB
 const direct = (req: Record<string, unknown>) => ({ url: `${engine.url}/v1/completions`, body: engineCaptureBody(req), headers: {} });
 const viaGateway = (req: Record<string, unknown>) => ({ url: `${gateway.url}/v1/completions`, body: JSON.stringify(req), headers: keyHeader });
+const viaBare = (mode: 'pipe' | 'buffer') => (req: Record<string, unknown>) => ({ url: `${bare.url}/${mode}/v1/completions`, body: engineCaptureBody(req), headers: {} });
 
 /** Milliseconds from sending to the last byte read (bytes counted, not kept or hashed). */
 async function timeOne(target: { url: string; body: string; headers: Record<string, string> }): Promise<{ ms: number; bytes: number }> {
@@ -63,15 +67,21 @@ const inFlightMb = concurrent.reduce((s, r) => s + r.bytes, 0) / 1e6;
 for (let i = 0; i < (parts.has('small') ? 10 : 0); i++) {
   await timeOne(direct(small));
   await timeOne(viaGateway(small));
+  await timeOne(viaBare('pipe')(small));
+  await timeOne(viaBare('buffer')(small));
 }
 const rounds = 40;
 const smallDirect: number[] = [];
 const smallGateway: number[] = [];
+const smallPipe: number[] = [];
+const smallBuffer: number[] = [];
 let smallBytes = 0;
 for (let i = 0; i < (parts.has('small') ? rounds : 0); i++) {
   const d = await timeOne(direct(small));
   smallDirect.push(d.ms);
   smallGateway.push((await timeOne(viaGateway(small))).ms);
+  smallPipe.push((await timeOne(viaBare('pipe')(small))).ms);
+  smallBuffer.push((await timeOne(viaBare('buffer')(small))).ms);
   smallBytes = d.bytes;
 }
 
@@ -91,6 +101,7 @@ const ms = (x: number) => x.toFixed(1);
 const lines = [
   `capture relay bench (store: ${storeKind}) — ${new Date().toISOString()} — ${cpus().length} cores (${cpus()[0]?.model}), ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.version}`,
   `11 MB capture (${mb(smallBytes)} MB, 16 x 129 x 2048 bf16), median of ${rounds} interleaved: direct ${ms(median(smallDirect))} ms | gateway ${ms(median(smallGateway))} ms | gateway speed ${(median(smallDirect) / median(smallGateway)).toFixed(2)} of direct (target >= 0.8)`,
+  `  for scale, bare Node.js relays in their own process, same rounds: streaming ${ms(median(smallPipe))} ms (${(median(smallDirect) / median(smallPipe)).toFixed(2)} of direct), holding the body ${ms(median(smallBuffer))} ms (${(median(smallDirect) / median(smallBuffer)).toFixed(2)} of direct)`,
   `610 MB capture (${mb(largeBytes)} MB, 16 x 6,980 x 2048 bf16): direct ${largeDirect.map((x) => (x / 1000).toFixed(2)).join(', ')} s | gateway ${largeGateway.map((x) => (x / 1000).toFixed(2)).join(', ')} s`,
   `4 concurrent 610 MB captures through the gateway: ${(concurrentMs / 1000).toFixed(1)} s; gateway RSS ${beforeMb.toFixed(0)} MB before, peak ${peakMb.toFixed(0)} MB; bodies in flight ${inFlightMb.toFixed(0)} MB, so the bound (bodies + 200 MB) is ${(inFlightMb + 200).toFixed(0)} MB: ${peakMb <= inFlightMb + 200 ? 'met' : 'NOT met'} (peak - before = ${(peakMb - beforeMb).toFixed(0)} MB)`,
 ];
@@ -98,6 +109,7 @@ process.stdout.write(`${lines.join('\n')}\n`);
 
 await dispatcher.close();
 await stop(gateway.child);
+await stop(bare.child);
 await stop(engine.child);
 await db?.drop();
 rmSync(dir, { recursive: true, force: true });
