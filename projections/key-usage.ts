@@ -49,8 +49,8 @@ const addDeltas = `
   GROUP BY s.key_id, p.kind, p.period
   ON CONFLICT (key_id, period_kind, period) DO UPDATE SET ${usageCounters.map((c) => `${c} = u.${c} + excluded.${c}`).join(', ')}`;
 
-/** A deltas row: the counters in `usageCounters` order. */
-const delta = (stream: string, ...values: string[]) => `SELECT ${stream} AS stream_id, ${values.map((v, i) => `(${v})::bigint AS ${usageCounters[i]}`).join(', ')}`;
+/** A deltas row of the stream: the counters in `usageCounters` order. */
+const delta = (...values: string[]) => `SELECT stream_id, ${values.map((v, i) => `(${v})::bigint AS ${usageCounters[i]}`).join(', ')}`;
 
 export const keyUsageProjection = defineBatchProjection<MeterEvent>({
   name: 'key_usage',
@@ -91,7 +91,7 @@ export const keyUsageProjection = defineBatchProjection<MeterEvent>({
          INSERT INTO ${holds} (stream_id, request_id, tokens)
          SELECT stream_id, request_id, input_tokens + output_tokens FROM fresh WHERE type = 'BudgetReserved'
          ON CONFLICT DO NOTHING RETURNING stream_id, tokens),
-       deltas AS (${delta('stream_id', 'tokens', '0', '0', '0', '0', '0')} FROM held)
+       deltas AS (${delta('tokens', '0', '0', '0', '0', '0')} FROM held)
        ${addDeltas}`,
       [batch],
     );
@@ -102,11 +102,11 @@ export const keyUsageProjection = defineBatchProjection<MeterEvent>({
          WHERE f.type IN ('UsageSettled', 'ReservationExpired') AND h.stream_id = f.stream_id AND h.request_id = f.request_id
          RETURNING h.stream_id, h.tokens),
        deltas AS (
-         ${delta('stream_id', '-tokens', '0', '0', '0', '0', '0')} FROM released
+         ${delta('-tokens', '0', '0', '0', '0', '0')} FROM released
          UNION ALL
-         ${delta('stream_id', '0', 'input_tokens', 'output_tokens', "(type = 'UsageSettled')::int", "(type = 'ReservationExpired')::int", '0')} FROM fresh WHERE type IN ('UsageSettled', 'ReservationExpired')
+         ${delta('0', 'input_tokens', 'output_tokens', "(type = 'UsageSettled')::int", "(type = 'ReservationExpired')::int", '0')} FROM fresh WHERE type IN ('UsageSettled', 'ReservationExpired')
          UNION ALL
-         ${delta('stream_id', '0', '0', '0', '0', '0', '1')} FROM fresh WHERE type = 'RequestRejected')
+         ${delta('0', '0', '0', '0', '0', '1')} FROM fresh WHERE type = 'RequestRejected')
        ${addDeltas}`,
       [batch],
     );

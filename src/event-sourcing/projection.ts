@@ -22,29 +22,16 @@ export function defineProjection<Event extends DomainEvent>(definition: {
   handlers: { [Type in Event['type']]?: HandlerFor<Event, Type> };
 }): Projection {
   const handlers = definition.handlers as Record<string, HandlerFor<Event, Event['type']> | undefined>;
-  const eventTypes = Object.keys(handlers);
-  const catalogueOf = new Map<string, EventCatalogue>();
-  for (const type of eventTypes) {
-    const catalogue = definition.events.find((c) => c.has(type));
-    if (!catalogue) throw new Error(`projection ${definition.name} handles ${type}, which none of its catalogues defines`);
-    catalogueOf.set(type, catalogue);
-  }
-  return {
+  return defineBatchProjection<Event>({
     name: definition.name,
     tables: definition.tables,
+    events: definition.events,
+    eventTypes: Object.keys(handlers) as Event['type'][],
     init: definition.init,
-    eventTypes,
     async apply(events, db) {
-      const writes = batchedWrites(db);
-      for (const event of events) {
-        const handler = handlers[event.type];
-        if (!handler) continue;
-        const typed = catalogueOf.get(event.type)!.parse(event);
-        await handler({ ...event, data: typed.data } as Recorded<any>, writes.db);
-      }
-      await writes.flush();
+      for (const event of events) await handlers[event.type]!(event as never, db);
     },
-  };
+  });
 }
 
 /**
@@ -65,7 +52,7 @@ export function defineBatchProjection<Event extends DomainEvent>(definition: {
   const catalogueOf = new Map<string, EventCatalogue>();
   for (const type of definition.eventTypes) {
     const catalogue = definition.events.find((c) => c.has(type));
-    if (!catalogue) throw new Error(`projection ${definition.name} reads ${type}, which none of its catalogues defines`);
+    if (!catalogue) throw new Error(`projection ${definition.name} handles ${type}, which none of its catalogues defines`);
     catalogueOf.set(type, catalogue);
   }
   return {
