@@ -12,6 +12,7 @@ import { Metering } from '../src/metering/index.ts';
 import { createLogger } from '../src/api/index.ts';
 import { meterStream } from '../events/meter.ts';
 import { percentile, withScratchSchemaStore } from './support.ts';
+import { admitRequest } from '../test/support/admit-request.ts';
 
 const total = Number(process.argv[2] ?? 1_000_000);
 const days = 50;
@@ -48,19 +49,10 @@ async function bench(label: string, store: EventStore): Promise<void> {
     // A cold process each round: a new handler (empty cache). Today's stream of each round is new.
     const handler = new CommandHandler({ store });
     const metering = new Metering({ handler, store, logger, reservationTtlMs: 60_000, dailySpendCap: null });
-    const key = { keyId, status: 'active' as const, budgets: { monthly_token_budget: 1e12, daily_token_budget: null, monthly_input_token_budget: null, monthly_output_token_budget: null, monthly_harvest_jobs: null } };
     const started = performance.now();
-    const admission = await metering.admit({
-      key: async () => key,
-      keyId,
-      facts: { request_id: randomUUID(), key_prefix: keyId, email: 'bench@example.org', client_ip: null, endpoint: '/v1/completions', model: 'bench', user: null, workload: null },
-      inputTokens: 5,
-      maxTokens: 16,
-      maxTokensRequested: 16,
-      choices: 1,
-      limits: { maxActive: 1_000_000, maxQueued: 64, perMinute: 1_000_000 },
-      signal: new AbortController().signal,
-    });
+    const admission = await metering.admit(
+      admitRequest(keyId, { budgets: { monthly_token_budget: 1e12 }, maxTokens: 16, limits: { maxActive: 1_000_000, perMinute: 1_000_000 }, email: 'bench@example.org', model: 'bench' }),
+    );
     await admission.durable;
     times.push(performance.now() - started);
     await metering.stop();

@@ -5,14 +5,14 @@ import { keyDecider, type KeyCommand, type KeyState } from '../../commands/key.t
 import { KeyBudgetsChanged, KeyIssued, KeyPaused, KeyResumed, KeyRevoked, keyEvents, keyStream, type KeyBudgetValues, type KeyEvent } from '../../events/key.ts';
 import { decisionEvents, foldEvents, isRejection } from '../../src/event-sourcing/index.ts';
 import { deciderSpecification } from '../support/decider-specification.ts';
+import { unlimitedBudgets } from '../support/admit-request.ts';
 
 const spec = deciderSpecification(keyDecider);
 const key_id = '0123456789ab';
 const sha = 'a'.repeat(64);
 const t0 = '2026-11-24T10:00:00.000Z';
 const t1 = '2026-11-24T11:00:00.000Z';
-const unlimited: KeyBudgetValues = { monthly_token_budget: null, daily_token_budget: null, monthly_input_token_budget: null, monthly_output_token_budget: null, monthly_harvest_jobs: null };
-const budgets: KeyBudgetValues = { ...unlimited, monthly_token_budget: 1_000_000, daily_token_budget: 50_000 };
+const budgets: KeyBudgetValues = { ...unlimitedBudgets, monthly_token_budget: 1_000_000, daily_token_budget: 50_000 };
 
 const issue: KeyCommand = { type: 'IssueKey', keyId: key_id, secretSha256: sha, email: 'ada@example.com', userId: 'u-1', budgets, now: t0 };
 const issued = KeyIssued({ key_id, secret_sha256: sha, email: 'ada@example.com', user_id: 'u-1', budgets, at: t0 });

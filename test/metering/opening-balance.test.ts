@@ -9,9 +9,10 @@ import * as assert from 'uvu/assert';
 import { randomUUID } from 'node:crypto';
 import pino from 'pino';
 import { CommandHandler } from '../../src/command-handler/index.ts';
-import { Metering, type AdmitRequest } from '../../src/metering/index.ts';
+import { Metering } from '../../src/metering/index.ts';
 import { openEventStore, type EventStore } from '../../src/store/index.ts';
 import { meterEvents, meterStream, type MeterEvent } from '../../events/meter.ts';
+import { admitRequest } from '../support/admit-request.ts';
 
 const it = suite<{ store: EventStore }>('the day meter opening balance');
 it.before.each(async (context) => {
@@ -21,21 +22,7 @@ it.after.each(async ({ store }) => {
   await store.close();
 });
 
-const budgets = { monthly_token_budget: 10_000, daily_token_budget: null, monthly_input_token_budget: null, monthly_output_token_budget: null, monthly_harvest_jobs: null };
-
-function request(keyId: string): AdmitRequest {
-  return {
-    key: async () => ({ keyId, status: 'active', budgets }),
-    keyId,
-    facts: { request_id: randomUUID(), key_prefix: keyId, email: 'o@example.org', client_ip: null, endpoint: '/v1/completions', model: 'ref-byte', user: null, workload: null },
-    inputTokens: 5,
-    maxTokens: 50,
-    maxTokensRequested: 50,
-    choices: 1,
-    limits: { maxActive: 16, maxQueued: 64, perMinute: 600 },
-    signal: new AbortController().signal,
-  };
-}
+const request = (keyId: string) => admitRequest(keyId, { budgets: { monthly_token_budget: 10_000 }, maxTokens: 50 });
 
 async function meterOf(store: EventStore, keyId: string, day: string): Promise<MeterEvent[]> {
   return (await store.readStream(meterStream(keyId, day))).events.map((e) => meterEvents.parse(e));

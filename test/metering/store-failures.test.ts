@@ -9,11 +9,12 @@ import * as assert from 'uvu/assert';
 import { randomUUID } from 'node:crypto';
 import pino from 'pino';
 import { CommandHandler } from '../../src/command-handler/index.ts';
-import { Metering, type AdmitRequest } from '../../src/metering/index.ts';
+import { Metering } from '../../src/metering/index.ts';
 import { ApiError } from '../../src/errors/index.ts';
 import { openEventStore, type EventStore } from '../../src/store/index.ts';
 import { meterEvents, meterStream, utcDay, type MeterEvent } from '../../events/meter.ts';
 import { until } from '../support/until.ts';
+import { admitRequest } from '../support/admit-request.ts';
 
 interface Context {
   store: EventStore;
@@ -42,22 +43,7 @@ function failing(store: EventStore, type: string, times: number, stored: boolean
   };
 }
 
-const budgets = { monthly_token_budget: 1000, daily_token_budget: null, monthly_input_token_budget: null, monthly_output_token_budget: null, monthly_harvest_jobs: null };
-
-function request(keyId: string): AdmitRequest {
-  const requestId = randomUUID();
-  return {
-    key: async () => ({ keyId, status: 'active', budgets }),
-    keyId,
-    facts: { request_id: requestId, key_prefix: keyId, email: 'f@example.org', client_ip: null, endpoint: '/v1/completions', model: 'ref-byte', user: null, workload: null },
-    inputTokens: 5,
-    maxTokens: 100,
-    maxTokensRequested: 100,
-    choices: 1,
-    limits: { maxActive: 16, maxQueued: 64, perMinute: 600 },
-    signal: new AbortController().signal,
-  };
-}
+const request = (keyId: string) => admitRequest(keyId, { budgets: { monthly_token_budget: 1000 }, maxTokens: 100, email: 'f@example.org' });
 
 async function meterOf(store: EventStore, keyId: string): Promise<MeterEvent[]> {
   return (await store.readStream(meterStream(keyId, utcDay(new Date())))).events.map((e) => meterEvents.parse(e));

@@ -12,9 +12,8 @@ import { keyDecider } from '../../commands/key.ts';
 import { meterDecider, type MeterCommand, type MeterState } from '../../commands/meter.ts';
 import { keyStream } from '../../events/key.ts';
 import { meterStream, type MeterOpening, type RequestFactsData } from '../../events/meter.ts';
-import type { KeyBudgetValues } from '../../events/key.ts';
+import { unlimitedBudgets } from './admit-request.ts';
 
-const unlimited: KeyBudgetValues = { monthly_token_budget: null, daily_token_budget: null, monthly_input_token_budget: null, monthly_output_token_budget: null, monthly_harvest_jobs: null };
 
 export const newKeyId = (): string => randomBytes(6).toString('hex');
 
@@ -30,7 +29,7 @@ export class MeterDriver {
   }
 
   async issue(now: string): Promise<void> {
-    const outcome = await this.handler.handle(keyStream(this.keyId), { type: 'IssueKey', keyId: this.keyId, secretSha256: '0'.repeat(64), email: this.email, userId: 'u1', budgets: unlimited, now }, keyDecider);
+    const outcome = await this.handler.handle(keyStream(this.keyId), { type: 'IssueKey', keyId: this.keyId, secretSha256: '0'.repeat(64), email: this.email, userId: 'u1', budgets: unlimitedBudgets, now }, keyDecider);
     assert.ok(outcome.accepted);
   }
 
@@ -68,7 +67,7 @@ export class MeterDriver {
       maxTokens,
       maxTokensRequested: maxTokens,
       choices: 1,
-      budgets: unlimited,
+      budgets: unlimitedBudgets,
       keyStatus: 'active',
       limits: { maxActive: 16, perMinute: 600 },
       ttlMs,
