@@ -15,6 +15,7 @@ import {
   RequestRejected,
   ReservationExpired,
   ReservationRenewed,
+  SlotsLeased,
   UsageSettled,
   type MeterEvent,
   type MeterOpening,
@@ -29,6 +30,14 @@ export interface Hold {
   /** The meter day whose stream holds the reservation (another day's when carried over midnight). */
   readonly day: string;
   readonly at: string;
+  readonly expiresAt: string;
+  /** The process whose slot lease the request runs under; null: it takes a slot of its own. */
+  readonly lease: string | null;
+}
+
+/** A process's lease on some of the key's active slots (events/meter.ts, SlotsLeased). */
+export interface Lease {
+  readonly slots: number;
   readonly expiresAt: string;
 }
 
@@ -47,6 +56,8 @@ export interface MeterState {
   readonly holds: Readonly<Record<string, Hold>>;
   /** Request starts (epoch ms) of the last minute, oldest first. */
   readonly starts: readonly number[];
+  /** Slot leases by holder (a gateway process); one that lapsed counts for nothing. */
+  readonly leases: Readonly<Record<string, Lease>>;
 }
 
 export type BudgetName = 'monthly_token_budget' | 'daily_token_budget' | 'monthly_input_token_budget' | 'monthly_output_token_budget';
@@ -66,6 +77,8 @@ export type MeterCommand =
       keyStatus: KeyStatus;
       limits: { maxActive: number; perMinute: number };
       ttlMs: number;
+      /** Reserve within this process's slot lease, taking or growing it when it has no room (absent: a slot of its own). */
+      lease?: { holder: string; ttlMs: number };
       now: string;
     }
   | { type: 'Renew'; requestId: string; expiresAt: string; now: string }
@@ -79,6 +92,8 @@ export type MeterCommand =
       gpuSeconds: number;
       cost: number;
       disconnected: boolean;
+      /** The settling process, and how many more of the key's requests it has waiting: its lease shrinks to what it still needs. */
+      lease?: { holder: string; waiting: number };
       now: string;
     }
   | { type: 'CloseMeter'; nextDay: string; now: string }
@@ -93,21 +108,38 @@ const budgetNames: readonly BudgetName[] = ['monthly_token_budget', 'daily_token
 
 export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRejection> = {
   events: meterEvents,
-  initialState: () => ({ opened: false, closed: false, day: null, monthInput: 0, monthOutput: 0, todayInput: 0, todayOutput: 0, holds: {}, starts: [] }),
+  initialState: () => ({ opened: false, closed: false, day: null, monthInput: 0, monthOutput: 0, todayInput: 0, todayOutput: 0, holds: {}, starts: [], leases: {} }),
   evolve(state, event) {
     switch (event.type) {
       case 'MeterOpened': {
         const d = event.data;
         const holds: Record<string, Hold> = {};
-        for (const h of d.carried_holds) holds[h.request_id] = { input: h.input_tokens, output: h.output_tokens, day: h.day, at: h.at, expiresAt: h.expires_at };
-        return { opened: true, closed: false, day: d.day, monthInput: d.month_input_tokens, monthOutput: d.month_output_tokens, todayInput: 0, todayOutput: 0, holds, starts: d.recent_starts };
+        for (const h of d.carried_holds) {
+          holds[h.request_id] = { input: h.input_tokens, output: h.output_tokens, day: h.day, at: h.at, expiresAt: h.expires_at, lease: h.lease_holder };
+        }
+        const leases: Record<string, Lease> = {};
+        for (const l of d.carried_leases) leases[l.holder] = { slots: l.slots, expiresAt: l.expires_at };
+        return {
+          opened: true,
+          closed: false,
+          day: d.day,
+          monthInput: d.month_input_tokens,
+          monthOutput: d.month_output_tokens,
+          todayInput: 0,
+          todayOutput: 0,
+          holds,
+          starts: d.recent_starts,
+          leases,
+        };
       }
       case 'BudgetReserved': {
         const d = event.data;
         const at = Date.parse(d.at);
-        const hold: Hold = { input: d.input_tokens, output: d.output_tokens, day: state.day ?? utcDay(d.at), at: d.at, expiresAt: d.expires_at };
+        const hold: Hold = { input: d.input_tokens, output: d.output_tokens, day: state.day ?? utcDay(d.at), at: d.at, expiresAt: d.expires_at, lease: d.lease_holder };
         return { ...state, holds: { ...state.holds, [d.request_id]: hold }, starts: [...state.starts.filter((t) => t > at - minuteMs), at] };
       }
+      case 'SlotsLeased':
+        return { ...state, leases: { ...state.leases, [event.data.holder]: { slots: event.data.slots, expiresAt: event.data.expires_at } } };
       case 'ReservationRenewed': {
         const hold = state.holds[event.data.request_id];
         return hold ? { ...state, holds: { ...state.holds, [event.data.request_id]: { ...hold, expiresAt: event.data.expires_at } } } : state;
@@ -142,7 +174,7 @@ export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRe
         const hold = state.holds[command.facts.request_id];
         // Settled or expired already (a resend, or a request that outlived its hold): nothing more to charge.
         if (!hold || hold.day !== state.day) return [];
-        return UsageSettled({
+        const settled = UsageSettled({
           ...command.facts,
           input_tokens: command.inputTokens,
           output_tokens: command.outputTokens,
@@ -153,6 +185,8 @@ export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRe
           disconnected: command.disconnected,
           at: command.now,
         });
+        const shrunk = command.lease && hold.lease === command.lease.holder ? shrinkLease(state, command.lease.holder, command.lease.waiting, command.now) : null;
+        return shrunk ? [settled, shrunk] : settled;
       }
       case 'Expire': {
         const hold = state.holds[command.requestId];
@@ -173,6 +207,42 @@ export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRe
     }
   },
 };
+
+/** The holder's lease, if it stands at `now` (a lapsed lease counts for nothing). */
+export function standingLease(state: MeterState, holder: string, now: number): Lease | null {
+  const lease = state.leases[holder];
+  return lease && lease.slots > 0 && Date.parse(lease.expiresAt) > now ? lease : null;
+}
+
+/**
+ * The key's active slots taken at `now`: each standing lease counts its size (or the holds running
+ * under it, if more), and every other hold one slot (a hold whose lease lapsed included).
+ */
+export function activeSlots(state: MeterState, now: number): number {
+  const under = new Map<string, number>();
+  let taken = 0;
+  for (const hold of Object.values(state.holds)) {
+    if (hold.lease !== null && standingLease(state, hold.lease, now)) under.set(hold.lease, (under.get(hold.lease) ?? 0) + 1);
+    else taken += 1;
+  }
+  for (const holder of Object.keys(state.leases)) {
+    const lease = standingLease(state, holder, now);
+    if (lease) taken += Math.max(lease.slots, under.get(holder) ?? 0);
+  }
+  return taken;
+}
+
+/** Holds running under the holder's lease (standing or not). */
+const holdsUnder = (state: MeterState, holder: string): number => Object.values(state.holds).filter((h) => h.lease === holder).length;
+
+/** At a settlement: the holder's lease shrinks to the requests it still runs plus those it has waiting, at least one slot. */
+function shrinkLease(state: MeterState, holder: string, waiting: number, now: string) {
+  const lease = standingLease(state, holder, Date.parse(now));
+  if (!lease) return null;
+  const stillRunning = holdsUnder(state, holder) - 1; // the hold being settled is the holder's
+  const slots = Math.max(1, stillRunning + waiting);
+  return slots < lease.slots ? SlotsLeased({ holder, slots, expires_at: lease.expiresAt, at: now }) : null;
+}
 
 /** Whether a meter day falls in the month of the stream's day. */
 const sameMonth = (holdDay: string, day: string | null): boolean => day !== null && holdDay.slice(0, 7) === day.slice(0, 7);
@@ -243,9 +313,19 @@ function reserve(command: Extract<MeterCommand, { type: 'Reserve' }>, state: Met
     const retryAfterSeconds = Math.max(1, Math.ceil((oldestFirst[oldestFirst.length - command.limits.perMinute] + minuteMs - now) / 1000));
     return reject('rate_limited', `more than ${command.limits.perMinute} request starts in the last minute`, { retry_after_seconds: retryAfterSeconds });
   }
-  if (Object.keys(state.holds).length >= command.limits.maxActive) {
+  // A slot: in this process's standing lease if it has room; else one more slot for the lease (or for
+  // the hold alone) if the key has one free. A lease close to lapsing is renewed with the reservation.
+  const holder = command.lease?.holder ?? null;
+  const lease = holder === null ? null : standingLease(state, holder, now);
+  const inLease = lease !== null && holdsUnder(state, holder!) < lease.slots;
+  if (!inLease && activeSlots(state, now) >= command.limits.maxActive) {
     return reject('at_capacity', `${command.limits.maxActive} requests of this key are already running`);
   }
+  const leaseTtlMs = command.lease?.ttlMs ?? 0;
+  const leased =
+    holder === null || (inLease && Date.parse(lease!.expiresAt) - now >= leaseTtlMs / 2)
+      ? null
+      : SlotsLeased({ holder, slots: inLease ? lease!.slots : holdsUnder(state, holder) + 1, expires_at: new Date(now + leaseTtlMs).toISOString(), at: command.now });
   const room = outputRoom(state, command.budgets, command.inputTokens);
   let binding: BudgetName | null = null;
   for (const name of budgetNames) if (binding === null || room[name] < room[binding]) binding = name;
@@ -254,7 +334,7 @@ function reserve(command: Extract<MeterCommand, { type: 'Reserve' }>, state: Met
     return reject('budget_exceeded', `the key's ${binding!.replaceAll('_', ' ')} cannot cover this request`, { budget: binding });
   }
   const applied = Math.min(command.maxTokens, fit);
-  return BudgetReserved({
+  const reserved = BudgetReserved({
     ...command.facts,
     input_tokens: command.inputTokens,
     output_tokens: applied * command.choices,
@@ -264,5 +344,7 @@ function reserve(command: Extract<MeterCommand, { type: 'Reserve' }>, state: Met
     clamped_by: applied < command.maxTokens ? binding : null,
     at: command.now,
     expires_at: new Date(now + command.ttlMs).toISOString(),
+    lease_holder: holder,
   });
+  return leased ? [leased, reserved] : reserved;
 }

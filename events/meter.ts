@@ -11,7 +11,26 @@ const Nullable = <T extends Parameters<typeof Type.Union>[0][number]>(t: T) => T
 
 /** A hold still open when the day changed: it counts against the month and the active cap until released. */
 export const CarriedHold = Type.Object(
-  { request_id: Type.String(), day: Type.String(), input_tokens: Tokens, output_tokens: Tokens, at: Instant, expires_at: Instant },
+  {
+    request_id: Type.String(),
+    day: Type.String(),
+    input_tokens: Tokens,
+    output_tokens: Tokens,
+    at: Instant,
+    expires_at: Instant,
+    /** The gateway process whose slot lease the hold runs under (null: it takes a slot of its own). */
+    lease_holder: Nullable(Type.String()),
+  },
+  { additionalProperties: false },
+);
+
+/**
+ * A gateway process's lease on some of the key's active slots: while it stands (until `expires_at`),
+ * those slots count as taken for every other process, and the holder may start engine calls in them
+ * before their reservation is durable (see SlotsLeased).
+ */
+export const SlotLease = Type.Object(
+  { holder: Type.String(), slots: Type.Integer({ minimum: 0 }), expires_at: Instant },
   { additionalProperties: false },
 );
 
@@ -27,12 +46,24 @@ export const MeterOpened = defineEvent(
       /** The meter day the balance was taken from; null on the month's first metered day. */
       carried_from: Nullable(Type.String()),
       carried_holds: Type.Array(CarriedHold),
+      /** Slot leases still standing on the previous day: the slots stay taken across midnight. */
+      carried_leases: Type.Array(SlotLease),
       /** Request starts of the last minute (epoch ms), for the rolling rate limit across midnight. */
       recent_starts: Type.Array(Type.Number()),
       at: Instant,
     },
     { additionalProperties: false },
   ),
+  {
+    version: 2,
+    // Version 1 knew no slot leases: its holds took a slot each.
+    upcasters: {
+      1: (data) => {
+        const v1 = data as { carried_holds: object[] };
+        return { ...v1, carried_holds: v1.carried_holds.map((h) => ({ ...h, lease_holder: null })), carried_leases: [] };
+      },
+    },
+  },
 );
 
 /** What every request record carries besides token counts (metadata only). */
@@ -65,10 +96,23 @@ export const BudgetReserved = defineEvent(
       clamped_by: Nullable(Type.String()),
       at: Instant,
       expires_at: Instant,
+      /** The gateway process whose slot lease the request runs under (null: it takes a slot of its own). */
+      lease_holder: Nullable(Type.String()),
     },
     { additionalProperties: false },
   ),
+  { version: 2, upcasters: { 1: (data) => ({ ...(data as object), lease_holder: null }) } },
 );
+
+/**
+ * A gateway process took, grew, renewed or shrank its lease on the key's active slots (`slots` is the
+ * lease's size from here on). Taken and grown by a reservation that waits to be durable before its
+ * engine call; while it stands, the holder's later reservations that fit in it start their engine
+ * call at once, their append alongside: no other process can take those slots meanwhile, so the
+ * key's active cap holds at the engine across processes. Shrunk by the holder's settlements to what
+ * it runs and has waiting (at least one slot); a lease nobody renews lapses at `expires_at`.
+ */
+export const SlotsLeased = defineEvent('SlotsLeased', Type.Object({ ...SlotLease.properties, at: Instant }, { additionalProperties: false }));
 
 export const ReservationRenewed = defineEvent(
   'ReservationRenewed',
@@ -134,8 +178,19 @@ export const MeterClosed = defineEvent(
   Type.Object({ day: Type.String(), next_day: Type.String(), at: Instant }, { additionalProperties: false }),
 );
 
-export const meterEvents = eventCatalogue('meter', [MeterOpened, MeterClosed, BudgetReserved, ReservationRenewed, UsageSettled, ReservationExpired, CarriedHoldReleased, RequestRejected]);
+export const meterEvents = eventCatalogue('meter', [
+  MeterOpened,
+  MeterClosed,
+  BudgetReserved,
+  SlotsLeased,
+  ReservationRenewed,
+  UsageSettled,
+  ReservationExpired,
+  CarriedHoldReleased,
+  RequestRejected,
+]);
 export type MeterEvent =
+  | EventOf<typeof SlotsLeased>
   | EventOf<typeof MeterOpened>
   | EventOf<typeof MeterClosed>
   | EventOf<typeof BudgetReserved>

@@ -171,6 +171,22 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
         if (deadline) clearTimeout(deadline);
       }
     };
+    /** The engine call made before the reservation is durable; cancelled (a response that came meanwhile dropped) if it is voided. */
+    const startEarly = (completion: PreparedCompletion, voided: AbortSignal): Promise<EngineResponse> => {
+      const response = dispatch(completion, AbortSignal.any([controller.signal, voided]));
+      response.then(
+        (r) => {
+          const drop = () => {
+            r.body.destroy();
+            r.release();
+          };
+          if (voided.aborted) drop();
+          else voided.addEventListener('abort', drop, { once: true });
+        },
+        () => {}, // awaited, and its error thrown, only if not voided
+      );
+      return response;
+    };
     const settle = (usage: RelayedUsage | null, status: number, completion: PreparedCompletion) => {
       if (!admission || !metering) return;
       const gpuSeconds = (performance.now() - gpuStarted) / 1000;
@@ -194,9 +210,12 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     let upstream: EngineResponse;
     try {
       if (admission) {
-        // The engine is called once the reservation is durable: a reservation decided in memory can
-        // still be refused on fresh state (another process took the key's last slot or budget first),
-        // and an engine call made on it would count against the key's 16 at the engine.
+        // A reservation in this process's slot lease starts the engine now, its append alongside (no
+        // other process can take that slot meanwhile). Any other waits until the reservation is durable:
+        // decided in memory, it can still be refused on fresh state (another process took the key's last
+        // slot or budget first), and an engine call made on it would count against the key's 16 at the
+        // engine. Either way no byte reaches the client before the reservation is durable.
+        const early = admission.startNow ? startEarly(atLimit(admission), admission.voided) : null;
         let stored: Reservation;
         try {
           stored = await admission.durable;
@@ -205,8 +224,11 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
           throw refused(error, model.id, prepared.user, prepared.promptTokens);
         }
         completion = atLimit(stored);
+        // Voided: decided again otherwise (fewer tokens now fit, say); the early call was cancelled.
+        upstream = early && !admission.voided.aborted ? await early : await dispatch(completion, controller.signal);
+      } else {
+        upstream = await dispatch(completion, controller.signal);
       }
-      upstream = await dispatch(completion, controller.signal);
     } catch (err) {
       settle(controller.signal.aborted ? { usage: null, contentFrames: 0, completed: false } : null, err instanceof ApiError ? err.status : 500, completion);
       if (controller.signal.aborted && controller.signal.reason !== deadlineReason) return reply; // the client left; nothing to answer

@@ -1,18 +1,20 @@
 /**
  * Metering: reserve before the engine runs, settle with its real usage, expire holds whose request
  * died. Decisions are the meter decider's (commands/meter.ts), made in memory through the command
- * handler; concurrent reservations on one key leave in one append, and the engine is called once the
- * reservation is durable.
+ * handler; concurrent reservations on one key leave in one append. A reservation that fits in this
+ * process's standing slot lease lets the engine start at once, alongside its append; one that takes
+ * or grows the lease waits for the append first (see SlotsLeased in events/meter.ts).
  *
  * Per key and UTC day one meter stream, opened with the month-to-date balance of the key's previous
  * meter day (walked back within the month), so a key's load never reads more than one day.
  */
+import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import { apiError, ApiError } from '../errors/index.ts';
 import type { CommandHandler } from '../command-handler/index.ts';
 import type { EventStore } from '../store/index.ts';
-import { meterDecider, spendDecider, type KeyStatus, type MeterCommand, type MeterRejection, type MeterState } from '../../commands/index.ts';
+import { meterDecider, spendDecider, standingLease, type KeyStatus, type MeterCommand, type MeterRejection, type MeterState } from '../../commands/index.ts';
 import { expiredHolds, spendOfDay } from '../../projections/index.ts';
 import { meterStream, spendStream, utcDay, type KeyBudgetValues, type MeterOpening, type RequestFactsData } from '../../events/index.ts';
 
@@ -49,6 +51,14 @@ export interface Reservation {
 }
 
 export interface Admission extends Reservation {
+  /**
+   * True when the reservation fits in this process's standing slot lease: the engine may be called
+   * now, alongside the append (no byte may reach the client before `durable` resolves). False: call
+   * it once `durable` resolves.
+   */
+  readonly startNow: boolean;
+  /** Aborted when this reservation was decided again and came out otherwise: cancel an engine call started on it. */
+  readonly voided: AbortSignal;
   /** The reservation as stored: this one, or the one decided again on fresh state (rejects with an ApiError). */
   readonly durable: Promise<Reservation>;
 }
@@ -69,6 +79,11 @@ export interface MeteringOptions {
   dailySpendCap: number | null;
   /** How often the reaper and the spend check run (default: a quarter of the TTL, at most 15 s). */
   sweepIntervalMs?: number;
+  /**
+   * How long a slot lease stands without a reservation renewing it (default: 10 s, or the TTL when
+   * shorter): the longest a process that died keeps idle slots of a key from the other processes.
+   */
+  slotLeaseTtlMs?: number;
   now?: () => Date;
 }
 
@@ -90,6 +105,9 @@ export class Metering {
   readonly #ttlMs: number;
   readonly #spendCap: number | null;
   readonly #sweepMs: number;
+  readonly #leaseTtlMs: number;
+  /** This process's name on its slot leases. */
+  readonly #holder = randomUUID();
   readonly #now: () => Date;
   /** FIFO of requests waiting for one of the key's active slots, per key. */
   readonly #queues = new Map<string, Waiter[]>();
@@ -110,6 +128,7 @@ export class Metering {
     this.#ttlMs = options.reservationTtlMs;
     this.#spendCap = options.dailySpendCap;
     this.#sweepMs = options.sweepIntervalMs ?? Math.min(15_000, Math.max(50, Math.floor(options.reservationTtlMs / 4)));
+    this.#leaseTtlMs = options.slotLeaseTtlMs ?? Math.min(10_000, options.reservationTtlMs);
     this.#now = options.now ?? (() => new Date());
   }
 
@@ -200,6 +219,7 @@ export class Metering {
         keyStatus: current.status,
         limits: { maxActive: request.limits.maxActive, perMinute: request.limits.perMinute },
         ttlMs: this.#ttlMs,
+        lease: { holder: this.#holder, ttlMs: this.#leaseTtlMs },
         now: now.toISOString(),
       },
       meterDecider,
@@ -212,14 +232,19 @@ export class Metering {
       throw rejectionToApiError(outcome.rejection);
     }
     const reservation = reservationFrom(keyId, day, stream, outcome.newEvents);
+    // In the lease as it stood, unchanged: no other process can take this slot, so the engine may start now.
+    const startNow = outcome.newEvents.every((e) => e.type !== 'SlotsLeased') && outcome.newEvents.some((e) => e.type === 'BudgetReserved' && e.data.lease_holder !== null);
+    const voiding = new AbortController();
     this.#running.set(reservation.requestId, { ...reservation, expiresAt: now.getTime() + this.#ttlMs });
     const durable = decision.durable.then(
       async (final): Promise<Reservation> => {
         if (final.accepted) {
           const stored = reservationFrom(keyId, day, stream, final.newEvents);
+          if (stored.maxTokens !== reservation.maxTokens) voiding.abort();
           this.#running.set(stored.requestId, { ...stored, expiresAt: now.getTime() + this.#ttlMs });
           return stored;
         }
+        voiding.abort();
         this.#running.delete(reservation.requestId);
         // Decided again on fresh state and refused: wait for a slot like any other request, or fail.
         if (final.rejection.rejected === 'at_capacity') return (await this.#enqueue(request)).durable;
@@ -230,6 +255,7 @@ export class Metering {
         throw rejectionToApiError(final.rejection);
       },
       (error: unknown) => {
+        voiding.abort();
         this.#logger.error({ err: String(error), request_id: request.facts.request_id }, 'reservation could not be stored');
         // The append's outcome may be unknown (its connection broke after the commit): release the hold
         // it may have stored, at zero usage, instead of leaving it to the reaper (which charges it whole).
@@ -237,7 +263,7 @@ export class Metering {
         throw apiError('store_unavailable', 'the usage store is unavailable; the request was not run');
       },
     );
-    return { ...reservation, durable };
+    return { ...reservation, startNow, voided: voiding.signal, durable };
   }
 
   #enqueue(request: AdmitRequest): Promise<Admission> {
@@ -342,7 +368,7 @@ export class Metering {
       const closed = await this.#handler.handle(stream, { type: 'CloseMeter', nextDay: day, now: now.toISOString() }, meterDecider);
       return balanceFrom(keyId, day, earlier, closed.state, now);
     }
-    return { key_id: keyId, day, month_input_tokens: 0, month_output_tokens: 0, carried_from: null, carried_holds: [], recent_starts: [] };
+    return { key_id: keyId, day, month_input_tokens: 0, month_output_tokens: 0, carried_from: null, carried_holds: [], carried_leases: [], recent_starts: [] };
   }
 
   // --- settling, expiring ---------------------------------------------------------------------
@@ -353,7 +379,7 @@ export class Metering {
     const stored = await this.#persist(async () => {
       await this.#handler.handle(
         reservation.stream,
-        { type: 'Settle', facts, ...usage, now: now.toISOString() },
+        { type: 'Settle', facts, ...usage, lease: { holder: this.#holder, waiting: this.#queues.get(reservation.keyId)?.length ?? 0 }, now: now.toISOString() },
         meterDecider,
         { commandId: `settle:${reservation.requestId}`, metadata: { request_id: reservation.requestId } },
       );
@@ -469,7 +495,19 @@ function balanceFrom(keyId: string, day: string, earlier: string, state: MeterSt
     month_input_tokens: sameMonth ? state.monthInput : 0,
     month_output_tokens: sameMonth ? state.monthOutput : 0,
     carried_from: earlier,
-    carried_holds: Object.entries(state.holds).map(([request_id, h]) => ({ request_id, day: h.day, input_tokens: h.input, output_tokens: h.output, at: h.at, expires_at: h.expiresAt })),
+    carried_holds: Object.entries(state.holds).map(([request_id, h]) => ({
+      request_id,
+      day: h.day,
+      input_tokens: h.input,
+      output_tokens: h.output,
+      at: h.at,
+      expires_at: h.expiresAt,
+      lease_holder: h.lease,
+    })),
+    carried_leases: Object.keys(state.leases).flatMap((holder) => {
+      const lease = standingLease(state, holder, now.getTime());
+      return lease ? [{ holder, slots: lease.slots, expires_at: lease.expiresAt }] : [];
+    }),
     recent_starts: state.starts.filter((t) => t > now.getTime() - 60_000),
   };
 }

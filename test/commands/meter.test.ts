@@ -16,6 +16,7 @@ import {
   RequestRejected,
   ReservationExpired,
   ReservationRenewed,
+  SlotsLeased,
   UsageSettled,
   utcDay,
   type MeterEvent,
@@ -44,6 +45,7 @@ const opening = (o: Partial<MeterOpening> = {}): MeterOpening => ({
   month_output_tokens: 0,
   carried_from: '2026-11-23',
   carried_holds: [],
+  carried_leases: [],
   recent_starts: [],
   ...o,
 });
@@ -81,9 +83,9 @@ const reserve = (o: Partial<Omit<Reserve, 'type'>> & { id?: string; budget?: Par
 
 /** The event a Reserve of these figures appends. */
 const reserved = (
-  o: { id?: string; input?: number; applied?: number; requested?: number | null; choices?: number; clampedBy?: string | null; now?: string; ttl?: number } = {},
+  o: { id?: string; input?: number; applied?: number; requested?: number | null; choices?: number; clampedBy?: string | null; now?: string; ttl?: number; holder?: string | null } = {},
 ) => {
-  const { id = 'r1', input = 10, applied = 100, requested = 100, choices = 1, clampedBy = null, now = noon, ttl = ttlMs } = o;
+  const { id = 'r1', input = 10, applied = 100, requested = 100, choices = 1, clampedBy = null, now = noon, ttl = ttlMs, holder = null } = o;
   return BudgetReserved({
     ...facts(id),
     input_tokens: input,
@@ -94,6 +96,7 @@ const reserved = (
     clamped_by: clampedBy,
     at: now,
     expires_at: iso(ms(now) + ttl),
+    lease_holder: holder,
   });
 };
 
@@ -241,7 +244,7 @@ budgets('a settlement replaces the hold with the real usage, freeing the rest', 
   spec.given(given).when(reserve({ id: 'r2', budget })).then([reserved({ id: 'r2', applied: 60, clampedBy: 'monthly_token_budget' })]);
 });
 
-const carriedHold = { request_id: 'late', day: '2026-11-23', input_tokens: 10, output_tokens: 40, at: at('23:59:59.900', '2026-11-23'), expires_at: at('00:09:59.900') };
+const carriedHold = { request_id: 'late', day: '2026-11-23', input_tokens: 10, output_tokens: 40, at: at('23:59:59.900', '2026-11-23'), expires_at: at('00:09:59.900'), lease_holder: null };
 budgets('holds carried over midnight count against the month but not against the day', () => {
   const given = [opened({ carried_holds: [carriedHold] })];
   spec.given(given).when(reserve({ budget: { monthly_token_budget: 100 } })).then([reserved({ applied: 40, clampedBy: 'monthly_token_budget' })]);
@@ -400,7 +403,7 @@ const d = '2026-11-24';
 const next = '2026-11-25';
 const late = at('23:59:59.900', d);
 const straddling = reserved({ id: 'mid', input: 10, applied: 100, now: late });
-const carriedMid = { request_id: 'mid', day: d, input_tokens: 10, output_tokens: 100, at: late, expires_at: straddling.data.expires_at };
+const carriedMid = { request_id: 'mid', day: d, input_tokens: 10, output_tokens: 100, at: late, expires_at: straddling.data.expires_at, lease_holder: null };
 const nextOpened = opened({ day: next, carried_from: d, month_input_tokens: 500, month_output_tokens: 500, carried_holds: [carriedMid], recent_starts: [ms(late)] }, at('00:00:00.100', next));
 
 boundaries('a MeterOpened on the 1st of the month starts the month from zero', () => {
@@ -448,7 +451,7 @@ boundaries('day D+1 counts the carried hold against the month while it is open, 
 boundaries('a hold carried over the month boundary charges its own month, not the new one', () => {
   const oct31 = '2026-10-31';
   const lastMinute = '2026-10-31T23:59:59.900Z';
-  const hold = { request_id: 'oct', day: oct31, input_tokens: 10, output_tokens: 100, at: lastMinute, expires_at: '2026-11-01T00:09:59.900Z' };
+  const hold = { request_id: 'oct', day: oct31, input_tokens: 10, output_tokens: 100, at: lastMinute, expires_at: '2026-11-01T00:09:59.900Z', lease_holder: null };
   const nov1 = opened({ day: '2026-11-01', carried_from: null, carried_holds: [hold] }, '2026-11-01T00:00:00.000Z');
   const now = '2026-11-01T00:00:10.000Z';
   // October's hold is October's: November's budget is whole while it runs (it still takes an active slot).
@@ -505,6 +508,81 @@ records.run();
 
 // ---------------------------------------------------------------------------------------------
 
+const leasing = suite('meter decider: slot leases (engine calls started before the append is durable)');
+const leaseTtl = 10_000;
+const asA = { holder: 'gw-a', ttlMs: leaseTtl };
+const leased = (slots: number, o: { holder?: string; expires?: string; now?: string } = {}) =>
+  SlotsLeased({ holder: o.holder ?? 'gw-a', slots, expires_at: o.expires ?? iso(ms(o.now ?? noon) + leaseTtl), at: o.now ?? noon });
+const underA = (id: string) => reserved({ id, holder: 'gw-a' });
+
+leasing('with no standing lease, a reservation takes a lease of one slot and reserves in it (this one waits for the append)', () => {
+  spec.given([opened()]).when(reserve({ lease: asA })).then([leased(1), reserved({ holder: 'gw-a' })]);
+});
+leasing('a reservation that fits in the standing lease appends only its hold (its engine call may start at once)', () => {
+  spec.given([opened(), leased(2), underA('x')]).when(reserve({ lease: asA })).then([reserved({ holder: 'gw-a' })]);
+});
+leasing('a full lease grows by one slot while the key has one free; at the cap it is at_capacity', () => {
+  spec.given([opened(), leased(1), underA('x')]).when(reserve({ lease: asA })).then([leased(2), reserved({ holder: 'gw-a' })]);
+  spec.given([opened(), leased(1), underA('x'), ...holds(15)]).when(reserve({ lease: asA })).thenRejects('at_capacity');
+});
+leasing("a lease's slots are taken for every other process, idle or not: the cap of 16 holds across processes", () => {
+  const given = [opened(), leased(10), underA('x'), ...holds(6)];
+  spec.given(given).when(reserve()).thenRejects('at_capacity');
+  spec.given(given).when(reserve({ lease: { holder: 'gw-b', ttlMs: leaseTtl } })).thenRejects('at_capacity');
+  // The holder still has nine idle slots of its own.
+  spec.given(given).when(reserve({ lease: asA })).then([reserved({ holder: 'gw-a' })]);
+  // Holds running under a lease beyond its size (it was shrunk meanwhile by a late settlement) count each.
+  spec.given([opened(), leased(1), underA('x'), underA('y'), ...holds(14)]).when(reserve()).thenRejects('at_capacity');
+});
+leasing('a lapsed lease counts for nothing: its holds take a slot each, and a new lease covers them', () => {
+  const lapsed = leased(16, { expires: at('11:59:59.999') });
+  const given = [opened(), lapsed, underA('x'), underA('y')];
+  spec.given(given).when(reserve({ lease: { holder: 'gw-b', ttlMs: leaseTtl } })).then([leased(1, { holder: 'gw-b' }), reserved({ holder: 'gw-b' })]);
+  spec.given(given).when(reserve({ lease: asA })).then([leased(3), reserved({ holder: 'gw-a' })]);
+  spec.given([...given, ...holds(14)]).when(reserve({ lease: asA })).thenRejects('at_capacity');
+});
+leasing('a lease with less than half its time left is renewed by the reservation, at its size', () => {
+  const closeToLapsing = leased(3, { expires: iso(ms(noon) + leaseTtl / 2 - 1) });
+  spec.given([opened(), closeToLapsing]).when(reserve({ lease: asA })).then([leased(3), reserved({ holder: 'gw-a' })]);
+  const halfLeft = leased(3, { expires: iso(ms(noon) + leaseTtl / 2) });
+  spec.given([opened(), halfLeft]).when(reserve({ lease: asA })).then([reserved({ holder: 'gw-a' })]);
+});
+leasing('a settlement shrinks its lease to the requests its holder still runs and has waiting, never under one slot', () => {
+  const given = [opened(), leased(4), underA('w'), underA('x'), underA('y')];
+  const byA = (waiting: number) => ({ ...settle('x', 10, 5, noon), lease: { holder: 'gw-a', waiting } });
+  spec.given(given).when(byA(0)).then([settled('x', 10, 5, noon), leased(2, { expires: iso(ms(noon) + leaseTtl) })]);
+  spec.given(given).when(byA(1)).then([settled('x', 10, 5, noon), leased(3)]);
+  spec.given(given).when(byA(2)).then([settled('x', 10, 5, noon)]);
+  spec.given([opened(), leased(1), underA('x')]).when(byA(0)).then([settled('x', 10, 5, noon)]);
+  // The shrunk lease keeps its expiry; a settlement without a lease, or of a hold outside it, leaves it be.
+  spec.given([opened(), leased(4, { now: at('11:59:58.000') }), underA('x')]).when(byA(0)).then([settled('x', 10, 5, noon), leased(1, { now: noon, expires: iso(ms(at('11:59:58.000')) + leaseTtl) })]);
+  spec.given(given).when(settle('x', 10, 5, noon)).then([settled('x', 10, 5, noon)]);
+  spec.given([...given, r1]).when({ ...settle('r1', 10, 5, noon), lease: { holder: 'gw-a', waiting: 0 } }).then([settled('r1', 10, 5, noon)]);
+});
+leasing('leases standing at midnight are carried into the next day, and their slots stay taken there', () => {
+  const carriedLease = { holder: 'gw-a', slots: 15, expires_at: iso(ms(noon) + leaseTtl) };
+  const given = [opened({ carried_leases: [carriedLease], carried_holds: [{ ...carriedHold, lease_holder: 'gw-a' }] }), r1];
+  spec.given(given).when(reserve({ id: 'r2' })).thenRejects('at_capacity');
+  spec.given(given).when(reserve({ id: 'r2', lease: asA })).then([reserved({ id: 'r2', holder: 'gw-a' })]);
+});
+leasing('events written before leases existed (version 1) read as holds that take a slot each', () => {
+  const v1Reserved = { ...r1.data } as Record<string, unknown>;
+  delete v1Reserved.lease_holder;
+  const v1Opened = { ...opened({ carried_holds: [carriedHold] }).data } as Record<string, unknown>;
+  delete v1Opened.carried_leases;
+  v1Opened.carried_holds = [{ ...carriedHold, lease_holder: undefined }].map(({ lease_holder: _, ...h }) => h);
+  const stored = [
+    { type: 'MeterOpened', data: v1Opened, metadata: {} },
+    { type: 'BudgetReserved', data: v1Reserved, metadata: { schema_version: 1 } },
+  ];
+  const [openedV2, reservedV2] = stored.map((e) => meterEvents.parse(e as never));
+  assert.equal(openedV2, opened({ carried_holds: [carriedHold] }));
+  assert.equal(reservedV2, r1);
+});
+leasing.run();
+
+// ---------------------------------------------------------------------------------------------
+
 const storage = suite('meter decider: events as stored');
 /** A day that produces every event type, decided command after command. */
 const dayOfCommands: MeterCommand[] = [
@@ -515,7 +593,7 @@ const dayOfCommands: MeterCommand[] = [
   { type: 'Renew', requestId: 'b', expiresAt: at('12:20:00.000'), now: at('12:05:00.000') },
   settle('a', 10, 55),
   { type: 'Expire', requestId: 'b', now: at('12:20:00.000') },
-  reserve({ id: 'c', budget: { monthly_token_budget: 500 } }),
+  reserve({ id: 'c', budget: { monthly_token_budget: 500 }, lease: { holder: 'gw-a', ttlMs: 10_000 } }),
   { type: 'RecordRejection', facts: facts('d'), code: 'rate_limited', status: 429, inputTokens: 3, latencyMs: 0.2, now: noon },
   { type: 'CloseMeter', nextDay: '2026-11-25', now: at('00:00:00.050', '2026-11-25') },
 ];

@@ -50,9 +50,10 @@ it("a completion reserves its worst case, then settles the engine's real usage, 
   assert.is(res.status, 200);
   const body = await json(res);
   const events = await settledCount(gw, key, 1);
-  assert.equal(events.map((e) => e.type), ['MeterOpened', 'BudgetReserved', 'UsageSettled']);
-  const reserved = events[1].data as Extract<MeterEvent, { type: 'BudgetReserved' }>['data'];
-  const settled = events[2].data as Extract<MeterEvent, { type: 'UsageSettled' }>['data'];
+  // The key's first request in this process takes a slot lease of one (see SlotsLeased).
+  assert.equal(events.map((e) => e.type), ['MeterOpened', 'SlotsLeased', 'BudgetReserved', 'UsageSettled']);
+  const reserved = events[2].data as Extract<MeterEvent, { type: 'BudgetReserved' }>['data'];
+  const settled = events[3].data as Extract<MeterEvent, { type: 'UsageSettled' }>['data'];
   assert.is(reserved.input_tokens, body.usage.prompt_tokens);
   assert.is(reserved.output_tokens, 7);
   assert.is(settled.input_tokens, body.usage.prompt_tokens);

@@ -68,8 +68,8 @@ it('a reservation stored but unacknowledged is answered store_unavailable and re
   }
   await until('the hold released', async () => (await meterOf(store, keyId)).some((e) => e.type === 'UsageSettled'), 5_000, 25);
   const events = await meterOf(store, keyId);
-  assert.equal(events.map((e) => e.type), ['MeterOpened', 'BudgetReserved', 'UsageSettled']);
-  const settled = events[2];
+  assert.equal(events.map((e) => e.type), ['MeterOpened', 'SlotsLeased', 'BudgetReserved', 'UsageSettled']);
+  const settled = events[3];
   assert.ok(settled.type === 'UsageSettled' && settled.data.input_tokens === 0 && settled.data.output_tokens === 0 && settled.data.status === 503);
   await metering.stop();
 });
@@ -83,8 +83,8 @@ it('a settlement the store refused is tried again and stored with the real usage
   await admission.durable;
   await metering.settle(admission, req.facts, { inputTokens: 5, outputTokens: 42, status: 200, latencyMs: 3, gpuSeconds: 0.01, cost: 0, disconnected: false });
   const events = await meterOf(store, keyId);
-  assert.equal(events.map((e) => e.type), ['MeterOpened', 'BudgetReserved', 'UsageSettled']);
-  const settled = events[2];
+  assert.equal(events.map((e) => e.type), ['MeterOpened', 'SlotsLeased', 'BudgetReserved', 'UsageSettled']);
+  const settled = events[3];
   assert.ok(settled.type === 'UsageSettled' && settled.data.output_tokens === 42, 'the real usage, not the whole hold');
   await metering.stop();
 });

@@ -39,7 +39,7 @@ export class MeterDriver {
 
   /** Opens `day` with the balance of `from` (the previous meter day, same month) and its open holds. */
   async open(day: string, now: string, from: string | null = null): Promise<void> {
-    let opening: MeterOpening = { key_id: this.keyId, day, month_input_tokens: 0, month_output_tokens: 0, carried_from: null, carried_holds: [], recent_starts: [] };
+    let opening: MeterOpening = { key_id: this.keyId, day, month_input_tokens: 0, month_output_tokens: 0, carried_from: null, carried_holds: [], carried_leases: [], recent_starts: [] };
     if (from) {
       const prev = await this.state(from);
       const sameMonth = from.slice(0, 7) === day.slice(0, 7);
@@ -48,7 +48,7 @@ export class MeterDriver {
         month_input_tokens: sameMonth ? prev.monthInput : 0,
         month_output_tokens: sameMonth ? prev.monthOutput : 0,
         carried_from: sameMonth ? from : null,
-        carried_holds: Object.entries(prev.holds).map(([request_id, h]) => ({ request_id, day: h.day, input_tokens: h.input, output_tokens: h.output, at: h.at, expires_at: h.expiresAt })),
+        carried_holds: Object.entries(prev.holds).map(([request_id, h]) => ({ request_id, day: h.day, input_tokens: h.input, output_tokens: h.output, at: h.at, expires_at: h.expiresAt, lease_holder: h.lease })),
         recent_starts: [...prev.starts],
       };
     }
