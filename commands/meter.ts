@@ -15,6 +15,7 @@ import {
   RequestRejected,
   ReservationExpired,
   ReservationRenewed,
+  SlotLeaseRenewed,
   SlotsLeased,
   UsageSettled,
   type MeterEvent,
@@ -140,6 +141,10 @@ export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRe
       }
       case 'SlotsLeased':
         return { ...state, leases: { ...state.leases, [event.data.holder]: { slots: event.data.slots, expiresAt: event.data.expires_at } } };
+      case 'SlotLeaseRenewed': {
+        const lease = state.leases[event.data.holder];
+        return lease ? { ...state, leases: { ...state.leases, [event.data.holder]: { ...lease, expiresAt: event.data.expires_at } } } : state;
+      }
       case 'ReservationRenewed': {
         const hold = state.holds[event.data.request_id];
         return hold ? { ...state, holds: { ...state.holds, [event.data.request_id]: { ...hold, expiresAt: event.data.expires_at } } } : state;
@@ -314,18 +319,24 @@ function reserve(command: Extract<MeterCommand, { type: 'Reserve' }>, state: Met
     return reject('rate_limited', `more than ${command.limits.perMinute} request starts in the last minute`, { retry_after_seconds: retryAfterSeconds });
   }
   // A slot: in this process's standing lease if it has room; else one more slot for the lease (or for
-  // the hold alone) if the key has one free. A lease close to lapsing is renewed with the reservation.
+  // the hold alone) if the key has one free. A lease in its second half is renewed alongside (the
+  // lease as it stands still covers the append by a wide margin); one in its last quarter is taken
+  // again, as if new, so the reservation waits for it.
   const holder = command.lease?.holder ?? null;
+  const leaseTtlMs = command.lease?.ttlMs ?? 0;
   const lease = holder === null ? null : standingLease(state, holder, now);
+  const left = lease === null ? 0 : Date.parse(lease.expiresAt) - now;
   const inLease = lease !== null && holdsUnder(state, holder!) < lease.slots;
   if (!inLease && activeSlots(state, now) >= command.limits.maxActive) {
     return reject('at_capacity', `${command.limits.maxActive} requests of this key are already running`);
   }
-  const leaseTtlMs = command.lease?.ttlMs ?? 0;
+  const until = new Date(now + leaseTtlMs).toISOString();
   const leased =
-    holder === null || (inLease && Date.parse(lease!.expiresAt) - now >= leaseTtlMs / 2)
+    holder === null || (inLease && left >= leaseTtlMs / 2)
       ? null
-      : SlotsLeased({ holder, slots: inLease ? lease!.slots : holdsUnder(state, holder) + 1, expires_at: new Date(now + leaseTtlMs).toISOString(), at: command.now });
+      : inLease && left >= leaseTtlMs / 4
+        ? SlotLeaseRenewed({ holder, expires_at: until, at: command.now })
+        : SlotsLeased({ holder, slots: inLease ? lease!.slots : holdsUnder(state, holder) + 1, expires_at: until, at: command.now });
   const room = outputRoom(state, command.budgets, command.inputTokens);
   let binding: BudgetName | null = null;
   for (const name of budgetNames) if (binding === null || room[name] < room[binding]) binding = name;

@@ -105,14 +105,17 @@ export const BudgetReserved = defineEvent(
 );
 
 /**
- * A gateway process took, grew, renewed or shrank its lease on the key's active slots (`slots` is the
- * lease's size from here on). Taken and grown by a reservation that waits to be durable before its
- * engine call; while it stands, the holder's later reservations that fit in it start their engine
+ * A gateway process took, grew or shrank its lease on the key's active slots (`slots` is the lease's
+ * size from here on). Taken and grown by a reservation that waits to be durable before its engine
+ * call; while it stands, the holder's later reservations that fit in it start their engine
  * call at once, their append alongside: no other process can take those slots meanwhile, so the
  * key's active cap holds at the engine across processes. Shrunk by the holder's settlements to what
  * it runs and has waiting (at least one slot); a lease nobody renews lapses at `expires_at`.
  */
 export const SlotsLeased = defineEvent('SlotsLeased', Type.Object({ ...SlotLease.properties, at: Instant }, { additionalProperties: false }));
+
+/** The holder's standing lease was renewed, its size unchanged, by a reservation made in it while it still had a quarter or more of its time. */
+export const SlotLeaseRenewed = defineEvent('SlotLeaseRenewed', Type.Object({ holder: Type.String(), expires_at: Instant, at: Instant }, { additionalProperties: false }));
 
 export const ReservationRenewed = defineEvent(
   'ReservationRenewed',
@@ -183,6 +186,7 @@ export const meterEvents = eventCatalogue('meter', [
   MeterClosed,
   BudgetReserved,
   SlotsLeased,
+  SlotLeaseRenewed,
   ReservationRenewed,
   UsageSettled,
   ReservationExpired,
@@ -191,6 +195,7 @@ export const meterEvents = eventCatalogue('meter', [
 ]);
 export type MeterEvent =
   | EventOf<typeof SlotsLeased>
+  | EventOf<typeof SlotLeaseRenewed>
   | EventOf<typeof MeterOpened>
   | EventOf<typeof MeterClosed>
   | EventOf<typeof BudgetReserved>

@@ -80,8 +80,9 @@ export interface MeteringOptions {
   /** How often the reaper and the spend check run (default: a quarter of the TTL, at most 15 s). */
   sweepIntervalMs?: number;
   /**
-   * How long a slot lease stands without a reservation renewing it (default: 10 s, or the TTL when
-   * shorter): the longest a process that died keeps idle slots of a key from the other processes.
+   * How long a slot lease stands without a reservation renewing it (default: 60 s, or the TTL when
+   * shorter): the longest a process keeps an idle slot of a key (or, if it died, the idle slots of
+   * its lease) from the other processes. Its holds last the reservation TTL either way.
    */
   slotLeaseTtlMs?: number;
   now?: () => Date;
@@ -128,7 +129,7 @@ export class Metering {
     this.#ttlMs = options.reservationTtlMs;
     this.#spendCap = options.dailySpendCap;
     this.#sweepMs = options.sweepIntervalMs ?? Math.min(15_000, Math.max(50, Math.floor(options.reservationTtlMs / 4)));
-    this.#leaseTtlMs = options.slotLeaseTtlMs ?? Math.min(10_000, options.reservationTtlMs);
+    this.#leaseTtlMs = options.slotLeaseTtlMs ?? Math.min(60_000, options.reservationTtlMs);
     this.#now = options.now ?? (() => new Date());
   }
 
@@ -232,7 +233,7 @@ export class Metering {
       throw rejectionToApiError(outcome.rejection);
     }
     const reservation = reservationFrom(keyId, day, stream, outcome.newEvents);
-    // In the lease as it stood, unchanged: no other process can take this slot, so the engine may start now.
+    // In the lease as it stands (renewed alongside at most): no other process can take this slot, so the engine may start now.
     const startNow = outcome.newEvents.every((e) => e.type !== 'SlotsLeased') && outcome.newEvents.some((e) => e.type === 'BudgetReserved' && e.data.lease_holder !== null);
     const voiding = new AbortController();
     this.#running.set(reservation.requestId, { ...reservation, expiresAt: now.getTime() + this.#ttlMs });

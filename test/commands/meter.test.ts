@@ -16,6 +16,7 @@ import {
   RequestRejected,
   ReservationExpired,
   ReservationRenewed,
+  SlotLeaseRenewed,
   SlotsLeased,
   UsageSettled,
   utcDay,
@@ -541,11 +542,15 @@ leasing('a lapsed lease counts for nothing: its holds take a slot each, and a ne
   spec.given(given).when(reserve({ lease: asA })).then([leased(3), reserved({ holder: 'gw-a' })]);
   spec.given([...given, ...holds(14)]).when(reserve({ lease: asA })).thenRejects('at_capacity');
 });
-leasing('a lease with less than half its time left is renewed by the reservation, at its size', () => {
-  const closeToLapsing = leased(3, { expires: iso(ms(noon) + leaseTtl / 2 - 1) });
-  spec.given([opened(), closeToLapsing]).when(reserve({ lease: asA })).then([leased(3), reserved({ holder: 'gw-a' })]);
-  const halfLeft = leased(3, { expires: iso(ms(noon) + leaseTtl / 2) });
-  spec.given([opened(), halfLeft]).when(reserve({ lease: asA })).then([reserved({ holder: 'gw-a' })]);
+leasing('a lease in its second half is renewed alongside the reservation; in its last quarter it is taken again (the reservation waits)', () => {
+  const lasting = (left: number) => leased(3, { expires: iso(ms(noon) + left) });
+  spec.given([opened(), lasting(leaseTtl / 2)]).when(reserve({ lease: asA })).then([reserved({ holder: 'gw-a' })]);
+  const renewed = SlotLeaseRenewed({ holder: 'gw-a', expires_at: iso(ms(noon) + leaseTtl), at: noon });
+  spec.given([opened(), lasting(leaseTtl / 2 - 1)]).when(reserve({ lease: asA })).then([renewed, reserved({ holder: 'gw-a' })]);
+  spec.given([opened(), lasting(leaseTtl / 4)]).when(reserve({ lease: asA })).then([renewed, reserved({ holder: 'gw-a' })]);
+  spec.given([opened(), lasting(leaseTtl / 4 - 1)]).when(reserve({ lease: asA })).then([leased(3), reserved({ holder: 'gw-a' })]);
+  // Renewed, the lease keeps its size and lasts the whole TTL again.
+  spec.given([opened(), lasting(leaseTtl / 2 - 1)]).when(reserve({ lease: asA })).thenState((state) => assert.equal(state.leases['gw-a'], { slots: 3, expiresAt: iso(ms(noon) + leaseTtl) }));
 });
 leasing('a settlement shrinks its lease to the requests its holder still runs and has waiting, never under one slot', () => {
   const given = [opened(), leased(4), underA('w'), underA('x'), underA('y')];
@@ -593,7 +598,10 @@ const dayOfCommands: MeterCommand[] = [
   { type: 'Renew', requestId: 'b', expiresAt: at('12:20:00.000'), now: at('12:05:00.000') },
   settle('a', 10, 55),
   { type: 'Expire', requestId: 'b', now: at('12:20:00.000') },
-  reserve({ id: 'c', budget: { monthly_token_budget: 500 }, lease: { holder: 'gw-a', ttlMs: 10_000 } }),
+  // e takes a slot lease and settles inside it (nothing used but its prompt); c renews the lease in its second half.
+  reserve({ id: 'e', budget: { monthly_token_budget: 500 }, lease: { holder: 'gw-a', ttlMs: 10_000 } }),
+  { ...settle('e', 10, 0, at('12:00:01.000')), lease: { holder: 'gw-a', waiting: 0 } },
+  reserve({ id: 'c', budget: { monthly_token_budget: 500 }, lease: { holder: 'gw-a', ttlMs: 10_000 }, now: at('12:00:06.000') }),
   { type: 'RecordRejection', facts: facts('d'), code: 'rate_limited', status: 429, inputTokens: 3, latencyMs: 0.2, now: noon },
   { type: 'CloseMeter', nextDay: '2026-11-25', now: at('00:00:00.050', '2026-11-25') },
 ];
@@ -619,8 +627,9 @@ storage('events stored as JSON and parsed back evolve to the same state', () => 
   const { events, state } = run(dayOfCommands);
   const reloaded = events.map((e) => meterEvents.parse(JSON.parse(JSON.stringify({ type: e.type, data: e.data, metadata: { schema_version: meterEvents.versionOf(e.type) } }))));
   assert.equal(foldEvents(meterDecider, meterDecider.initialState(), reloaded), state);
-  // And the figures are the ones the rules give: 7 + 10 (carried) + 10 (a) + 10 (b, expired) input; b clamped by the day to 60 × 3, all charged on expiry.
-  assert.equal([state.monthInput, state.monthOutput], [37, 9 + 12 + 55 + 60 * 3]);
+  // And the figures are the ones the rules give: 7 + 10 (carried) + 10 (a) + 10 (b, expired) + 10 (e) input; b clamped by the day to 60 × 3, all charged on expiry.
+  assert.equal([state.monthInput, state.monthOutput], [47, 9 + 12 + 55 + 60 * 3]);
+  assert.equal(state.leases, { 'gw-a': { slots: 1, expiresAt: at('12:00:16.000') } });
   assert.equal(Object.keys(state.holds), ['c']);
 });
 storage.run();
