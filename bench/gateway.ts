@@ -12,6 +12,12 @@
 // the whole run (so under 600 in any minute) unless the pool is too small, in which case the metered
 // gateway answers 429 and the bench fails rather than report it.
 //
+// Against the 20 ms engine the bench reports two figures, because a metered key's first request in a
+// gateway process takes that process's slot lease on the key and waits for the append before the
+// engine call, while a key in steady use starts the call at once (README, "slot leases"): first one
+// request on each of BENCH_FRESH_KEYS (default 100) unused keys, then, after one request on every key
+// of the pool, the steady-state rounds.
+//
 // Store: with DATABASE_URL each gateway gets a fresh PostgreSQL database of its own (created next to the
 // one named, dropped at the end); without it, each its own embedded PGlite.
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -26,6 +32,9 @@ import { benchAdminToken, issueKeys, memoryOf, percentile, root, scratchDatabase
 const parts = new Set((process.env.BENCH_PARTS ?? 'latency,slow,throughput,relay').split(','));
 const keyCount = Number(process.env.BENCH_KEYS ?? 384);
 const throughputSeconds = Number(process.env.BENCH_SECONDS ?? 10);
+// A key's first request in a process takes the process's slot lease on it (metering waits for that
+// append before the engine call); the slow part samples that on this many unused keys per gateway.
+const freshKeyCount = Number(process.env.BENCH_FRESH_KEYS ?? 100);
 const startedAt = new Date();
 const loadAtStart = loadavg()[0];
 
@@ -79,6 +88,8 @@ async function main(): Promise<void> {
     url: string;
     pid: number;
     keys: string[];
+    /** Keys no request has used, one per first-request sample of the slow part. */
+    fresh: string[];
     next: number;
     sent: number;
   }
@@ -99,7 +110,8 @@ async function main(): Promise<void> {
     }
     const gw = await spawnWithUrl([...(process.env.BENCH_PROF === name ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_PROF_DIR ?? dir}`] : []), 'dist/src/cli/main.js', 'serve'], env, /listening on (http:\/\/\S+)/);
     cleanups.push(() => stop(gw.child));
-    return { name, url: gw.url, pid: gw.child.pid!, keys: await issueKeys(gw.url, keyCount, `gw-${name}`), next: 0, sent: 0 };
+    const keys = await issueKeys(gw.url, keyCount + freshKeyCount, `gw-${name}`);
+    return { name, url: gw.url, pid: gw.child.pid!, keys: keys.slice(0, keyCount), fresh: keys.slice(keyCount), next: 0, sent: 0 };
   }
   const on = await startGateway('on');
   const off = await startGateway('off');
@@ -121,8 +133,8 @@ async function main(): Promise<void> {
   cleanups.push(() => dispatcher.close());
 
   /** A target: a URL, a body, and the gateway whose keys it uses (none: the engine, which takes a dummy header). */
-  type Target = { url: string; payload: string; gw: Gw | null };
-  const auth = (t: Target) => (t.gw ? keyOf(t.gw) : 'Bearer direct');
+  type Target = { url: string; payload: string; gw: Gw | null; key?: string };
+  const auth = (t: Target) => (t.key ? `Bearer ${t.key}` : t.gw ? keyOf(t.gw) : 'Bearer direct');
 
   async function timeOne(t: Target, firstByte: boolean): Promise<number> {
     const started = performance.now();
@@ -245,6 +257,21 @@ async function main(): Promise<void> {
   const slowGapMs = Number(process.env.BENCH_SLOW_GAP_MS ?? 0);
   const slowRounds = 4;
   const slowPerRound = 250;
+  // First, each fresh key's first request (direct, on, off interleaved): the metered one takes its slot lease.
+  const firstUse = { direct: [] as number[], on: [] as number[], off: [] as number[] };
+  const unused = { direct: { before: [] as number[], after: [] as number[] }, on: { before: [] as number[], after: [] as number[] }, off: { before: [] as number[], after: [] as number[] } };
+  if (parts.has('slow')) {
+    for (let i = 0; i < freshKeyCount; i++) {
+      firstUse.direct.push(await timeSplit({ url: `${slowEngine.url}/v1/completions`, payload: slowEngineBody, gw: null }, unused.direct));
+      firstUse.on.push(await timeSplit({ ...gwTarget(on, slowBody), key: on.fresh[i] }, unused.on));
+      firstUse.off.push(await timeSplit({ ...gwTarget(off, slowBody), key: off.fresh[i] }, unused.off));
+    }
+    // Then one request on every key of the pool, as a key in steady use has had in the last minute.
+    for (let i = 0; i < keyCount; i++) {
+      await timeOne(gwTarget(on, slowBody), false);
+      await timeOne(gwTarget(off, slowBody), false);
+    }
+  }
   for (let r = 0; r < (parts.has('slow') ? slowRounds : 0); r++) {
     slow.direct.push(await slowLatency({ url: `${slowEngine.url}/v1/completions`, payload: slowEngineBody, gw: null }, split.direct, slowPerRound, 20, slowGapMs));
     slow.on.push(await slowLatency(gwTarget(on, slowBody), split.on, slowPerRound, 20, slowGapMs));
@@ -291,7 +318,8 @@ async function main(): Promise<void> {
     `gateway overhead bench, metering on vs off (store: ${storeKind}) — ${startedAt.toISOString()} to ${new Date().toISOString()} — ${cpus().length} cores (${cpus()[0]?.model}), ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.version}, load average ${loadAtStart.toFixed(1)} at start, ${loadavg()[0].toFixed(1)} at end`,
     `non-streaming latency ms, engine answers at once (median of ${rounds} rounds x ${perRound}): direct p50 ${f(col(fast.direct, 'p50'))} p99 ${f(col(fast.direct, 'p99'))} | metering on p50 ${f(col(fast.on, 'p50'))} p99 ${f(col(fast.on, 'p99'))}, added p50 ${added(fast.on, fast.direct, 'p50')} p99 ${added(fast.on, fast.direct, 'p99')} | metering off p50 ${f(col(fast.off, 'p50'))} p99 ${f(col(fast.off, 'p99'))}, added p50 ${added(fast.off, fast.direct, 'p50')} p99 ${added(fast.off, fast.direct, 'p99')}`,
     `streaming time to first byte ms (median of ${rounds} rounds x ${perRound / 2}): direct p50 ${f(col(ttfb.direct, 'p50'))} | metering on p50 ${f(col(ttfb.on, 'p50'))}, added p50 ${added(ttfb.on, ttfb.direct, 'p50')} p99 ${added(ttfb.on, ttfb.direct, 'p99')} | metering off p50 ${f(col(ttfb.off, 'p50'))}, added p50 ${added(ttfb.off, ttfb.direct, 'p50')} p99 ${added(ttfb.off, ttfb.direct, 'p99')}`,
-    `non-streaming latency ms, engine takes 20 ms (median of ${slowRounds} rounds x ${slowPerRound}${slowGapMs > 0 ? `, ${slowGapMs} ms between requests` : ''}): direct p50 ${f(col(slow.direct, 'p50'))} p99 ${f(col(slow.direct, 'p99'))} | metering on p50 ${f(col(slow.on, 'p50'))}, added p50 ${added(slow.on, slow.direct, 'p50')} p99 ${added(slow.on, slow.direct, 'p99')} | metering off p50 ${f(col(slow.off, 'p50'))}, added p50 ${added(slow.off, slow.direct, 'p50')} p99 ${added(slow.off, slow.direct, 'p99')} | metering's own share at p50 (on - off) ${f(col(slow.on, 'p50') - col(slow.off, 'p50'))} (target < 0.5)`,
+    `non-streaming latency ms, engine takes 20 ms, keys in steady use (median of ${slowRounds} rounds x ${slowPerRound}${slowGapMs > 0 ? `, ${slowGapMs} ms between requests` : ''}): direct p50 ${f(col(slow.direct, 'p50'))} p99 ${f(col(slow.direct, 'p99'))} | metering on p50 ${f(col(slow.on, 'p50'))}, added p50 ${added(slow.on, slow.direct, 'p50')} p99 ${added(slow.on, slow.direct, 'p99')} | metering off p50 ${f(col(slow.off, 'p50'))}, added p50 ${added(slow.off, slow.direct, 'p50')} p99 ${added(slow.off, slow.direct, 'p99')} | metering's own share at p50 (on - off) ${f(col(slow.on, 'p50') - col(slow.off, 'p50'))} (target < 0.5)`,
+    `a key's first request in its gateway process, engine takes 20 ms (${freshKeyCount} fresh keys, one request each; metered, it takes the process's slot lease, so the engine waits for that append): direct p50 ${f(median(firstUse.direct))} | metering on p50 ${f(median(firstUse.on))}, added ${f(median(firstUse.on) - median(firstUse.direct))} | metering off p50 ${f(median(firstUse.off))}, added ${f(median(firstUse.off) - median(firstUse.direct))} | on - off ${f(median(firstUse.on) - median(firstUse.off))}`,
     `  split at the engine, p50 ms (before: sent until the engine had it; after: engine answered until the client had it; offsets between clocks cancel in on - off): direct before ${f(median(split.direct.before))} after ${f(median(split.direct.after))} | metering on before ${f(median(split.on.before))} after ${f(median(split.on.after))} | metering off before ${f(median(split.off.before))} after ${f(median(split.off.after))} | on - off: before ${f(median(split.on.before) - median(split.off.before))}, after ${f(median(split.on.after) - median(split.off.after))}`,
     `requests/s at 64 connections (${throughputSeconds} s each, autocannon in-process; runs in order direct, off, on, on, off): direct ${rps.direct.map(Math.round).join(', ')} | metering off ${rps.off.map(Math.round).join(', ')} (mean ${Math.round(mean(rps.off))}) | metering on ${rps.on.map(Math.round).join(', ')} (mean ${Math.round(mean(rps.on))}) | on/off ${(mean(rps.on) / mean(rps.off)).toFixed(2)} (target >= 0.70)`,
     relayLine(on),

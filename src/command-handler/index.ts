@@ -59,6 +59,11 @@ export interface CommandOptions {
   metadata?: Record<string, unknown>;
   /** Pin the expected version (a client's If-Match, say): a conflict then rejects `durable`, it is not decided again. */
   expectedVersion?: ExpectedVersion;
+  /**
+   * For a write nothing waits on at once (a settlement, say): its append may wait this long for later
+   * decisions on the stream to leave with it. A decision without it sends what is pending at once.
+   */
+  lingerMs?: number;
 }
 
 export interface CommandHandlerOptions {
@@ -115,6 +120,8 @@ interface Slot {
   catchingUp: Promise<void> | null;
   /** Another writer may have changed the stream: catch up before the next decision. */
   stale: boolean;
+  /** Pending decisions that may linger (CommandOptions.lingerMs) leave when this fires, or with the next decision that may not. */
+  lingering: NodeJS.Timeout | null;
   /** Conflicts since this slot's last stored append. */
   conflicts: number;
 }
@@ -237,7 +244,9 @@ export class CommandHandler {
     else {
       const tracked = durable.catch(() => {}).finally(() => this.#underway.delete(tracked));
       this.#underway.add(tracked);
-      this.#flush(slot);
+      const linger = options.lingerMs ?? 0;
+      if (linger <= 0) this.#flush(slot);
+      else slot.lingering ??= setTimeout(() => this.#flush(slot), linger);
     }
     return { outcome: decided, superseded: entry.controller.signal, durable };
   }
@@ -280,6 +289,8 @@ export class CommandHandler {
   // --- becoming durable -----------------------------------------------------------------------
 
   #flush(slot: Slot): void {
+    if (slot.lingering) clearTimeout(slot.lingering);
+    slot.lingering = null;
     if (slot.inflight || slot.catchingUp || slot.pending.length === 0) return;
     // One append at a time per stream; it takes every decision made meanwhile, up to a pinned one (sent alone).
     const pinnedAt = slot.pending.findIndex((e) => e.options.expectedVersion !== undefined);
@@ -423,7 +434,7 @@ export class CommandHandler {
 
   async #loadSlot(streamId: string, decider: Decider<unknown, unknown, DomainEvent, Rejection>): Promise<Slot> {
     const initial = { state: decider.initialState(), version: 0 };
-    const slot: Slot = { streamId, decider, confirmed: initial, latest: initial, recent: new Map(), inflight: null, pending: [], catchingUp: null, stale: false, conflicts: 0 };
+    const slot: Slot = { streamId, decider, confirmed: initial, latest: initial, recent: new Map(), inflight: null, pending: [], catchingUp: null, stale: false, lingering: null, conflicts: 0 };
     await this.#catchUp(slot);
     slot.latest = { ...slot.confirmed };
     this.#trimCache(); // make room first: the new slot stays at least until its first decision

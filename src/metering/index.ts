@@ -80,6 +80,12 @@ export interface MeteringOptions {
   /** How often the reaper and the spend check run (default: a quarter of the TTL, at most 15 s). */
   sweepIntervalMs?: number;
   /**
+   * How long a settlement's (or a refused request's record's) append may wait for later decisions on
+   * the key's meter to leave with it (default 5 ms): decided in memory at once, it is written off the
+   * path of the client's next request rather than in front of it.
+   */
+  settleLingerMs?: number;
+  /**
    * How long a slot lease stands without a reservation renewing it (default: 60 s, or the TTL when
    * shorter): the longest a process keeps an idle slot of a key (or, if it died, the idle slots of
    * its lease) from the other processes. Its holds last the reservation TTL either way.
@@ -107,6 +113,7 @@ export class Metering {
   readonly #spendCap: number | null;
   readonly #sweepMs: number;
   readonly #leaseTtlMs: number;
+  readonly #lingerMs: number;
   /** This process's name on its slot leases. */
   readonly #holder = randomUUID();
   readonly #now: () => Date;
@@ -129,6 +136,7 @@ export class Metering {
     this.#ttlMs = options.reservationTtlMs;
     this.#spendCap = options.dailySpendCap;
     this.#sweepMs = options.sweepIntervalMs ?? Math.min(15_000, Math.max(50, Math.floor(options.reservationTtlMs / 4)));
+    this.#lingerMs = options.settleLingerMs ?? 5;
     this.#leaseTtlMs = options.slotLeaseTtlMs ?? Math.min(60_000, options.reservationTtlMs);
     this.#now = options.now ?? (() => new Date());
   }
@@ -189,6 +197,7 @@ export class Metering {
         .handle(meterStream(keyId, utcDay(now)), { type: 'RecordRejection', facts, code, status, inputTokens, latencyMs, now: now.toISOString() }, meterDecider, {
           commandId: `rejected:${facts.request_id}`,
           metadata: { request_id: facts.request_id },
+          lingerMs: this.#lingerMs,
         })
         .catch((error) => this.#logger.error({ err: String(error), request_id: facts.request_id }, 'recording a rejected request failed')),
     );
@@ -382,7 +391,7 @@ export class Metering {
         reservation.stream,
         { type: 'Settle', facts, ...usage, lease: { holder: this.#holder, waiting: this.#queues.get(reservation.keyId)?.length ?? 0 }, now: now.toISOString() },
         meterDecider,
-        { commandId: `settle:${reservation.requestId}`, metadata: { request_id: reservation.requestId } },
+        { commandId: `settle:${reservation.requestId}`, metadata: { request_id: reservation.requestId }, lingerMs: this.#lingerMs },
       );
       await this.#releaseCarried(reservation.keyId, reservation.day, reservation.requestId, usage.inputTokens, usage.outputTokens, now);
     }, reservation.requestId, 'settlement');

@@ -63,17 +63,23 @@ export class GroupCommitter {
   }
 
   /**
-   * Batches leave at the end of the current turn of the event loop, not at the first append: callers
+   * Batches leave at the end of the next turn of the event loop, not at the first append: callers
    * woken by the previous batch's acknowledgements append in the same turn, and all of them go in one
-   * batch instead of the first going alone.
+   * batch instead of the first going alone. The next turn, not this one: socket writes this turn
+   * scheduled for its end (undici writes a request on a reused connection from a setImmediate, such as
+   * the engine call a reservation in a standing slot lease starts alongside its append) go first. On
+   * this VM a write to a socket whose reader sleeps costs the writer ~0.5 ms while it wakes that
+   * process; the engine call should not wait for PostgreSQL's wake-up (BENCHMARKS.md, slot leases).
    */
   #schedulePump(): void {
     if (this.#pumpScheduled) return;
     this.#pumpScheduled = true;
-    setImmediate(() => {
-      this.#pumpScheduled = false;
-      this.#pump();
-    });
+    setImmediate(() =>
+      setImmediate(() => {
+        this.#pumpScheduled = false;
+        this.#pump();
+      }),
+    );
   }
 
   #pump(): void {

@@ -201,6 +201,27 @@ it('decisions are made in memory at once; 64 commands on one stream take two app
   assert.is((await store.readStream(id)).version, 64);
 });
 
+it('a lingering decision waits for its linger, or leaves at once with the next decision that may not wait', async ({ store }) => {
+  const { store: counted, counts } = counting(store);
+  const handler = new CommandHandler({ store: counted });
+  const id = stream();
+  await handler.load(id, tickets);
+  const started = performance.now();
+  const lingering = await handler.decide(id, { type: 'Note', text: 'settled' }, tickets, { lingerMs: 60 });
+  await new Promise((r) => setTimeout(r, 20));
+  assert.is(counts.appends, 0, 'not sent before its linger passed');
+  await lingering.durable;
+  assert.ok(performance.now() - started >= 55, 'sent once the linger passed');
+  assert.is(counts.appends, 1);
+
+  const first = await handler.decide(id, { type: 'Note', text: 'settled' }, tickets, { lingerMs: 60_000 });
+  const urgent = await handler.decide(id, issue, tickets);
+  const [a, b] = await Promise.all([first.durable, urgent.durable]);
+  assert.equal([a.version, b.version], [2, 3]);
+  assert.is(counts.appends, 2, 'the lingering decision left with the urgent one, in one append');
+  await handler.settled();
+});
+
 it('commands on one stream never conflict with each other inside the process', async ({ store }) => {
   const { store: counted, counts } = counting(store);
   const handler = new CommandHandler({ store: counted, cacheSize: 0 });

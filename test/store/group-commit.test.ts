@@ -25,7 +25,8 @@ function recorder(maxInFlight = 1, maxBatchEvents = 1000) {
       return decide(batch);
     },
   });
-  const turn = () => new Promise((r) => setImmediate(r));
+  // A batch leaves at the end of the turn after the one its first append came in.
+  const turn = () => new Promise((r) => setImmediate(() => setImmediate(r)));
   return {
     committer,
     batches,
