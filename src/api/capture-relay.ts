@@ -8,8 +8,11 @@ import { apiError } from '../errors/index.ts';
 import type { EngineResponse } from '../engine-client/index.ts';
 
 export interface CheckedCapture {
-  /** The engine's body, byte for byte: the chunks held while deciding, then the rest as it arrives. */
-  body: Readable;
+  /**
+   * The engine's body, byte for byte: the whole of it, in the chunks it arrived in, when it was all
+   * held to decide (vLLM's case); else a stream of the chunks held while deciding, then the rest as it arrives.
+   */
+  body: Buffer[] | Readable;
   /** Content-Length to send, when known (the whole body was held, or the engine announced it). */
   length: number | null;
   codec: CodecLocation;
@@ -67,33 +70,21 @@ export async function checkCapture(upstream: EngineResponse, expectedLayers: num
 
   const announced = Number(upstream.headers['content-length'] ?? NaN);
   const length = ended ? heldBytes : Number.isSafeInteger(announced) ? announced : null;
-  // Each held chunk is let go once handed on, so the body leaves memory as it is sent. A whole body is
-  // pushed synchronously (no promise per chunk); an envelope that closed early is followed by the rest
-  // of the engine's body as it arrives, with backpressure.
+  if (ended) return { body: held as Buffer[], length, codec };
+  // Each held chunk is let go once handed on; the rest of the engine's body follows as it arrives,
+  // with backpressure.
   let next = 0;
-  const body = ended
-    ? new Readable({
-        highWaterMark: 256 * 1024,
-        read() {
-          while (next < held.length) {
-            const chunk = held[next]!;
-            held[next++] = undefined;
-            if (!this.push(chunk)) return;
-          }
-          this.push(null);
-        },
-      })
-    : Readable.from(
-        (async function* () {
-          while (next < held.length) {
-            const chunk = held[next]!;
-            held[next++] = undefined;
-            yield chunk;
-          }
-          for await (const chunk of { [Symbol.asyncIterator]: () => source }) yield chunk as Buffer;
-        })(),
-        { objectMode: false, highWaterMark: 256 * 1024 },
-      );
+  const body = Readable.from(
+    (async function* () {
+      while (next < held.length) {
+        const chunk = held[next]!;
+        held[next++] = undefined;
+        yield chunk;
+      }
+      for await (const chunk of { [Symbol.asyncIterator]: () => source }) yield chunk as Buffer;
+    })(),
+    { objectMode: false, highWaterMark: 256 * 1024 },
+  );
   body.once('close', () => upstream.body.destroy());
   return { body, length, codec };
 }

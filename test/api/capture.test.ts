@@ -21,8 +21,8 @@ capture.after(async () => {
 const POSITIONS = 129;
 const BYTES_11MB = 4 * Math.ceil((16 * POSITIONS * 2048 * 2) / 3);
 
-function viaGateway(req: Record<string, unknown>) {
-  return postHashed(`${gw.url}/v1/completions`, JSON.stringify(req), undefined, gw.authHeaders());
+function viaGateway(req: Record<string, unknown>, headers: Record<string, string> = {}) {
+  return postHashed(`${gw.url}/v1/completions`, JSON.stringify(req), undefined, { ...gw.authHeaders(), ...headers });
 }
 
 function assertUpstreamError(res: Awaited<ReturnType<typeof postHashed>>, status: number, code: string): any {
@@ -40,13 +40,16 @@ capture('every layer: the engine body arrives byte-identical, with its length', 
   const direct = await postHashed(`${stub.url}/v1/completions`, engineCaptureBody(req));
   assert.is(direct.status, 200);
   assert.ok(direct.bytes > BYTES_11MB && direct.bytes < BYTES_11MB + 1024, String(direct.bytes));
-  const relayed = await viaGateway(req);
+  const relayed = await viaGateway(req, { origin: 'https://notebook.example', 'x-request-id': 'capture-headers-1' });
   assert.is(relayed.status, 200, relayed.head);
   assert.is(relayed.bytes, direct.bytes);
   assert.is(relayed.sha256, direct.sha256);
   assert.is(relayed.headers['content-length'], String(direct.bytes));
   assert.is(relayed.headers['content-type'], 'application/json');
   assert.is(relayed.headers['x-svc-upstream-model'], STUB_CHECKPOINT);
+  // Written straight to the socket (the whole body was held), with every header a reply carries.
+  assert.is(relayed.headers['x-request-id'], 'capture-headers-1');
+  assert.is(relayed.headers['access-control-allow-origin'], '*');
 });
 
 capture('an envelope ahead of the rest of the body is judged there, and the rest streamed through', async () => {
