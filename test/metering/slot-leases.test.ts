@@ -112,23 +112,29 @@ it('slots leased by one process are taken for the other: 16 across both, never m
   assert.is(open.size, 16);
 });
 
-it('a reservation started at once is voided when the other process spent the budget first, and refused', async (context) => {
+/**
+ * p takes its lease with a first request of 5 + 16 tokens (budget 100), settled at 5 + 3; q, which p
+ * has not heard of, then reserves 5 + `qMaxTokens`; p decides its next request on what it last saw
+ * (92 left): in its lease, so its engine call may start at once.
+ */
+async function leasedOnStaleState(context: { store: EventStore; meterings: Metering[] }, qMaxTokens: number): Promise<Admission> {
   const [p, q] = [await process_(context), await process_(context)];
   const keyId = randomUUID().slice(0, 12);
   const budgets: Partial<KeyBudgetValues> = { monthly_token_budget: 100 };
-  // p takes its lease with a first request of 5 + 16 tokens, settled at 8.
   const first = admitRequest(keyId, { budgets });
   const a = await p.admit(first);
   await a.durable;
   await p.settle(a, first.facts, usage);
-  // q, which p has not heard of, reserves 5 + 84: 8 + 89 of 100 are gone, so 3 are left.
-  const big = await q.admit(admitRequest(keyId, { budgets, maxTokens: 84 }));
-  await big.durable;
-  // p decides on what it last saw (92 left): in its lease, so the engine may start now...
+  await (await q.admit(admitRequest(keyId, { budgets, maxTokens: qMaxTokens }))).durable;
   const late = await p.admit(admitRequest(keyId, { budgets }));
   assert.is(late.startNow, true);
   assert.is(late.maxTokens, 16);
-  // ...then its append conflicts, it decides again on fresh state, and the 3 tokens left do not cover its 5 of prompt.
+  return late;
+}
+
+it('a reservation started at once is voided when the other process spent the budget first, and refused', async (context) => {
+  // 8 + 89 of 100 gone: p's append conflicts, it decides again on fresh state, and the 3 tokens left do not cover its 5 of prompt.
+  const late = await leasedOnStaleState(context, 84);
   try {
     await late.durable;
     assert.unreachable('the reservation was stored');
@@ -140,16 +146,7 @@ it('a reservation started at once is voided when the other process spent the bud
 });
 
 it('decided again with fewer tokens, an early reservation is voided and the stored one carries the new max_tokens', async (context) => {
-  const [p, q] = [await process_(context), await process_(context)];
-  const keyId = randomUUID().slice(0, 12);
-  const budgets: Partial<KeyBudgetValues> = { monthly_token_budget: 100 };
-  const first = admitRequest(keyId, { budgets });
-  const a = await p.admit(first);
-  await a.durable;
-  await p.settle(a, first.facts, usage);
-  await (await q.admit(admitRequest(keyId, { budgets, maxTokens: 70 }))).durable; // 8 + 75 gone: 17 left
-  const late = await p.admit(admitRequest(keyId, { budgets }));
-  assert.is(late.startNow, true);
+  const late = await leasedOnStaleState(context, 70); // 8 + 75 gone: 17 left
   const stored = await late.durable;
   assert.ok(late.voided.aborted);
   assert.is(stored.maxTokens, 12, '17 left less 5 of prompt');
