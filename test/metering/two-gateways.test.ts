@@ -180,6 +180,12 @@ if (!databaseUrl) {
     const peak = await engineGauge(context, 'svc_engine_requests_running_peak');
     assert.ok(peak <= 16, `${peak} generations ran at once at the engine`);
     assert.ok(peak > 1, 'requests overlapped');
+    // With slot leases in play: both processes held one, and reservations made in a standing lease (not
+    // taking or growing it in the same append) started their engine call before their append was durable.
+    const holders = new Set(events.flatMap((e) => (e.type === 'SlotsLeased' ? [e.data.holder] : [])));
+    assert.is(holders.size, 2, 'each gateway leased slots');
+    const inLease = events.filter((e, i) => e.type === 'BudgetReserved' && e.data.lease_holder !== null && events[i - 1]?.type !== 'SlotsLeased');
+    assert.ok(inLease.length > 0, 'some engine calls started alongside their append');
   });
 
   it('at most 600 request starts per rolling minute across both gateways', async (context) => {
