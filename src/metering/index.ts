@@ -387,12 +387,16 @@ export class Metering {
     const now = this.#now();
     // The hold stays renewed while the settlement is tried again: the real usage is known here.
     const stored = await this.#persist(async () => {
-      await this.#handler.handle(
+      const decision = await this.#handler.decide(
         reservation.stream,
         { type: 'Settle', facts, ...usage, lease: { holder: this.#holder, waiting: this.#queues.get(reservation.keyId)?.length ?? 0 }, now: now.toISOString() },
         meterDecider,
         { commandId: `settle:${reservation.requestId}`, metadata: { request_id: reservation.requestId }, lingerMs: this.#lingerMs },
       );
+      // Decided, the slot is free in memory: a request waiting here takes it now, not once the lingering
+      // append is stored (its reservation's append takes this one along).
+      this.#wake(reservation.keyId);
+      await decision.durable;
       await this.#releaseCarried(reservation.keyId, reservation.day, reservation.requestId, usage.inputTokens, usage.outputTokens, now);
     }, reservation.requestId, 'settlement');
     // Not stored: the hold stays until the reaper expires it; the budget stays safe, the usage is charged as the whole hold.

@@ -112,6 +112,27 @@ it('slots leased by one process are taken for the other: 16 across both, never m
   assert.is(open.size, 16);
 });
 
+it("a request waiting in a process takes the slot that process's settlement freed at once, before the settlement is stored", async (context) => {
+  const p = await process_(context);
+  const keyId = randomUUID().slice(0, 12);
+  const running: { req: ReturnType<typeof admitRequest>; admission: Admission }[] = [];
+  for (let i = 0; i < 16; i++) {
+    const req = admitRequest(keyId);
+    const admission = await p.admit(req);
+    await admission.durable;
+    running.push({ req, admission });
+  }
+  const waiting = p.admit(admitRequest(keyId));
+  await new Promise((r) => setTimeout(r, 50));
+  let stored = false;
+  const done = running[0];
+  const settling = p.settle(done.admission, done.req.facts, usage).then(() => (stored = true));
+  const admitted = await within(5_000, waiting);
+  assert.is(stored, false, 'admitted while the settlement was still on its way to the store');
+  assert.is(admitted.startNow, true, 'in the lease the settlement left standing');
+  await Promise.all([settling, admitted.durable]);
+});
+
 /**
  * p takes its lease with a first request of 5 + 16 tokens (budget 100), settled at 5 + 3; q, which p
  * has not heard of, then reserves 5 + `qMaxTokens`; p decides its next request on what it last saw
