@@ -224,16 +224,18 @@ export function standingLease(state: MeterState, holder: string, now: number): L
  * under it, if more), and every other hold one slot (a hold whose lease lapsed included).
  */
 export function activeSlots(state: MeterState, now: number): number {
+  const standing = new Map<string, number>();
+  for (const holder of Object.keys(state.leases)) {
+    const lease = standingLease(state, holder, now);
+    if (lease) standing.set(holder, lease.slots);
+  }
   const under = new Map<string, number>();
   let taken = 0;
   for (const hold of Object.values(state.holds)) {
-    if (hold.lease !== null && standingLease(state, hold.lease, now)) under.set(hold.lease, (under.get(hold.lease) ?? 0) + 1);
+    if (hold.lease !== null && standing.has(hold.lease)) under.set(hold.lease, (under.get(hold.lease) ?? 0) + 1);
     else taken += 1;
   }
-  for (const holder of Object.keys(state.leases)) {
-    const lease = standingLease(state, holder, now);
-    if (lease) taken += Math.max(lease.slots, under.get(holder) ?? 0);
-  }
+  for (const [holder, slots] of standing) taken += Math.max(slots, under.get(holder) ?? 0);
   return taken;
 }
 
@@ -326,7 +328,8 @@ function reserve(command: Extract<MeterCommand, { type: 'Reserve' }>, state: Met
   const leaseTtlMs = command.lease?.ttlMs ?? 0;
   const lease = holder === null ? null : standingLease(state, holder, now);
   const left = lease === null ? 0 : Date.parse(lease.expiresAt) - now;
-  const inLease = lease !== null && holdsUnder(state, holder!) < lease.slots;
+  const mine = holder === null ? 0 : holdsUnder(state, holder);
+  const inLease = lease !== null && mine < lease.slots;
   if (!inLease && activeSlots(state, now) >= command.limits.maxActive) {
     return reject('at_capacity', `${command.limits.maxActive} requests of this key are already running`);
   }
@@ -336,7 +339,7 @@ function reserve(command: Extract<MeterCommand, { type: 'Reserve' }>, state: Met
       ? null
       : inLease && left >= leaseTtlMs / 4
         ? SlotLeaseRenewed({ holder, expires_at: until, at: command.now })
-        : SlotsLeased({ holder, slots: inLease ? lease!.slots : holdsUnder(state, holder) + 1, expires_at: until, at: command.now });
+        : SlotsLeased({ holder, slots: inLease ? lease!.slots : mine + 1, expires_at: until, at: command.now });
   const room = outputRoom(state, command.budgets, command.inputTokens);
   let binding: BudgetName | null = null;
   for (const name of budgetNames) if (binding === null || room[name] < room[binding]) binding = name;

@@ -402,7 +402,7 @@ export class Metering {
     // Not stored: the hold stays until the reaper expires it; the budget stays safe, the usage is charged as the whole hold.
     if (!stored) this.#logger.error({ request_id: reservation.requestId }, 'settlement could not be stored; the reaper will expire the hold');
     this.#running.delete(reservation.requestId);
-    this.#wake(reservation.keyId);
+    this.#wake(reservation.keyId); // again: a hold carried into today was released there only now
     if (usage.cost > 0) void this.#track(this.#checkSpend());
   }
 
