@@ -108,12 +108,38 @@ async function swapTable(tx: Queryable, scratchSchema: string, table: string): P
   await tx.query(`ALTER TABLE ${copy} SET SCHEMA ${rows[0].schema}`);
 }
 
+/** A projection's batch failed (not the store, not a moved checkpoint): the error names it. */
+class ProjectionFailed extends Error {
+  override name = 'ProjectionFailed';
+  constructor(
+    readonly projection: string,
+    cause: unknown,
+  ) {
+    super(`projection ${projection} failed to apply a batch: ${(cause as Error)?.message ?? String(cause)}`, { cause });
+  }
+}
+
+/**
+ * Projections applied live together: one reader of the log for all of them, and one transaction per
+ * batch that writes every member's rows and moves every member's checkpoint. Each member's position is
+ * its own (a projection rebuilt or caught up apart can be ahead): it is given only the events after it.
+ */
+interface LiveGroup {
+  readonly members: readonly Projection[];
+  readonly positions: Map<string, GlobalPosition>;
+  subscription: Subscription | null;
+}
+
 export class ProjectionRunner {
   readonly #store: EventStore;
   readonly #projections: Map<string, Projection>;
   readonly #options: ProjectionRunnerOptions;
-  readonly #live = new Map<string, Subscription>();
-  readonly #restarting = new Map<string, Promise<void>>();
+  /** Projections applied live, in registration order. */
+  readonly #live = new Set<string>();
+  /** Projections that failed inside a shared group: from then on each runs in a group of its own, so it cannot hold the others back. */
+  readonly #alone = new Set<string>();
+  #groups: LiveGroup[] = [];
+  #regrouping: Promise<void> | null = null;
   #started = false;
 
   constructor(options: ProjectionRunnerOptions) {
@@ -131,21 +157,20 @@ export class ProjectionRunner {
   async start(): Promise<void> {
     if (this.#started) return;
     this.#started = true;
-    for (const projection of this.#projections.values()) {
-      await this.#init(projection);
-      await this.#startLive(projection);
-    }
+    for (const projection of this.#projections.values()) await this.#init(projection);
+    for (const name of this.#projections.keys()) this.#live.add(name);
+    await this.#regroup();
   }
 
   /** Resolves once every live projection has applied every event committed before the call. */
   async caughtUp(): Promise<void> {
     for (;;) {
-      await Promise.all([...this.#restarting.values()]);
+      await this.#regrouping;
       try {
-        await Promise.all([...this.#live.values()].map((s) => s.caughtUp()));
+        await Promise.all(this.#groups.map((g) => g.subscription?.caughtUp()));
         return;
       } catch (error) {
-        // a subscription restarted (its checkpoint moved) while we waited: wait on its successor
+        // a group restarted (a checkpoint moved) while we waited: wait on its successor
         if (!this.#started) throw error;
       }
     }
@@ -172,8 +197,8 @@ export class ProjectionRunner {
   async rebuild(name: string, onProgress?: (progress: RebuildProgress) => void): Promise<RebuildReport> {
     const projection = this.#projections.get(name);
     if (!projection) throw new Error(`unknown projection "${name}" (known: ${this.names.join(', ') || 'none'})`);
-    const wasLive = this.#live.has(name);
-    await this.#stopLive(name);
+    const wasLive = this.#live.delete(name);
+    if (wasLive) await this.#regroup();
     const started = performance.now();
     const store = this.#store;
     let scratch: { schema: string; searchPath: string } | null = null;
@@ -245,14 +270,16 @@ export class ProjectionRunner {
     } finally {
       // a failed rebuild leaves the live tables as they were; its scratch copies go
       if (scratch) await store.query(`DROP SCHEMA IF EXISTS ${quoteIdent(scratch.schema)} CASCADE`).catch(() => {});
-      if (wasLive) await this.#startLive(projection);
+      if (wasLive) {
+        this.#live.add(name);
+        await this.#regroup();
+      }
     }
   }
 
   async stop(): Promise<void> {
     this.#started = false;
-    await Promise.all([...this.#restarting.values()]);
-    for (const name of [...this.#live.keys()]) await this.#stopLive(name);
+    await this.#regroup();
   }
 
   async #init(projection: Projection): Promise<void> {
@@ -262,61 +289,105 @@ export class ProjectionRunner {
     });
   }
 
-  /** Applies one batch and moves the checkpoint from `from` to the batch's end, atomically. */
-  async #applyBatch(projection: Projection, from: GlobalPosition, batch: readonly RecordedEvent[]): Promise<void> {
-    const last = batch[batch.length - 1].globalPosition;
-    const wanted = projection.eventTypes ? new Set(projection.eventTypes) : null;
-    const relevant = wanted ? batch.filter((e) => wanted.has(e.type)) : batch;
-    await this.#store.transaction(async (tx) => {
-      // Locking the checkpoint row serializes runners of one projection across processes.
-      const checkpoint = await readCheckpoint(tx, projection.name, true);
-      if (!checkpoint || comparePositions(checkpoint.position, from) !== 0) throw new CheckpointMoved(`checkpoint of ${projection.name} moved`);
-      if (relevant.length > 0) await projection.apply(relevant, tx);
-      await tx.query(
-        `UPDATE projection_checkpoints SET transaction_id = $2::text::xid8, global_position = $3, updated_at = now() WHERE name = $1`,
-        [projection.name, String(last.transactionId), last.position],
-      );
+  /**
+   * Stops every live group and, while started, starts them again from their checkpoints as they are
+   * now: the live projections together, each that failed among others alone. Calls made while a
+   * regroup runs wait for it and then regroup once more.
+   */
+  #regroup(): Promise<void> {
+    const previous = this.#regrouping;
+    const regrouping = (async () => {
+      await previous;
+      const groups = this.#groups;
+      this.#groups = [];
+      for (const group of groups) await group.subscription?.stop();
+      if (!this.#started) return;
+      const live = [...this.#projections.values()].filter((p) => this.#live.has(p.name));
+      const together = live.filter((p) => !this.#alone.has(p.name));
+      const memberships = [...(together.length > 0 ? [together] : []), ...live.filter((p) => this.#alone.has(p.name)).map((p) => [p])];
+      for (const members of memberships) this.#groups.push(await this.#startGroup(members));
+    })().finally(() => {
+      if (this.#regrouping === regrouping) this.#regrouping = null;
     });
+    this.#regrouping = regrouping;
+    return regrouping;
   }
 
-  async #startLive(projection: Projection): Promise<void> {
-    const checkpoint = await readCheckpoint(this.#store, projection.name);
-    let position = checkpoint?.position ?? logStart;
-    const subscription = this.#store.subscribe({
-      after: position,
+  async #startGroup(members: readonly Projection[]): Promise<LiveGroup> {
+    const { rows } = await this.#store.query<{ name: string; transaction_id: string; global_position: string | number }>(
+      `SELECT name, transaction_id::text AS transaction_id, global_position FROM projection_checkpoints WHERE name = ANY($1::text[])`,
+      [members.map((p) => p.name)],
+    );
+    const positions = new Map<string, GlobalPosition>(members.map((p) => [p.name, logStart]));
+    for (const row of rows) positions.set(row.name, { transactionId: Number(row.transaction_id), position: Number(row.global_position) });
+    const after = [...positions.values()].reduce((a, b) => (comparePositions(a, b) <= 0 ? a : b));
+    const group: LiveGroup = { members, positions, subscription: null };
+    group.subscription = this.#store.subscribe({
+      after,
       batchSize: this.#options.batchSize ?? 500,
       pollIntervalMs: this.#options.pollIntervalMs,
       gatherMs: this.#options.gatherMs ?? 50,
-      handle: async (events) => {
-        await this.#applyBatch(projection, position, events);
-        position = events[events.length - 1].globalPosition;
-      },
+      handle: (events) => this.#applyBatch(group, events),
       onError: (error) => {
         if (error instanceof CheckpointMoved) {
-          this.#restart(projection);
+          void this.#regroup().catch((e) => this.#options.onError?.(members.map((p) => p.name).join(','), e));
           return;
         }
-        this.#options.onError?.(projection.name, error);
+        if (error instanceof ProjectionFailed) {
+          this.#options.onError?.(error.projection, error.cause);
+          // Among others, it would hold them back: it goes on alone, from its checkpoint.
+          if (members.length > 1 && !this.#alone.has(error.projection)) {
+            this.#alone.add(error.projection);
+            void this.#regroup().catch((e) => this.#options.onError?.(error.projection, e));
+          }
+          return;
+        }
+        for (const p of members) this.#options.onError?.(p.name, error);
       },
     });
-    this.#live.set(projection.name, subscription);
+    return group;
   }
 
-  #restart(projection: Projection): void {
-    if (this.#restarting.has(projection.name)) return;
-    const restart = (async () => {
-      await this.#stopLive(projection.name);
-      if (this.#started) await this.#startLive(projection);
-    })()
-      .catch((error) => this.#options.onError?.(projection.name, error))
-      .finally(() => this.#restarting.delete(projection.name));
-    this.#restarting.set(projection.name, restart);
-  }
-
-  async #stopLive(name: string): Promise<void> {
-    const subscription = this.#live.get(name);
-    if (!subscription) return;
-    this.#live.delete(name);
-    await subscription.stop();
+  /**
+   * Applies one batch to every member of the group that has not seen it and moves their checkpoints to
+   * the batch's end (never back), atomically; the batch was read once for all of them.
+   */
+  async #applyBatch(group: LiveGroup, batch: readonly RecordedEvent[]): Promise<void> {
+    const last = batch[batch.length - 1].globalPosition;
+    const names = group.members.map((p) => p.name);
+    await this.#store.transaction(async (tx) => {
+      // Locking the checkpoint rows (in one order) serializes runners of these projections across processes.
+      const { rows } = await tx.query<{ name: string; transaction_id: string; global_position: string | number }>(
+        `SELECT name, transaction_id::text AS transaction_id, global_position FROM projection_checkpoints
+         WHERE name = ANY($1::text[]) ORDER BY name FOR UPDATE`,
+        [names],
+      );
+      const stored = new Map(rows.map((r) => [r.name, { transactionId: Number(r.transaction_id), position: Number(r.global_position) }]));
+      for (const name of names) {
+        const checkpoint = stored.get(name);
+        if (!checkpoint || comparePositions(checkpoint, group.positions.get(name)!) !== 0) throw new CheckpointMoved(`checkpoint of ${name} moved`);
+      }
+      const advanced: string[] = [];
+      for (const projection of group.members) {
+        const from = group.positions.get(projection.name)!;
+        if (comparePositions(from, last) >= 0) continue;
+        advanced.push(projection.name);
+        const wanted = projection.eventTypes ? new Set(projection.eventTypes) : null;
+        const relevant = batch.filter((e) => (wanted === null || wanted.has(e.type)) && comparePositions(e.globalPosition, from) > 0);
+        if (relevant.length === 0) continue;
+        try {
+          await projection.apply(relevant, tx);
+        } catch (error) {
+          throw new ProjectionFailed(projection.name, error);
+        }
+      }
+      if (advanced.length > 0) {
+        await tx.query(
+          `UPDATE projection_checkpoints SET transaction_id = $2::text::xid8, global_position = $3, updated_at = now() WHERE name = ANY($1::text[])`,
+          [advanced, String(last.transactionId), last.position],
+        );
+      }
+    });
+    for (const name of names) if (comparePositions(group.positions.get(name)!, last) < 0) group.positions.set(name, last);
   }
 }

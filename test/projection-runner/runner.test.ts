@@ -6,6 +6,7 @@ import { ProjectionRunner, runProjectionsCommand, type Projection } from '../../
 import type { EventStore, RecordedEvent } from '../../src/store/index.ts';
 import { adaptersUnderTest, deferred } from '../store/adapters.ts';
 import { lastEventProjection, ledgerProjection, tableRows } from './fixtures.ts';
+import { until } from '../support/until.ts';
 
 const settled = (tokens: number) => ({ id: randomUUID(), type: 'RequestSettled', data: { tokens } });
 const noise = () => ({ id: randomUUID(), type: 'Unrelated', data: {} });
@@ -93,6 +94,57 @@ for (const adapter of adaptersUnderTest()) {
     await runner.caughtUp();
     assert.equal(await totalsOf(store, meter), { requests: 2, tokens: 667 });
     assert.ok(errors.length >= 1);
+    await runner.stop();
+  });
+
+  it('live projections read the log once between them, and each batch moves all their checkpoints together', async ({ store }) => {
+    let subscriptions = 0;
+    const counting: EventStore = { ...store, subscribe: (options) => (subscriptions++, store.subscribe(options)) };
+    const runner = new ProjectionRunner({ store: counting, projections: [{ ...ledgerProjection, name: 'test_shared_a' }, { ...lastEventProjection, name: 'test_shared_b' }] });
+    await runner.start();
+    const meter = `meter-${randomUUID()}`;
+    await store.append(meter, [settled(2), settled(3)], 'no_stream');
+    await runner.caughtUp();
+    assert.is(subscriptions, 1, 'one reader for both projections');
+    assert.equal(await totalsOf(store, meter), { requests: 2, tokens: 5 });
+    const [a, b] = await runner.status();
+    assert.equal(a.position, b.position);
+    assert.equal(a.position, await store.head());
+    await runner.stop();
+  });
+
+  it('a projection that fails among others is set apart: the others keep applying, it retries alone until it succeeds', async ({ store }) => {
+    const failing = { on: true };
+    const failures: string[] = [];
+    // Tables of its own (a renamed copy of the fixture's last-event projection would share them).
+    const poisoned: Projection = {
+      name: 'test_poisoned_apart',
+      tables: ['test_poisoned_apart'],
+      async init(db) {
+        await db.query('CREATE TABLE IF NOT EXISTS test_poisoned_apart (stream_id text PRIMARY KEY, tokens bigint NOT NULL)');
+      },
+      async apply(events, db) {
+        if (failing.on && events.some((e) => (e.data as { tokens?: number }).tokens === 4242)) throw new Error('poison');
+        for (const e of events) {
+          await db.query('INSERT INTO test_poisoned_apart (stream_id, tokens) VALUES ($1, $2) ON CONFLICT (stream_id) DO UPDATE SET tokens = excluded.tokens', [e.streamId, (e.data as { tokens?: number }).tokens ?? 0]);
+        }
+      },
+    };
+    const healthy = { ...ledgerProjection, name: 'test_healthy_beside' };
+    const runner = new ProjectionRunner({ store, projections: [healthy, poisoned], pollIntervalMs: 50, onError: (name) => failures.push(name) });
+    await runner.start();
+    await runner.caughtUp();
+    const meter = `meter-${randomUUID()}`;
+    await store.append(meter, [settled(1), settled(4242)], 'no_stream');
+    assert.equal(await until('the healthy projection to apply the batch', () => totalsOf(store, meter)), { requests: 2, tokens: 4243 });
+    const [ahead, behind] = await runner.status();
+    assert.is(ahead.lag, 0);
+    assert.is(behind.lag, 2, "the failing projection's checkpoint stays before the batch");
+    assert.ok(failures.length >= 1 && failures.every((name) => name === 'test_poisoned_apart'));
+    failing.on = false;
+    await runner.caughtUp();
+    const { rows } = await store.query<{ tokens: string | number }>('SELECT tokens FROM test_poisoned_apart WHERE stream_id = $1', [meter]);
+    assert.equal(rows.map((r) => Number(r.tokens)), [4242]);
     await runner.stop();
   });
 
