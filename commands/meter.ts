@@ -24,6 +24,7 @@ import {
   utcDay,
 } from '../events/meter.ts';
 import type { KeyStatus } from './key.ts';
+import { StartWindow } from './start-window.ts';
 
 export interface Hold {
   readonly input: number;
@@ -56,7 +57,7 @@ export interface MeterState {
   /** Open reservations by request id: requests running now. */
   readonly holds: Readonly<Record<string, Hold>>;
   /** Request starts (epoch ms) of the last minute, oldest first. */
-  readonly starts: readonly number[];
+  readonly starts: StartWindow;
   /** Slot leases by holder (a gateway process); one that lapsed counts for nothing. */
   readonly leases: Readonly<Record<string, Lease>>;
 }
@@ -109,7 +110,7 @@ const budgetNames: readonly BudgetName[] = ['monthly_token_budget', 'daily_token
 
 export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRejection> = {
   events: meterEvents,
-  initialState: () => ({ opened: false, closed: false, day: null, monthInput: 0, monthOutput: 0, todayInput: 0, todayOutput: 0, holds: {}, starts: [], leases: {} }),
+  initialState: () => ({ opened: false, closed: false, day: null, monthInput: 0, monthOutput: 0, todayInput: 0, todayOutput: 0, holds: {}, starts: StartWindow.empty, leases: {} }),
   evolve(state, event) {
     switch (event.type) {
       case 'MeterOpened': {
@@ -129,7 +130,7 @@ export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRe
           todayInput: 0,
           todayOutput: 0,
           holds,
-          starts: d.recent_starts,
+          starts: StartWindow.of(d.recent_starts),
           leases,
         };
       }
@@ -137,7 +138,7 @@ export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRe
         const d = event.data;
         const at = Date.parse(d.at);
         const hold: Hold = { input: d.input_tokens, output: d.output_tokens, day: state.day ?? utcDay(d.at), at: d.at, expiresAt: d.expires_at, lease: d.lease_holder };
-        return { ...state, holds: { ...state.holds, [d.request_id]: hold }, starts: [...state.starts.filter((t) => t > at - minuteMs), at] };
+        return { ...state, holds: { ...state.holds, [d.request_id]: hold }, starts: state.starts.since(at - minuteMs).with(at) };
       }
       case 'SlotsLeased':
         return { ...state, leases: { ...state.leases, [event.data.holder]: { slots: event.data.slots, expiresAt: event.data.expires_at } } };
@@ -313,11 +314,10 @@ function reserve(command: Extract<MeterCommand, { type: 'Reserve' }>, state: Met
     return reject('duplicate_request', `request ${command.facts.request_id} already holds a reservation`, { request_id: command.facts.request_id });
   }
   const now = Date.parse(command.now);
-  const recent = state.starts.filter((t) => t > now - minuteMs);
-  if (recent.length >= command.limits.perMinute) {
-    // Starts come from several processes' clocks and the opener's list: sort before picking the one that must leave.
-    const oldestFirst = recent.sort((a, b) => a - b);
-    const retryAfterSeconds = Math.max(1, Math.ceil((oldestFirst[oldestFirst.length - command.limits.perMinute] + minuteMs - now) / 1000));
+  const recent = state.starts.since(now - minuteMs);
+  if (recent.size >= command.limits.perMinute) {
+    // The start that must leave the minute before one more fits (the window is kept in time order).
+    const retryAfterSeconds = Math.max(1, Math.ceil((recent.at(recent.size - command.limits.perMinute) + minuteMs - now) / 1000));
     return reject('rate_limited', `more than ${command.limits.perMinute} request starts in the last minute`, { retry_after_seconds: retryAfterSeconds });
   }
   // A slot: in this process's standing lease if it has room; else one more slot for the lease (or for

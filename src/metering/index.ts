@@ -522,7 +522,7 @@ function balanceFrom(keyId: string, day: string, earlier: string, state: MeterSt
       const lease = standingLease(state, holder, now.getTime());
       return lease ? [{ holder, slots: lease.slots, expires_at: lease.expiresAt }] : [];
     }),
-    recent_starts: state.starts.filter((t) => t > now.getTime() - 60_000),
+    recent_starts: state.starts.since(now.getTime() - 60_000).toArray(),
   };
 }
 

@@ -273,7 +273,7 @@ rate('starts recorded by reservations on this stream count, settled or not', () 
   const given: MeterEvent[] = [opened({ recent_starts: spread(598, t - 40_000, t - 20_000) }), reserved({ id: 'a', now: iso(t - 10_000) }), settled('a', 10, 5, iso(t - 9_000))];
   // 599 starts: the 600th passes and is itself recorded.
   spec.given(given).when(reserve()).then([reserved()]);
-  spec.given(given).when(reserve()).thenState((state) => assert.is(state.starts.length, 600));
+  spec.given(given).when(reserve()).thenState((state) => assert.is(state.starts.size, 600));
   spec.given([...given, reserved({ id: 'b', now: iso(t - 5_000) })]).when(reserve()).thenRejects('rate_limited', { retry_after_seconds: 20 });
 });
 rate('a start exactly 60 s old has left the window; one 59.999 s old has not', () => {
@@ -305,7 +305,7 @@ rate('the rate limit holds across midnight through recent_starts', () => {
 });
 rate('a rejected request does not count as a start', () => {
   spec.given([opened()]).when(reserve({ budget: { monthly_token_budget: 0 } })).thenRejects('budget_exceeded');
-  spec.given([opened()]).when({ type: 'RecordRejection', facts: facts('r0'), code: 'budget_exceeded', status: 429, inputTokens: 10, latencyMs: 1, now: noon }).thenState((state) => assert.equal(state.starts, []));
+  spec.given([opened()]).when({ type: 'RecordRejection', facts: facts('r0'), code: 'budget_exceeded', status: 429, inputTokens: 10, latencyMs: 1, now: noon }).thenState((state) => assert.equal(state.starts.toArray(), []));
 });
 rate.run();
 

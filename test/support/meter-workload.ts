@@ -49,7 +49,7 @@ export class MeterDriver {
         month_output_tokens: sameMonth ? prev.monthOutput : 0,
         carried_from: sameMonth ? from : null,
         carried_holds: Object.entries(prev.holds).map(([request_id, h]) => ({ request_id, day: h.day, input_tokens: h.input, output_tokens: h.output, at: h.at, expires_at: h.expiresAt, lease_holder: h.lease })),
-        recent_starts: [...prev.starts],
+        recent_starts: prev.starts.toArray(),
       };
     }
     await this.#run(day, { type: 'OpenMeter', opening, now });
