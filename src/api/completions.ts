@@ -173,7 +173,7 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     };
     /** The engine call made before the reservation is durable; cancelled (a response that came meanwhile dropped) if it is voided. */
     const startEarly = (completion: PreparedCompletion, voided: AbortSignal): Promise<EngineResponse> => {
-      const response = dispatch(completion, AbortSignal.any([controller.signal, voided]));
+      const response = dispatch(completion, eitherAborted(controller.signal, voided));
       response.then(
         (r) => {
           const drop = () => {
@@ -292,6 +292,25 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
       throw apiError('chat_completions_unsupported', 'chat completions are not supported: these are base models and prompts are never templated; send raw text to POST /v1/completions');
     });
   });
+}
+
+/**
+ * A signal aborted when either is. Not AbortSignal.any, which on Node 20 keeps weak references and a
+ * finalizer per call: measurable garbage at thousands of requests a second.
+ */
+function eitherAborted(a: AbortSignal, b: AbortSignal): AbortSignal {
+  if (a.aborted) return a;
+  if (b.aborted) return b;
+  const either = new AbortController();
+  const onA = () => either.abort(a.reason);
+  const onB = () => either.abort(b.reason);
+  a.addEventListener('abort', onA, { once: true });
+  b.addEventListener('abort', onB, { once: true });
+  either.signal.addEventListener('abort', () => {
+    a.removeEventListener('abort', onA);
+    b.removeEventListener('abort', onB);
+  }, { once: true });
+  return either.signal;
 }
 
 /**

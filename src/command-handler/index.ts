@@ -94,7 +94,10 @@ interface Entry {
   outcome: AnyOutcome;
   /** What this entry appends (empty for rejections and no-ops). */
   toAppend: NewEvent[];
-  readonly controller: AbortController;
+  /** Made when a caller first asks for the `superseded` signal (most never do). */
+  controller: AbortController | null;
+  /** Why the decision turned out void, once it did. */
+  voided: { reason: unknown } | null;
   attempts: number;
   resolve(outcome: AnyOutcome): void;
   reject(error: unknown): void;
@@ -237,7 +240,7 @@ export class CommandHandler {
       reject = rej;
     });
     durable.catch(() => {}); // a caller that only looks at `outcome` must not leave an unhandled rejection
-    const entry: Entry = { command, commandId, options, outcome: null as unknown as AnyOutcome, toAppend: [], controller: new AbortController(), attempts: 0, resolve, reject };
+    const entry: Entry = { command, commandId, options, outcome: null as unknown as AnyOutcome, toAppend: [], controller: null, voided: null, attempts: 0, resolve, reject };
     this.#decideEntry(slot, entry);
     const decided = entry.outcome;
     if (entry.toAppend.length === 0) entry.resolve(decided);
@@ -248,7 +251,7 @@ export class CommandHandler {
       if (linger <= 0) this.#flush(slot);
       else slot.lingering ??= setTimeout(() => this.#flush(slot), linger);
     }
-    return { outcome: decided, superseded: entry.controller.signal, durable };
+    return { outcome: decided, get superseded() { return supersededSignal(entry); }, durable };
   }
 
   /** Runs the decider for `entry` against the slot's latest state; queues its events. */
@@ -280,10 +283,10 @@ export class CommandHandler {
     const asResent = (o: AnyOutcome): AnyOutcome => (o.accepted ? { ...o, resent: true } : o);
     if ('commandId' in seen) {
       // The same command is still on its way to the store in this process: share its fate.
-      return { outcome: asResent(seen.outcome), superseded: seen.controller.signal, durable: durableOf(seen).then(asResent) };
+      return { outcome: asResent(seen.outcome), get superseded() { return supersededSignal(seen); }, durable: durableOf(seen).then(asResent) };
     }
     const outcome: AnyOutcome = { accepted: true, state: slot.latest.state, version: seen.version, newEvents: seen.events, resent: true };
-    return { outcome, superseded: new AbortController().signal, durable: Promise.resolve(outcome) };
+    return { outcome, superseded: neverSuperseded, durable: Promise.resolve(outcome) };
   }
 
   // --- becoming durable -----------------------------------------------------------------------
@@ -372,7 +375,7 @@ export class CommandHandler {
   #fail(slot: Slot, entries: Entry[], error: unknown): void {
     for (const entry of entries) {
       slot.recent.delete(entry.commandId);
-      entry.controller.abort(error);
+      supersede(entry, error);
       entry.reject(error);
     }
   }
@@ -391,7 +394,7 @@ export class CommandHandler {
     }
     const before = entry.outcome;
     this.#decideEntry(slot, entry);
-    if (!sameDecision(before, entry.outcome)) entry.controller.abort(new DecisionSuperseded(slot.streamId));
+    if (!sameDecision(before, entry.outcome)) supersede(entry, new DecisionSuperseded(slot.streamId));
     if (entry.toAppend.length === 0) entry.resolve(entry.outcome);
   }
 
@@ -494,6 +497,23 @@ export class DecisionSuperseded extends Error {
   constructor(readonly streamId: string) {
     super(`another process changed stream ${streamId} first; the command was decided again`);
   }
+}
+
+const neverSuperseded = new AbortController().signal;
+
+/** The entry's `superseded` signal, made on first use (aborted at once if the decision was voided already). */
+function supersededSignal(entry: Entry): AbortSignal {
+  if (!entry.controller) {
+    entry.controller = new AbortController();
+    if (entry.voided) entry.controller.abort(entry.voided.reason);
+  }
+  return entry.controller.signal;
+}
+
+function supersede(entry: Entry, reason: unknown): void {
+  if (entry.voided) return;
+  entry.voided = { reason };
+  entry.controller?.abort(reason);
 }
 
 function durableOf(entry: Entry): Promise<AnyOutcome> {
