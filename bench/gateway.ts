@@ -26,7 +26,7 @@ import { join } from 'node:path';
 import { Agent, request } from 'undici';
 import autocannon from 'autocannon';
 import { execFileSync } from 'node:child_process';
-import { benchAdminToken, issueKeys, memoryOf, percentile, root, scratchDatabase, spawnWithUrl, stop } from './support.ts';
+import { benchAdminToken, cpuPerRequest, issueKeys, memoryOf, percentile, root, scratchDatabase, spawnWithUrl, stop } from './support.ts';
 
 // BENCH_PARTS=latency,slow,throughput,relay picks parts (all by default).
 const parts = new Set((process.env.BENCH_PARTS ?? 'latency,slow,throughput,relay').split(','));
@@ -84,7 +84,7 @@ async function main(): Promise<void> {
   execFileSync(process.execPath, [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', join(root, 'tsconfig.build.json')], { stdio: 'inherit' });
 
   interface Gw {
-    name: string;
+    name: 'on' | 'off';
     url: string;
     pid: number;
     keys: string[];
@@ -278,7 +278,10 @@ async function main(): Promise<void> {
     slow.off.push(await slowLatency(gwTarget(off, slowBody), split.off, slowPerRound, 20, slowGapMs));
   }
 
+  /** CPU per request of each throughput run, µs: the gateway, the engine, the client (this process), PostgreSQL. */
+  const cpu = { on: [] as Record<string, number>[], off: [] as Record<string, number>[] };
   async function throughput(t: Target): Promise<number> {
+    const meter = cpuPerRequest({ gateway: t.gw?.pid ?? engine.child.pid!, engine: engine.child.pid!, client: process.pid });
     const result = await autocannon({
       url: t.url,
       connections: 64,
@@ -295,6 +298,7 @@ async function main(): Promise<void> {
       ],
     } as Parameters<typeof autocannon>[0]);
     if (result.non2xx > 0 || result.errors > 0) throw new Error(`${t.url}: ${result.non2xx} non-2xx, ${result.errors} errors`);
+    if (t.gw) cpu[t.gw.name].push(meter.stop(result.requests.total));
     return result.requests.average;
   }
   // Two runs each way, alternated (off, on, on, off), after the direct run.
@@ -322,6 +326,7 @@ async function main(): Promise<void> {
     `a key's first request in its gateway process, engine takes 20 ms (${freshKeyCount} fresh keys, one request each; metered, it takes the process's slot lease, so the engine waits for that append): direct p50 ${f(median(firstUse.direct))} | metering on p50 ${f(median(firstUse.on))}, added ${f(median(firstUse.on) - median(firstUse.direct))} | metering off p50 ${f(median(firstUse.off))}, added ${f(median(firstUse.off) - median(firstUse.direct))} | on - off ${f(median(firstUse.on) - median(firstUse.off))}`,
     `  split at the engine, p50 ms (before: sent until the engine had it; after: engine answered until the client had it; offsets between clocks cancel in on - off): direct before ${f(median(split.direct.before))} after ${f(median(split.direct.after))} | metering on before ${f(median(split.on.before))} after ${f(median(split.on.after))} | metering off before ${f(median(split.off.before))} after ${f(median(split.off.after))} | on - off: before ${f(median(split.on.before) - median(split.off.before))}, after ${f(median(split.on.after) - median(split.off.after))}`,
     `requests/s at 64 connections (${throughputSeconds} s each, autocannon in-process; runs in order direct, off, on, on, off): direct ${rps.direct.map(Math.round).join(', ')} | metering off ${rps.off.map(Math.round).join(', ')} (mean ${Math.round(mean(rps.off))}) | metering on ${rps.on.map(Math.round).join(', ')} (mean ${Math.round(mean(rps.on))}) | on/off ${(mean(rps.on) / mean(rps.off)).toFixed(2)} (target >= 0.70)`,
+    `  CPU per request in those runs, µs (mean; user + system, read from /proc): ${(['on', 'off'] as const).map((name) => `metering ${name}: ${['gateway', 'postgres', 'engine', 'client'].map((k) => `${k} ${Math.round(mean(cpu[name].map((c) => c[k])))}`).join(', ')}`).join(' | ')} (postgres: this machine's server processes, the other gateway's idle ones included)`,
     relayLine(on),
     relayLine(off),
     `keys: ${keyCount} per gateway, round-robin over every request: metering on received ${on.sent} requests (at most ${Math.ceil(on.sent / keyCount)} starts on any key in the whole run; limit 600 per minute), metering off ${off.sent}`,

@@ -1,6 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
-import { readFileSync } from 'node:fs';
+import { readFileSync, readdirSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { randomBytes } from 'node:crypto';
 import pg from 'pg';
@@ -51,6 +51,50 @@ export function memoryOf(pid: number): { rssMb: number; peakMb: number } {
   const status = readFileSync(`/proc/${pid}/status`, 'utf8');
   const kb = (field: string) => Number(status.match(new RegExp(`${field}:\\s+(\\d+)`))?.[1] ?? 0);
   return { rssMb: kb('VmRSS') / 1024, peakMb: kb('VmHWM') / 1024 };
+}
+
+/** CPU seconds (user + system) a process has used so far; 0 once it is gone. */
+export function cpuSecondsOf(pid: number): number {
+  try {
+    // Fields after the command name, which may hold spaces: utime and stime are the 12th and 13th.
+    const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
+    return (Number(fields[11]) + Number(fields[12])) / 100;
+  } catch {
+    return 0;
+  }
+}
+
+/** Process ids of this machine's PostgreSQL server processes (none when the database is elsewhere). */
+export function postgresPids(): number[] {
+  return readdirSync('/proc')
+    .filter((d) => /^\d+$/.test(d))
+    .map(Number)
+    .filter((pid) => {
+      try {
+        return readFileSync(`/proc/${pid}/comm`, 'utf8').trim() === 'postgres';
+      } catch {
+        return false;
+      }
+    });
+}
+
+/**
+ * CPU used per request between `start()` and `stop(requests)`, in µs, by each named process and by
+ * the local PostgreSQL server (its processes summed; those that ended meanwhile are left out).
+ */
+export function cpuPerRequest(processes: Record<string, number>): { stop(requests: number): Record<string, number> } {
+  const pg = postgresPids();
+  const before = new Map([...Object.values(processes), ...pg].map((pid) => [pid, cpuSecondsOf(pid)]));
+  return {
+    stop(requests) {
+      const used = (pid: number) => Math.max(0, cpuSecondsOf(pid) - (before.get(pid) ?? 0));
+      const perRequest = (seconds: number) => (requests > 0 ? (seconds * 1e6) / requests : NaN);
+      const result: Record<string, number> = {};
+      for (const [name, pid] of Object.entries(processes)) result[name] = perRequest(used(pid));
+      result.postgres = perRequest(pg.filter((pid) => cpuSecondsOf(pid) > 0).reduce((sum, pid) => sum + used(pid), 0));
+      return result;
+    },
+  };
 }
 
 export function percentile(sorted: number[], p: number): number {
