@@ -5,6 +5,7 @@
 import {
   comparePositions,
   logStart,
+  StoreUnavailable,
   type EventStore,
   type GlobalPosition,
   type Queryable,
@@ -342,7 +343,7 @@ export class ProjectionRunner {
           }
           return;
         }
-        for (const p of members) this.#options.onError?.(p.name, error);
+        this.#options.onError?.(members.map((p) => p.name).join(','), error);
       },
     });
     return group;
@@ -378,7 +379,8 @@ export class ProjectionRunner {
         try {
           await projection.apply(relevant, tx);
         } catch (error) {
-          throw new ProjectionFailed(projection.name, error);
+          // The store failing is no fault of the projection's: the whole batch is tried again as it is.
+          throw error instanceof StoreUnavailable ? error : new ProjectionFailed(projection.name, error);
         }
       }
       if (advanced.length > 0) {
