@@ -80,7 +80,7 @@ export function postgresPids(): number[] {
 
 /**
  * CPU used per request between `start()` and `stop(requests)`, in µs, by each named process and by
- * the local PostgreSQL server (its processes summed; those that ended meanwhile are left out).
+ * the local PostgreSQL server (its processes summed; one that ended meanwhile counts nothing).
  */
 export function cpuPerRequest(processes: Record<string, number>): { stop(requests: number): Record<string, number> } {
   const pg = postgresPids();
@@ -91,7 +91,7 @@ export function cpuPerRequest(processes: Record<string, number>): { stop(request
       const perRequest = (seconds: number) => (requests > 0 ? (seconds * 1e6) / requests : NaN);
       const result: Record<string, number> = {};
       for (const [name, pid] of Object.entries(processes)) result[name] = perRequest(used(pid));
-      result.postgres = perRequest(pg.filter((pid) => cpuSecondsOf(pid) > 0).reduce((sum, pid) => sum + used(pid), 0));
+      result.postgres = perRequest(pg.reduce((sum, pid) => sum + used(pid), 0));
       return result;
     },
   };

@@ -62,16 +62,25 @@ export class CheckpointMoved extends Error {
   override name = 'CheckpointMoved';
 }
 
-async function readCheckpoint(db: Queryable, name: string, lock = false): Promise<{ position: GlobalPosition; updatedAt: Date } | null> {
-  const { rows } = await db.query<{ transaction_id: string; global_position: string | number; updated_at: Date | string }>(
-    `SELECT transaction_id::text AS transaction_id, global_position, updated_at FROM projection_checkpoints WHERE name = $1${lock ? ' FOR UPDATE' : ''}`,
-    [name],
+interface Checkpoint {
+  position: GlobalPosition;
+  updatedAt: Date;
+}
+
+/** The checkpoints of these projections, by name (a projection without a row is missing); `lock`: FOR UPDATE, in name order. */
+async function readCheckpoints(db: Queryable, names: readonly string[], lock = false): Promise<Map<string, Checkpoint>> {
+  const { rows } = await db.query<{ name: string; transaction_id: string; global_position: string | number; updated_at: Date | string }>(
+    `SELECT name, transaction_id::text AS transaction_id, global_position, updated_at FROM projection_checkpoints
+     WHERE name = ANY($1::text[])${lock ? ' ORDER BY name FOR UPDATE' : ''}`,
+    [names],
   );
-  if (rows.length === 0) return null;
-  return {
-    position: { transactionId: Number(rows[0].transaction_id), position: Number(rows[0].global_position) },
-    updatedAt: new Date(rows[0].updated_at),
-  };
+  return new Map(
+    rows.map((r) => [r.name, { position: { transactionId: Number(r.transaction_id), position: Number(r.global_position) }, updatedAt: new Date(r.updated_at) }]),
+  );
+}
+
+async function readCheckpoint(db: Queryable, name: string, lock = false): Promise<Checkpoint | null> {
+  return (await readCheckpoints(db, [name], lock)).get(name) ?? null;
 }
 
 function quoteIdent(name: string): string {
@@ -315,12 +324,10 @@ export class ProjectionRunner {
   }
 
   async #startGroup(members: readonly Projection[]): Promise<LiveGroup> {
-    const { rows } = await this.#store.query<{ name: string; transaction_id: string; global_position: string | number }>(
-      `SELECT name, transaction_id::text AS transaction_id, global_position FROM projection_checkpoints WHERE name = ANY($1::text[])`,
-      [members.map((p) => p.name)],
-    );
-    const positions = new Map<string, GlobalPosition>(members.map((p) => [p.name, logStart]));
-    for (const row of rows) positions.set(row.name, { transactionId: Number(row.transaction_id), position: Number(row.global_position) });
+    const names = members.map((p) => p.name);
+    const label = names.join(',');
+    const checkpoints = await readCheckpoints(this.#store, names);
+    const positions = new Map<string, GlobalPosition>(names.map((name) => [name, checkpoints.get(name)?.position ?? logStart]));
     const after = [...positions.values()].reduce((a, b) => (comparePositions(a, b) <= 0 ? a : b));
     const group: LiveGroup = { members, positions, subscription: null };
     group.subscription = this.#store.subscribe({
@@ -331,7 +338,7 @@ export class ProjectionRunner {
       handle: (events) => this.#applyBatch(group, events),
       onError: (error) => {
         if (error instanceof CheckpointMoved) {
-          void this.#regroup().catch((e) => this.#options.onError?.(members.map((p) => p.name).join(','), e));
+          void this.#regroup().catch((e) => this.#options.onError?.(label, e));
           return;
         }
         if (error instanceof ProjectionFailed) {
@@ -343,7 +350,7 @@ export class ProjectionRunner {
           }
           return;
         }
-        this.#options.onError?.(members.map((p) => p.name).join(','), error);
+        this.#options.onError?.(label, error);
       },
     });
     return group;
@@ -358,15 +365,10 @@ export class ProjectionRunner {
     const names = group.members.map((p) => p.name);
     await this.#store.transaction(async (tx) => {
       // Locking the checkpoint rows (in one order) serializes runners of these projections across processes.
-      const { rows } = await tx.query<{ name: string; transaction_id: string; global_position: string | number }>(
-        `SELECT name, transaction_id::text AS transaction_id, global_position FROM projection_checkpoints
-         WHERE name = ANY($1::text[]) ORDER BY name FOR UPDATE`,
-        [names],
-      );
-      const stored = new Map(rows.map((r) => [r.name, { transactionId: Number(r.transaction_id), position: Number(r.global_position) }]));
+      const stored = await readCheckpoints(tx, names, true);
       for (const name of names) {
         const checkpoint = stored.get(name);
-        if (!checkpoint || comparePositions(checkpoint, group.positions.get(name)!) !== 0) throw new CheckpointMoved(`checkpoint of ${name} moved`);
+        if (!checkpoint || comparePositions(checkpoint.position, group.positions.get(name)!) !== 0) throw new CheckpointMoved(`checkpoint of ${name} moved`);
       }
       const advanced: string[] = [];
       for (const projection of group.members) {
