@@ -13,7 +13,7 @@
  */
 import { defineBatchProjection, type Queryable } from '../src/event-sourcing/index.ts';
 import { meterEvents, type MeterEvent } from '../events/meter.ts';
-import { advanceGuard, createStreamGuard, freshBatch, meterDayOf } from './meter-streams.ts';
+import { advanceGuard, closesEarlierHold, createStreamGuard, freshBatch, meterDayOf, outlivesBatch, pairWithinBatch } from './meter-streams.ts';
 
 export interface KeyUsageRow {
   key_id: string;
@@ -33,7 +33,7 @@ export const usageCounters = ['reserved_tokens', 'input_tokens', 'output_tokens'
 const guard = 'key_usage_applied';
 const holds = 'key_usage_holds';
 
-const columns = 'pos int, stream_id text, version bigint, type text, key_id text, month text, day text, request_id text, input_tokens bigint, output_tokens bigint';
+const columns = 'pos int, stream_id text, version bigint, type text, key_id text, month text, day text, request_id text, input_tokens bigint, output_tokens bigint, closed boolean, paired bigint';
 const counterList = usageCounters.join(', ');
 
 /**
@@ -73,33 +73,26 @@ export const keyUsageProjection = defineBatchProjection<MeterEvent>({
       stream_id text COLLATE "C" NOT NULL, request_id text NOT NULL, tokens bigint NOT NULL, PRIMARY KEY (stream_id, request_id))`);
     await createStreamGuard(db, guard);
   },
-  // Two statements, in this order, as one event at a time would leave the rows: the holds made (each
-  // remembered with its size, so its release subtracts exactly what it added), then the holds
-  // released with what settlements and expiries charged, and the rejections.
+  // Two statements, in this order, as one event at a time would leave the rows (see `outlivesBatch`):
+  // holds made before the batch released by their close, with what every settlement and expiry
+  // charged, and the rejections; then the holds still open at the batch's end (each remembered with its
+  // size, so its release subtracts exactly what it added). A hold made and released within the batch
+  // adds and subtracts the same tokens: it writes no row.
   async apply(events, db) {
+    const pairing = pairWithinBatch(events);
     const batch = JSON.stringify(
       events.map((e, pos) => {
         const d = e.data as Partial<{ request_id: string; input_tokens: number; output_tokens: number }>;
         const { keyId, month, day } = meterDayOf(e.streamId);
-        return { pos, stream_id: e.streamId, version: e.streamVersion, type: e.type, key_id: keyId, month, day, request_id: d.request_id, input_tokens: d.input_tokens ?? 0, output_tokens: d.output_tokens ?? 0 };
+        return { pos, stream_id: e.streamId, version: e.streamVersion, type: e.type, key_id: keyId, month, day, request_id: d.request_id, input_tokens: d.input_tokens ?? 0, output_tokens: d.output_tokens ?? 0, ...pairing[pos] };
       }),
     );
     const fresh = freshBatch(guard, columns);
     await db.query(
       `WITH ${fresh},
-       held AS (
-         INSERT INTO ${holds} (stream_id, request_id, tokens)
-         SELECT stream_id, request_id, input_tokens + output_tokens FROM fresh WHERE type = 'BudgetReserved'
-         ON CONFLICT DO NOTHING RETURNING stream_id, tokens),
-       deltas AS (${delta('tokens', '0', '0', '0', '0', '0')} FROM held)
-       ${addDeltas}`,
-      [batch],
-    );
-    await db.query(
-      `WITH ${fresh},
        released AS (
          DELETE FROM ${holds} h USING fresh f
-         WHERE f.type IN ('UsageSettled', 'ReservationExpired') AND h.stream_id = f.stream_id AND h.request_id = f.request_id
+         WHERE ${closesEarlierHold('f')} AND h.stream_id = f.stream_id AND h.request_id = f.request_id
          RETURNING h.stream_id, h.tokens),
        deltas AS (
          ${delta('-tokens', '0', '0', '0', '0', '0')} FROM released
@@ -107,6 +100,16 @@ export const keyUsageProjection = defineBatchProjection<MeterEvent>({
          ${delta('0', 'input_tokens', 'output_tokens', "(type = 'UsageSettled')::int", "(type = 'ReservationExpired')::int", '0')} FROM fresh WHERE type IN ('UsageSettled', 'ReservationExpired')
          UNION ALL
          ${delta('0', '0', '0', '0', '0', '1')} FROM fresh WHERE type = 'RequestRejected')
+       ${addDeltas}`,
+      [batch],
+    );
+    await db.query(
+      `WITH ${fresh},
+       held AS (
+         INSERT INTO ${holds} (stream_id, request_id, tokens)
+         SELECT stream_id, request_id, input_tokens + output_tokens FROM fresh f WHERE ${outlivesBatch('f')}
+         ON CONFLICT DO NOTHING RETURNING stream_id, tokens),
+       deltas AS (${delta('tokens', '0', '0', '0', '0', '0')} FROM held)
        ${addDeltas}`,
       [batch],
     );

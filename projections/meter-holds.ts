@@ -7,7 +7,7 @@
  */
 import { defineBatchProjection, type Queryable } from '../src/event-sourcing/index.ts';
 import { meterEvents, type MeterEvent } from '../events/meter.ts';
-import { advanceGuard, createStreamGuard, freshBatch, meterDayOf } from './meter-streams.ts';
+import { advanceGuard, closesEarlierHold, createStreamGuard, freshBatch, meterDayOf, outlivesBatch, pairWithinBatch } from './meter-streams.ts';
 
 const guard = 'meter_holds_applied';
 
@@ -22,7 +22,7 @@ export interface OpenHold {
   expiresAt: Date;
 }
 
-const columns = 'pos int, stream_id text, version bigint, type text, key_id text, day text, request_id text, input_tokens bigint, output_tokens bigint, at text, expires_at text';
+const columns = 'pos int, stream_id text, version bigint, type text, key_id text, day text, request_id text, input_tokens bigint, output_tokens bigint, at text, expires_at text, closed boolean, paired bigint, superseded boolean';
 
 export const meterHoldsProjection = defineBatchProjection<MeterEvent>({
   name: 'meter_holds',
@@ -42,36 +42,51 @@ export const meterHoldsProjection = defineBatchProjection<MeterEvent>({
     await db.query('CREATE INDEX IF NOT EXISTS meter_holds_expires_at ON meter_holds (expires_at)');
     await createStreamGuard(db, guard);
   },
-  // In order, as one event at a time would leave them: holds made, then renewed (the last renewal of
-  // each wins; a carried hold may be renewed on the next day's stream, so it is found by request id),
-  // then closed on their own stream.
+  // In order, as one event at a time would leave them (see `outlivesBatch`): holds made before the
+  // batch closed on their own stream; holds still open at the batch's end made; then renewals, the
+  // last of each request after its last reservation in the batch (an earlier one renewed a hold that
+  // is gone; a carried hold may be renewed on the next day's stream, so it is found by request id).
+  // A hold made and closed within the batch writes no row.
   async apply(events, db) {
+    const pairing = pairWithinBatch(events);
+    // A renewal followed in the batch by a reservation under the same request id and key renewed a hold
+    // that is gone by then: it must not move the new one.
+    const superseded = events.map(() => false);
+    const reservedLater = new Set<string>();
+    for (let i = events.length - 1; i >= 0; i--) {
+      const e = events[i];
+      if (e.type !== 'BudgetReserved' && e.type !== 'ReservationRenewed') continue;
+      const request = `${meterDayOf(e.streamId).keyId} ${e.data.request_id}`;
+      if (e.type === 'BudgetReserved') reservedLater.add(request);
+      else superseded[i] = reservedLater.has(request);
+    }
     const batch = JSON.stringify(
       events.map((e, pos) => {
         const d = e.data as Partial<{ request_id: string; input_tokens: number; output_tokens: number; at: string; expires_at: string }>;
         const { keyId, day } = meterDayOf(e.streamId);
-        return { pos, stream_id: e.streamId, version: e.streamVersion, type: e.type, key_id: keyId, day, request_id: d.request_id, input_tokens: d.input_tokens, output_tokens: d.output_tokens, at: d.at, expires_at: d.expires_at };
+        return { pos, stream_id: e.streamId, version: e.streamVersion, type: e.type, key_id: keyId, day, request_id: d.request_id, input_tokens: d.input_tokens, output_tokens: d.output_tokens, at: d.at, expires_at: d.expires_at, ...pairing[pos], superseded: superseded[pos] };
       }),
     );
     const fresh = freshBatch(guard, columns);
     await db.query(
       `WITH ${fresh}
+       DELETE FROM meter_holds h USING fresh f
+       WHERE ${closesEarlierHold('f')} AND h.request_id = f.request_id AND h.stream_id = f.stream_id`,
+      [batch],
+    );
+    await db.query(
+      `WITH ${fresh}
        INSERT INTO meter_holds (request_id, key_id, stream_id, day, input_tokens, output_tokens, reserved_at, expires_at)
        SELECT request_id, key_id, stream_id, day::date, input_tokens, output_tokens, at::timestamptz, expires_at::timestamptz
-       FROM fresh WHERE type = 'BudgetReserved' ORDER BY pos
+       FROM fresh f WHERE ${outlivesBatch('f')} ORDER BY pos
        ON CONFLICT (request_id) DO NOTHING`,
       [batch],
     );
     await db.query(
       `WITH ${fresh}, renewed AS (
-         SELECT DISTINCT ON (request_id, key_id) request_id, key_id, expires_at FROM fresh WHERE type = 'ReservationRenewed' ORDER BY request_id, key_id, pos DESC)
+         SELECT DISTINCT ON (request_id, key_id) request_id, key_id, expires_at FROM fresh
+         WHERE type = 'ReservationRenewed' AND NOT superseded ORDER BY request_id, key_id, pos DESC)
        UPDATE meter_holds h SET expires_at = r.expires_at::timestamptz FROM renewed r WHERE h.request_id = r.request_id AND h.key_id = r.key_id`,
-      [batch],
-    );
-    await db.query(
-      `WITH ${fresh}
-       DELETE FROM meter_holds h USING fresh f
-       WHERE f.type IN ('UsageSettled', 'ReservationExpired') AND h.request_id = f.request_id AND h.stream_id = f.stream_id`,
       [batch],
     );
     await db.query(advanceGuard(guard), [batch]);

@@ -6,7 +6,7 @@
  */
 import { defineBatchProjection, type Recorded } from '../src/event-sourcing/index.ts';
 import { meterEvents, type MeterEvent, type RequestFactsData } from '../events/meter.ts';
-import { advanceGuard, createStreamGuard, freshBatch, meterDayOf } from './meter-streams.ts';
+import { advanceGuard, closesEarlierHold, createStreamGuard, freshBatch, meterDayOf, outlivesBatch, pairWithinBatch } from './meter-streams.ts';
 
 const guard = 'usage_ledger_applied';
 const pending = 'usage_ledger_pending';
@@ -115,33 +115,37 @@ export const usageLedgerProjection = defineBatchProjection<MeterEvent>({
       stream_id text COLLATE "C" NOT NULL, request_id text NOT NULL, facts jsonb NOT NULL, PRIMARY KEY (stream_id, request_id))`);
     await createStreamGuard(db, guard);
   },
-  // Two statements, in this order, as one event at a time would leave the rows: the reservations'
-  // facts put aside, then one row per request that ended, in log order (the first outcome of a
-  // request id wins), an expiry's row taking the facts its reservation put aside.
+  // Two statements, in this order, as one event at a time would leave the rows (see `outlivesBatch`):
+  // one row per request that ended, in log order (the first outcome of a request id wins), an
+  // expiry's row taking the facts its reservation put aside (before the batch) or wrote (in it); then
+  // the facts of the reservations still open at the batch's end put aside. Settlements carry their
+  // own facts, so a request reserved and settled within the batch puts nothing aside.
   async apply(events, db) {
+    const pairing = pairWithinBatch(events);
     const batch = JSON.stringify(
-      events.map((e, pos) => ({ pos, stream_id: e.streamId, version: e.streamVersion, type: e.type, request_id: (e.data as { request_id: string }).request_id, row: rowOf(e) })),
+      events.map((e, pos) => ({ pos, stream_id: e.streamId, version: e.streamVersion, type: e.type, request_id: (e.data as { request_id: string }).request_id, row: rowOf(e), ...pairing[pos] })),
     );
-    const fresh = freshBatch(guard, 'pos int, stream_id text, version bigint, type text, request_id text, row jsonb');
-    await db.query(
-      `WITH ${fresh}
-       INSERT INTO ${pending} (stream_id, request_id, facts)
-       SELECT stream_id, request_id, row FROM fresh WHERE type = 'BudgetReserved' ORDER BY pos ON CONFLICT DO NOTHING`,
-      [batch],
-    );
+    const fresh = freshBatch(guard, 'pos int, stream_id text, version bigint, type text, request_id text, row jsonb, closed boolean, paired bigint');
     await db.query(
       `WITH ${fresh},
        ended AS (
          DELETE FROM ${pending} p USING fresh f
-         WHERE f.type IN ('UsageSettled', 'ReservationExpired') AND p.stream_id = f.stream_id AND p.request_id = f.request_id
+         WHERE ${closesEarlierHold('f')} AND p.stream_id = f.stream_id AND p.request_id = f.request_id
          RETURNING p.stream_id, p.request_id, p.facts)
        INSERT INTO usage_ledger
        SELECT r.* FROM fresh f
        LEFT JOIN ended x ON f.type = 'ReservationExpired' AND x.stream_id = f.stream_id AND x.request_id = f.request_id
-       CROSS JOIN LATERAL jsonb_populate_record(NULL::usage_ledger, coalesce(x.facts, '{}'::jsonb) || f.row) r
+       LEFT JOIN fresh y ON f.type = 'ReservationExpired' AND y.stream_id = f.stream_id AND y.version = f.paired
+       CROSS JOIN LATERAL jsonb_populate_record(NULL::usage_ledger, coalesce(x.facts, y.row, '{}'::jsonb) || f.row) r
        WHERE f.type <> 'BudgetReserved'
        ORDER BY f.pos
        ON CONFLICT (request_id) DO NOTHING`,
+      [batch],
+    );
+    await db.query(
+      `WITH ${fresh}
+       INSERT INTO ${pending} (stream_id, request_id, facts)
+       SELECT stream_id, request_id, row FROM fresh f WHERE ${outlivesBatch('f')} ORDER BY pos ON CONFLICT DO NOTHING`,
       [batch],
     );
     await db.query(advanceGuard(guard), [batch]);

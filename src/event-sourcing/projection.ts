@@ -61,13 +61,27 @@ export function defineBatchProjection<Event extends DomainEvent>(definition: {
     init: definition.init,
     eventTypes: definition.eventTypes,
     async apply(events, db) {
-      const typed = events.filter((e) => catalogueOf.has(e.type)).map((e) => ({ ...e, data: catalogueOf.get(e.type)!.parse(e).data }) as Recorded<Event>);
+      const typed = events.filter((e) => catalogueOf.has(e.type)).map((e) => typedEvent(catalogueOf.get(e.type)!, e) as Recorded<Event>);
       if (typed.length === 0) return;
       const writes = batchedWrites(db);
       await definition.apply(typed, writes.db);
       await writes.flush();
     },
   };
+}
+
+/**
+ * Each stored event checked (and upcast) once per catalogue, however many projections read it: the
+ * runner hands every projection of a group the same event objects.
+ */
+const checked = new WeakMap<EventCatalogue, WeakMap<RecordedEvent, RecordedEvent>>();
+
+function typedEvent(catalogue: EventCatalogue, event: RecordedEvent): RecordedEvent {
+  let seen = checked.get(catalogue);
+  if (!seen) checked.set(catalogue, (seen = new WeakMap()));
+  let typed = seen.get(event);
+  if (!typed) seen.set(event, (typed = { ...event, data: catalogue.parse(event).data }));
+  return typed;
 }
 
 const noRows = {

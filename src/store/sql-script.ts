@@ -1,7 +1,7 @@
 /**
  * Several parameterised statements as one script, for one round trip: each `$n` becomes its value as
- * an escaped string literal (E'...'), which PostgreSQL types exactly as it types a parameter sent as
- * text, by its cast or its context. Values are written as node-postgres writes parameters: null and
+ * a string literal (dollar-quoted, or escaped as E'...'), which PostgreSQL types exactly as it types a
+ * parameter sent as text, by its cast or its context. Values are written as node-postgres writes parameters: null and
  * undefined as NULL, dates in ISO form, buffers as bytea hex, other objects as JSON.
  */
 import type { BatchedStatement } from './types.ts';
@@ -27,5 +27,8 @@ function literal(value: unknown): string {
   else if (Buffer.isBuffer(value)) text = `\\x${value.toString('hex')}`;
   else text = JSON.stringify(value);
   if (text.includes('\0')) throw new RangeError('a text value cannot hold a NUL character');
+  // Without a `$` in it, a value is taken verbatim between `$$` (nothing to escape, nothing copied): the
+  // common case of the large ones, the projections' JSON batches. With one, it is escaped.
+  if (!text.includes('$')) return `$$${text}$$`;
   return `E'${text.replaceAll('\\', '\\\\').replaceAll("'", "''")}'`;
 }

@@ -9,7 +9,7 @@ import { ProjectionRunner, runProjectionsCommand } from '../../src/projection-ru
 import { dailySpendProjection, expiredHolds, keyUsageOfMonth, keyUsageProjection, meterHoldsProjection, projections, usageLedgerProjection } from '../../projections/index.ts';
 import { adaptersUnderTest } from '../store/adapters.ts';
 import { applyTwice } from '../support/projection-specification.ts';
-import { mixedWorkload, mixedWorkloadPhase1, mixedWorkloadPhase2, type Workload } from '../support/meter-workload.ts';
+import { MeterDriver, mixedWorkload, mixedWorkloadPhase1, mixedWorkloadPhase2, newKeyId, type Workload } from '../support/meter-workload.ts';
 
 /** The workload's events in global order (the suite's store also holds earlier tests' events). */
 async function eventsOf(store: EventStore, { a, b }: Workload): Promise<RecordedEvent[]> {
@@ -156,6 +156,66 @@ for (const adapter of adaptersUnderTest()) {
     const small = new ProjectionRunner({ store, projections, rebuildBatchSize: 1 });
     for (const name of small.names) await small.rebuild(name);
     assert.equal(await snapshot(store), live);
+  });
+
+  it('any cut of the log into batches gives the rows of one event at a time, request ids reused included', async ({ store }) => {
+    // Two keys, seeded random traffic through the real decider: holds made and closed in one batch or
+    // across batches, renewed, expired, and request ids reused once their hold closed (a client's
+    // X-Request-Id), so a batch can close one hold and open another under the same id.
+    let seed = 20261125;
+    const random = () => {
+      seed = (seed + 0x6d2b79f5) | 0;
+      let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
+      t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+      return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+    };
+    const day = '2026-11-29';
+    const drivers = [new MeterDriver(store, newKeyId()), new MeterDriver(store, newKeyId())];
+    let now = Date.parse(`${day}T10:00:00.000Z`);
+    const at = () => new Date((now += 1000)).toISOString();
+    const open = drivers.map(() => new Map<string, number>()); // request id -> expires at (ms)
+    for (const driver of drivers) {
+      await driver.issue(at());
+      await driver.open(day, at());
+    }
+    for (let step = 0; step < 160; step++) {
+      const k = Math.floor(random() * drivers.length);
+      const [driver, holds] = [drivers[k], open[k]];
+      const roll = random();
+      const ids = [...holds.keys()];
+      const id = ids[Math.floor(random() * ids.length)];
+      if (ids.length === 0 || (roll < 0.4 && ids.length < 4)) {
+        const free = [0, 1, 2, 3, 4, 5].map((n) => `${driver.keyId}-q${n}`).filter((q) => !holds.has(q));
+        const request = free[Math.floor(random() * free.length)];
+        await driver.reserve(day, request, 1 + Math.floor(random() * 50), 1 + Math.floor(random() * 50), at(), 3000);
+        holds.set(request, now + 3000);
+      } else if (roll < 0.75) {
+        await driver.settle(day, id, 1 + Math.floor(random() * 50), Math.floor(random() * 50), at(), 0.25, 0.5);
+        holds.delete(id);
+      } else if (roll < 0.85 && holds.get(id)! <= now + 1000) {
+        await driver.expire(day, id, at());
+        holds.delete(id);
+      } else if (roll < 0.95) {
+        const expires = holds.get(id)! + 10_000;
+        await driver.renew(day, id, new Date(expires).toISOString(), at());
+        holds.set(id, expires);
+      } else {
+        await driver.reject(day, `${driver.keyId}-x${step}`, 'rate_limited', 429, 3, at());
+      }
+    }
+    const mine = (rows: unknown[]) => rows.filter((r) => drivers.some((d) => JSON.stringify(r).includes(d.keyId)));
+    // daily_spend sums every key of the log (earlier tests' too): whole
+    const tables = async () => Object.fromEntries(Object.entries(await snapshot(store)).map(([table, rows]) => [table, table === 'daily_spend' ? rows : mine(rows)]));
+    const runner = (rebuildBatchSize: number) => new ProjectionRunner({ store, projections, rebuildBatchSize });
+    const one = runner(1);
+    for (const name of one.names) await one.rebuild(name);
+    const reference = await tables();
+    assert.equal([reference.key_usage.length, reference.usage_ledger.length > 12], [4, true], 'the workload reached the tables');
+    for (const size of [2, 3, 5, 8, 13, 1000]) {
+      const cut = runner(size);
+      for (const name of cut.names) await cut.rebuild(name);
+      assert.equal(await tables(), reference, `batches of ${size}`);
+    }
   });
 
   it.run();

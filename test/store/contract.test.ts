@@ -317,10 +317,13 @@ for (const adapter of adaptersUnderTest()) {
     const table = `batch_${randomUUID().replaceAll('-', '')}`;
     await store.query(`CREATE TABLE ${table} (k int PRIMARY KEY, t text, n bigint, f float8, j jsonb, at timestamptz)`);
     const nasty = `it's a \\ back'slash; DROP TABLE ${table}; -- "quoted" ' $1 \n line`;
+    // Dollar-quoted when it holds no `$`: backslashes, quotes and `$$`-like tails stay as they are.
+    const plain = `it's a \\ back'slash, "quoted" \n line, ending in a quote'`;
     await store.transaction((tx) =>
       tx.queryBatch([
         { sql: `INSERT INTO ${table} (k, t, n, f, j, at) VALUES ($1, $2, $3::bigint, $4::float8, $5::jsonb, $6::timestamptz)`, params: [1, nasty, 9007199254740991, 0.30000000000000004, JSON.stringify({ q: "o'k" }), new Date('2026-11-24T01:02:03.456Z')] },
         { sql: `INSERT INTO ${table} (k, t) VALUES ($1, $2)`, params: [2, null] },
+        { sql: `INSERT INTO ${table} (k, t, j) VALUES ($1, $2, $3::jsonb)`, params: [4, plain, JSON.stringify({ s: plain, d: 'a $$ b $ c$' })] },
         { sql: `UPDATE ${table} SET n = n + $2::bigint WHERE k = $1`, params: [1, -1] },
       ]),
     );
@@ -331,6 +334,7 @@ for (const adapter of adaptersUnderTest()) {
     assert.equal(rows[0].j, { q: "o'k" });
     assert.is(new Date(rows[0].at!).toISOString(), '2026-11-24T01:02:03.456Z');
     assert.equal([rows[1].k, rows[1].t], [2, null]);
+    assert.equal([rows[2].k, rows[2].t, rows[2].j], [4, plain, { s: plain, d: 'a $$ b $ c$' }]);
     // A failing statement fails the batch and the transaction: nothing of it stays.
     try {
       await store.transaction((tx) => tx.queryBatch([{ sql: `INSERT INTO ${table} (k) VALUES ($1)`, params: [3] }, { sql: `INSERT INTO ${table} (k) VALUES ($1)`, params: [1] }]));
