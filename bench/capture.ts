@@ -8,7 +8,7 @@ import { tmpdir, cpus, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { execFileSync } from 'node:child_process';
 import { Agent, request } from 'undici';
-import { benchAdminToken, issueKeys, memoryOf, root, scratchDatabase, spawnWithUrl, stop } from './support.ts';
+import { benchAdminToken, gatewayServeArgs, issueKeys, memoryOf, root, scratchDatabase, spawnWithUrl, stop } from './support.ts';
 import { captureRequest, engineCaptureBody, postHashed, stubModel, STUB_CHECKPOINT } from '../test/support/capture.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'svc-bench-capture-'));
@@ -21,7 +21,7 @@ execFileSync(process.execPath, [join(root, 'node_modules', 'typescript', 'bin', 
 // With DATABASE_URL the gateway gets a fresh PostgreSQL database of its own (dropped at the end).
 const db = process.env.DATABASE_URL ? await scratchDatabase(process.env.DATABASE_URL, 'capture') : null;
 const gatewayEnv = { ...process.env, SVC_CONFIG: join(dir, 'models.json'), DATA_DIR: join(dir, 'data'), PORT: '0', LOG_LEVEL: 'warn', SVC_ADMIN_TOKEN: benchAdminToken, ...(db ? { DATABASE_URL: db.url } : {}) };
-const gateway = await spawnWithUrl([...(process.env.BENCH_PROF_DIR ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_PROF_DIR}`] : []), 'dist/src/cli/main.js', 'serve'], gatewayEnv, /listening on (http:\/\/\S+)/);
+const gateway = await spawnWithUrl(gatewayServeArgs(process.env.BENCH_PROF_DIR ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_PROF_DIR}`] : []), gatewayEnv, /listening on (http:\/\/\S+)/);
 // One key (metering on, the default): some 60 requests, at most 4 at once, well inside its limits.
 const [apiKey] = await issueKeys(gateway.url, 1, 'capture');
 const keyHeader = { authorization: `Bearer ${apiKey}` };

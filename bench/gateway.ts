@@ -26,7 +26,7 @@ import { join } from 'node:path';
 import { Agent, request } from 'undici';
 import autocannon from 'autocannon';
 import { execFileSync } from 'node:child_process';
-import { benchAdminToken, cpuPerRequest, issueKeys, memoryOf, percentile, root, scratchDatabase, spawnWithUrl, stop } from './support.ts';
+import { benchAdminToken, cpuPerRequest, gatewayServeArgs, issueKeys, memoryOf, percentile, root, scratchDatabase, spawnWithUrl, stop } from './support.ts';
 
 // BENCH_PARTS=latency,slow,throughput,relay picks parts (all by default).
 const parts = new Set((process.env.BENCH_PARTS ?? 'latency,slow,throughput,relay').split(','));
@@ -108,7 +108,7 @@ async function main(): Promise<void> {
       cleanups.push(db.drop);
       env.DATABASE_URL = db.url;
     }
-    const gw = await spawnWithUrl([...(process.env.BENCH_PROF === name ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_PROF_DIR ?? dir}`] : []), 'dist/src/cli/main.js', 'serve'], env, /listening on (http:\/\/\S+)/);
+    const gw = await spawnWithUrl(gatewayServeArgs(process.env.BENCH_PROF === name ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_PROF_DIR ?? dir}`] : []), env, /listening on (http:\/\/\S+)/);
     cleanups.push(() => stop(gw.child));
     const keys = await issueKeys(gw.url, keyCount + freshKeyCount, `gw-${name}`);
     return { name, url: gw.url, pid: gw.child.pid!, keys: keys.slice(0, keyCount), fresh: keys.slice(keyCount), next: 0, sent: 0 };

@@ -8,6 +8,18 @@ import { openEventStore, type EventStore } from '../src/store/index.ts';
 
 export const root = fileURLToPath(new URL('..', import.meta.url));
 
+/**
+ * The compiled gateway's command line as `npm start` runs it (its node flags, then `dist/src/cli/main.js
+ * serve`), read from package.json's start script so that the benches measure what users run; `extra`
+ * node flags (a profiler) go first.
+ */
+export function gatewayServeArgs(extra: string[] = []): string[] {
+  const start: string = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')).scripts.start;
+  const command = /(?:^|&&\s*)node\s+((?:--\S+\s+)*)dist\/src\/cli\/main\.js serve\s*$/.exec(start);
+  if (!command) throw new Error(`package.json's start script does not end in "node [flags] dist/src/cli/main.js serve": ${start}`);
+  return [...extra, ...command[1].split(/\s+/).filter(Boolean), 'dist/src/cli/main.js', 'serve'];
+}
+
 const children = new Set<ChildProcess>();
 // A benchmark that fails half-way must not leave its gateway or engine running.
 process.once('exit', () => {
