@@ -122,8 +122,11 @@ export const usageLedgerProjection = defineBatchProjection<MeterEvent>({
   // own facts, so a request reserved and settled within the batch puts nothing aside.
   async apply(events, db) {
     const pairing = pairWithinBatch(events);
+    // A reservation's facts are read only if it stays open or an expiry in the batch closes it.
+    const expiring = new Set(events.flatMap((e, pos) => (e.type === 'ReservationExpired' && pairing[pos].paired !== null ? [`${e.streamId} ${pairing[pos].paired}`] : [])));
+    const read = (e: Recorded<MeterEvent>, pos: number) => e.type !== 'BudgetReserved' || !pairing[pos].closed || expiring.has(`${e.streamId} ${e.streamVersion}`);
     const batch = JSON.stringify(
-      events.map((e, pos) => ({ pos, stream_id: e.streamId, version: e.streamVersion, type: e.type, request_id: (e.data as { request_id: string }).request_id, row: rowOf(e), ...pairing[pos] })),
+      events.map((e, pos) => ({ pos, stream_id: e.streamId, version: e.streamVersion, type: e.type, request_id: (e.data as { request_id: string }).request_id, row: read(e, pos) ? rowOf(e) : null, ...pairing[pos] })),
     );
     const fresh = freshBatch(guard, 'pos int, stream_id text, version bigint, type text, request_id text, row jsonb, closed boolean, paired bigint');
     await db.query(

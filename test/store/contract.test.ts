@@ -327,6 +327,22 @@ for (const adapter of adaptersUnderTest()) {
         { sql: `UPDATE ${table} SET n = n + $2::bigint WHERE k = $1`, params: [1, -1] },
       ]),
     );
+    // A large value that several statements cast is sent once and read by each (see sql-script.ts);
+    // one that a statement leaves uncast is inlined in each.
+    const large = JSON.stringify(Array.from({ length: 200 }, (_, i) => ({ k: 10 + i, t: `row ${i}: it's a \\ "quoted" line` })));
+    const largeUncast = `${'x'.repeat(2000)} it's`;
+    await store.transaction((tx) =>
+      tx.queryBatch([
+        { sql: `INSERT INTO ${table} (k, t) SELECT k, t FROM jsonb_to_recordset($1::jsonb) AS e(k int, t text) WHERE k < 110`, params: [large] },
+        { sql: `INSERT INTO ${table} (k, t) SELECT k, t FROM jsonb_to_recordset($2::jsonb) AS e(k int, t text) WHERE k >= $1`, params: [110, large] },
+        { sql: `INSERT INTO ${table} (k, t) VALUES ($1, $2)`, params: [300, largeUncast] },
+        { sql: `UPDATE ${table} SET t = t || $1 WHERE k = $2`, params: [largeUncast, 300] },
+      ]),
+    );
+    const { rows: shared } = await store.query<{ k: number; t: string }>(`SELECT k, t FROM ${table} WHERE k >= 10 ORDER BY k`);
+    assert.equal(shared.slice(0, 200), JSON.parse(large));
+    assert.equal(shared[200], { k: 300, t: largeUncast + largeUncast });
+    await store.query(`DELETE FROM ${table} WHERE k >= 10`);
     const { rows } = await store.query<{ k: number; t: string | null; n: string | null; f: number | null; j: unknown; at: Date | null }>(`SELECT * FROM ${table} ORDER BY k`);
     assert.is(rows[0].t, nasty);
     assert.is(Number(rows[0].n), 9007199254740990);
