@@ -22,7 +22,9 @@ async function serve(settings: Settings): Promise<number> {
   const { startGateway } = await import('../gateway/index.ts');
   const admin = resolveAdminToken(process.env, settings.dataDir);
   // SVC_ENGINE_CHAOS=1 gives reference engines their failure-injection route (for tests of a whole `svc serve`).
-  const gateway = await startGateway(settings, { chaosEngines: process.env.SVC_ENGINE_CHAOS === '1', adminToken: admin.token });
+  // The store's nested-call check costs promise hooks on every promise (see OpenEventStoreOptions.nestedCallCheck);
+  // the in-process gateway of the tests keeps it, so a served gateway goes without.
+  const gateway = await startGateway(settings, { chaosEngines: process.env.SVC_ENGINE_CHAOS === '1', adminToken: admin.token, storeNestedCallCheck: false });
   if (admin.created) {
     // Printed once, on the first start; it is kept under DATA_DIR readable by the owner only.
     process.stderr.write(`\nadmin token (shown once, stored in ${settings.dataDir}/admin-token): ${admin.token}\n\n`);

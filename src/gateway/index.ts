@@ -32,6 +32,8 @@ export interface GatewayOptions {
   chaosEngines?: boolean;
   /** The operators' token for the admin API (default: SVC_ADMIN_TOKEN, else DATA_DIR/admin-token, created if missing). */
   adminToken?: string;
+  /** The store's check against its own calls inside a transaction (default true; `svc serve` turns it off, see OpenEventStoreOptions.nestedCallCheck). */
+  storeNestedCallCheck?: boolean;
 }
 
 export interface Gateway {
@@ -116,7 +118,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
       logger.info({ model: model.id, url: engine.url, pid: engine.pid }, 'reference engine started');
     };
     const openStore = async () => {
-      const opened = await openEventStore({ databaseUrl: settings.databaseUrl, dataDir: settings.dataDir, purpose: 'svc serve' });
+      const opened = await openEventStore({ databaseUrl: settings.databaseUrl, dataDir: settings.dataDir, purpose: 'svc serve', nestedCallCheck: options.storeNestedCallCheck });
       stoppers.push(() => opened.close());
       return opened;
     };

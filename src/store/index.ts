@@ -51,6 +51,13 @@ export interface OpenEventStoreOptions {
   notifyOtherProcesses?: boolean;
   /** Told when a whole append batch fails (a broken connection, a deadlock). */
   onBatchError?: (error: unknown) => void;
+  /**
+   * Refuse the store's own methods called inside a `transaction` callback with StoreCallInsideTransaction
+   * (default true). Telling them apart takes an AsyncLocalStorage around the callback, and on Node 20 that
+   * puts promise hooks on every promise of the process: about a tenth of the metered gateway's CPU. So
+   * `svc serve` turns it off; tests and the CLI's tools keep it, and catch such a call where it is written.
+   */
+  nestedCallCheck?: boolean;
 }
 
 /** A timeout from the environment (ms), or undefined when unset; a bad value stops the start, naming the variable. */
@@ -68,6 +75,7 @@ export async function openEventStore(options: OpenEventStoreOptions = {}): Promi
     pollIntervalMs: options.pollIntervalMs,
     notifyOtherProcesses: options.notifyOtherProcesses,
     onBatchError: options.onBatchError,
+    nestedCallCheck: options.nestedCallCheck,
   };
   if (options.databaseUrl) {
     const driver = await createPostgresDriver({

@@ -35,6 +35,8 @@ export interface SqlStoreOptions {
   notifyOtherProcesses?: boolean;
   /** Told when a whole append batch fails (a broken connection, a deadlock): for logs and tests. */
   onBatchError?: (error: unknown) => void;
+  /** Refuse the store's own calls inside a `transaction` callback (default true; see OpenEventStoreOptions). */
+  nestedCallCheck?: boolean;
   /** Extra work at close (the data-directory lock, say). */
   onClose?: () => Promise<void> | void;
 }
@@ -188,8 +190,8 @@ const pendingRecheckMs = 40;
 export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOptions = {}): Promise<EventStore> {
   await migrate(driver);
   const hub = new WakeHub();
-  /** Set while one of this store's `transaction` callbacks runs: its other calls refuse inside it. */
-  const insideTransaction = new AsyncLocalStorage<boolean>();
+  /** Set while one of this store's `transaction` callbacks runs: its other calls refuse inside it (null: not tracked). */
+  const insideTransaction = options.nestedCallCheck === false ? null : new AsyncLocalStorage<boolean>();
   await driver.listen(() => hub.notify());
   const pollIntervalMs = options.pollIntervalMs ?? 1000;
   const subscriptions = new Set<{ stop(): Promise<void> }>();
@@ -214,7 +216,7 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
   /** Open, and not called from inside a `store.transaction` callback (same refusal on both adapters). */
   const ensureOpen = (method?: string) => {
     if (closed) throw new StoreClosed();
-    if (method && insideTransaction.getStore()) throw new StoreCallInsideTransaction(method);
+    if (method && insideTransaction?.getStore()) throw new StoreCallInsideTransaction(method);
   };
 
   async function readAllOn(db: Queryable, after: GlobalPosition, limit: number): Promise<RecordedEvent[]> {
@@ -271,7 +273,7 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
     };
 
     // Outside any transaction the caller may be in: the loop outlives it.
-    const loop = insideTransaction.exit(async () => {
+    const follow = async () => {
       let shortDelay = 0;
       while (!abort.signal.aborted) {
         const generation = hub.generation;
@@ -301,7 +303,8 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
         shortDelay = pending ? Math.min(shortDelay === 0 ? 5 : shortDelay * 2, pendingRecheckMs, poll) : 0;
         await hub.wait(generation, pending ? shortDelay : poll, abort.signal);
       }
-    });
+    };
+    const loop = insideTransaction ? insideTransaction.exit(follow) : follow();
 
     const subscription: Subscription = {
       get position() {
@@ -393,8 +396,8 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
     async transaction<T>(fn: (tx: StoreTransaction) => Promise<T>): Promise<T> {
       ensureOpen('transaction');
       let appended = false;
-      const result = await driver.transaction((tx) =>
-        insideTransaction.run(true, () => fn({
+      const result = await driver.transaction((tx) => {
+        const inside = () => fn({
           query: (sql, params) => tx.query(sql, params),
           queryBatch: (statements) => (statements.length === 0 ? Promise.resolve() : tx.exec(sqlScript(statements))),
           readAll: (after, limit) => readAllOn(tx, after, limit),
@@ -408,8 +411,9 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
               return outcome.ok;
             }
           },
-        })),
-      );
+        });
+        return insideTransaction ? insideTransaction.run(true, inside) : inside();
+      });
       if (appended) committed();
       return result;
     },

@@ -766,6 +766,26 @@ for (const adapter of adaptersUnderTest()) {
     assert.is((await store.readStream(stream)).version, 1);
   });
 
+  // PostgreSQL only: on PGlite such a call would wait for the transaction forever.
+  if (adapter.name === 'postgres') it('with nestedCallCheck off (svc serve) the callback is not tracked: a store call inside it runs on its own connection', async () => {
+    const untracked = await adapter.open({ nestedCallCheck: false });
+    try {
+      const stream = uniqueStream();
+      await within(
+        untracked.transaction(async (tx) => {
+          await tx.append(stream, [event('Inside')], 'no_stream');
+          assert.equal((await untracked.query<{ one: number }>('SELECT 1 AS one')).rows, [{ one: 1 }]);
+          assert.is((await untracked.readStream(stream)).version, 0, 'another connection does not see the open transaction');
+        }),
+        10_000,
+        'an untracked store call inside a transaction',
+      );
+      assert.is((await untracked.readStream(stream)).version, 1);
+    } finally {
+      await untracked.close();
+    }
+  });
+
   // PostgreSQL only (this and the next): PGlite runs in this process, there is no connection to lose.
   if (adapter.name === 'postgres') it('a black-holed connection fails appends fast with StoreUnavailable; the store then recovers by itself', async ({ store }) => {
     const proxy = await startProxy(process.env.DATABASE_URL!);
