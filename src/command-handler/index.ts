@@ -164,9 +164,10 @@ export class CommandHandler {
     return (this.#following ??= this.#store.head().then((after) =>
       this.#store.subscribe({
         after,
+        // This process's own events are passed over in the store, unread: its cache has them already.
+        skipMetadata: { key: originKey, value: this.#origin },
         handle: async (events) => {
           for (const event of events) {
-            if (event.metadata?.[originKey] === this.#origin) continue;
             this.forget(event.streamId);
             for (const listener of this.#foreignListeners) listener(event);
           }

@@ -46,6 +46,10 @@ const uuidPattern = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{1
 // `tx`, not `transaction_id`: an output column named like the input one would make ORDER BY sort the text.
 const eventColumns = `global_position, transaction_id::text AS tx, stream_id, stream_version,
   event_id::text AS event_id, event_type, data, metadata, recorded_at`;
+/** The same, but an event whose metadata holds $5 under the key $4 comes without its data and metadata (null). */
+const eventColumnsSkipping = `global_position, transaction_id::text AS tx, stream_id, stream_version,
+  event_id::text AS event_id, event_type, CASE WHEN metadata->>$4 = $5 THEN NULL ELSE data END AS data,
+  CASE WHEN metadata->>$4 = $5 THEN NULL ELSE metadata END AS metadata, recorded_at`;
 
 /** Only rows whose transaction is older than every running one: nothing can commit before them later. */
 const visible = `transaction_id < pg_snapshot_xmin(pg_current_snapshot())`;
@@ -219,20 +223,24 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
     if (method && insideTransaction?.getStore()) throw new StoreCallInsideTransaction(method);
   };
 
-  async function readAllOn(db: Queryable, after: GlobalPosition, limit: number): Promise<RecordedEvent[]> {
+  /** `skip`: an event whose metadata holds it comes back without data and metadata (both null), for `subscribe`'s skipMetadata. */
+  async function readAllOn(db: Queryable, after: GlobalPosition, limit: number, skip?: { key: string; value: string }): Promise<RecordedEvent[]> {
+    const params = [String(after.transactionId), after.position, limit];
     const { rows } = await db.query<EventRow>(
-      `SELECT ${eventColumns} FROM events
+      `SELECT ${skip ? eventColumnsSkipping : eventColumns} FROM events
        WHERE (transaction_id, global_position) > ($1::text::xid8, $2::bigint) AND ${visible}
        ORDER BY transaction_id, global_position LIMIT $3`,
-      [String(after.transactionId), after.position, limit],
+      skip ? [...params, skip.key, skip.value] : params,
     );
     return rows.map(toEvent);
   }
 
-  async function readAll(after: GlobalPosition, limit: number): Promise<RecordedEvent[]> {
+  async function readAll(after: GlobalPosition, limit: number, skip?: { key: string; value: string }): Promise<RecordedEvent[]> {
     ensureOpen('readAll');
-    return readAllOn(driver, after, limit);
+    return readAllOn(driver, after, limit, skip);
   }
+
+
 
   async function head(): Promise<GlobalPosition> {
     ensureOpen('head');
@@ -261,6 +269,7 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
     const batchSize = opts.batchSize ?? 500;
     const poll = opts.pollIntervalMs ?? pollIntervalMs;
     const gatherMs = opts.gatherMs ?? 0;
+    const skip = opts.skipMetadata ?? null;
     const abort = new AbortController();
     let position = opts.after ?? logStart;
     let waiters: { target: GlobalPosition; resolve(): void; reject(e: unknown): void }[] = [];
@@ -280,8 +289,9 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
         let batch: RecordedEvent[];
         let pending = false;
         try {
-          batch = await readAll(position, batchSize);
-          if (batch.length > 0) await opts.handle(batch);
+          batch = await readAll(position, batchSize, skip ?? undefined);
+          const handed = skip ? batch.filter((e) => e.metadata !== null) : batch;
+          if (handed.length > 0) await opts.handle(handed);
           // Nothing readable: has something committed that an older transaction still hides?
           else pending = comparePositions(await lastCommitted(), position) > 0;
         } catch (error) {

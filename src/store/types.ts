@@ -95,7 +95,13 @@ export interface SubscribeOptions {
    * The first event after a quiet spell is still read at once.
    */
   gatherMs?: number;
-  /** Called with each batch in global order; the position advances once it resolves. */
+  /**
+   * Events whose metadata holds this value under this key are passed over: not handed to `handle`, and
+   * their data and metadata not even read (the position still moves past them). A process following
+   * other processes' writes skips its own this way, which under load is nearly all of them.
+   */
+  skipMetadata?: { key: string; value: string };
+  /** Called with each batch in global order (none when every event of it was skipped); the position advances once it resolves. */
   handle(events: RecordedEvent[]): Promise<void>;
   /** Called when `handle` or a read fails; the subscription retries the same batch after a pause. */
   onError?(error: unknown): void;

@@ -479,6 +479,21 @@ for (const adapter of adaptersUnderTest()) {
     }
   });
 
+  it('a subscriber with skipMetadata is handed only the other events, whole, and moves past the skipped ones', async ({ store }) => {
+    const start = await settledHead(store);
+    const stream = uniqueStream();
+    await store.append(stream, [event('Mine', { n: 1 }, { origin: 'me' }), event('Theirs', { n: 2 }, { origin: 'them' }), event('Unmarked', { n: 3 })], 'no_stream');
+    await store.append(stream, [event('Mine', { n: 4 }, { origin: 'me' })], 3);
+    const handed: RecordedEvent[][] = [];
+    const subscription = store.subscribe({ after: start, skipMetadata: { key: 'origin', value: 'me' }, handle: async (events) => void handed.push(events) });
+    await subscription.caughtUp();
+    await subscription.stop();
+    const seen = handed.flat().filter((e) => e.streamId === stream);
+    assert.equal(seen.map((e) => [e.type, e.data, e.metadata.origin ?? null, e.streamVersion]), [['Theirs', { n: 2 }, 'them', 2], ['Unmarked', { n: 3 }, null, 3]]);
+    assert.ok(handed.every((batch) => batch.length > 0), 'a batch of skipped events only is not handed over');
+    assert.is(comparePositions(subscription.position, (await store.readAll(start, 10)).at(-1)!.globalPosition), 0, 'the position moved past the last, skipped event');
+  });
+
   it('a subscriber with gatherMs takes what committed during its pause in one batch, and reads the first event after a quiet spell at once', async ({ store }) => {
     const stream = uniqueStream();
     const batches: string[][] = [];
