@@ -14,11 +14,19 @@ export interface MeterDay {
 
 const meterStreamPattern = /^meter-(.+)-(\d{4}-\d{2}-\d{2})$/;
 
+/** Recently read stream ids (every projection reads each event's, and a key's day has many events). */
+const recentDays = new Map<string, Readonly<MeterDay>>();
+
 /** `meter-<keyId>-<yyyy-mm-dd>` -> key id, day, month; a meter event elsewhere is a bug worth stopping for. */
-export function meterDayOf(streamId: string): MeterDay {
+export function meterDayOf(streamId: string): Readonly<MeterDay> {
+  const known = recentDays.get(streamId);
+  if (known) return known;
   const match = meterStreamPattern.exec(streamId);
   if (!match) throw new Error(`meter event on stream "${streamId}", which is not meter-<keyId>-<yyyy-mm-dd>`);
-  return { keyId: match[1], day: match[2], month: match[2].slice(0, 7) };
+  const found = { keyId: match[1], day: match[2], month: match[2].slice(0, 7) };
+  if (recentDays.size >= 10_000) recentDays.clear();
+  recentDays.set(streamId, found);
+  return found;
 }
 
 /**

@@ -26,9 +26,48 @@ function factsColumns(facts: RequestFactsData): LedgerRow {
   };
 }
 
-function placeColumns(event: Recorded<MeterEvent>): LedgerRow {
+/** The measured part of a request that ended with its facts (settled or rejected). */
+interface Outcome {
+  input_tokens: number;
+  output_tokens: number;
+  status: number;
+  latency_ms: number;
+  gpu_seconds: number;
+  cost: number;
+  outcome: 'settled' | 'rejected';
+  code: string | null;
+  disconnected: boolean;
+  at: string;
+}
+
+/**
+ * The whole row of a request that ended with its facts, written out as one literal (it is built for
+ * every request, and an object grown by spreads costs several times the memory).
+ */
+function endedRow(event: Recorded<MeterEvent>, facts: RequestFactsData, o: Outcome): LedgerRow {
   const { keyId, day } = meterDayOf(event.streamId);
-  return { key_id: keyId, day };
+  return {
+    request_id: facts.request_id,
+    key_prefix: facts.key_prefix,
+    email: facts.email,
+    client_ip: facts.client_ip,
+    endpoint: facts.endpoint,
+    model: facts.model,
+    user_tag: facts.user,
+    workload: facts.workload,
+    key_id: keyId,
+    day,
+    input_tokens: o.input_tokens,
+    output_tokens: o.output_tokens,
+    status: o.status,
+    latency_ms: o.latency_ms,
+    gpu_seconds: o.gpu_seconds,
+    cost: o.cost,
+    outcome: o.outcome,
+    code: o.code,
+    disconnected: o.disconnected,
+    at: o.at,
+  };
 }
 
 // A request id is the row's key: the first outcome recorded for it wins (a later one, from a client
@@ -41,9 +80,7 @@ function rowOf(event: Recorded<MeterEvent>): LedgerRow {
       return factsColumns(event.data);
     case 'UsageSettled': {
       const d = event.data;
-      return {
-        ...factsColumns(d),
-        ...placeColumns(event),
+      return endedRow(event, d, {
         input_tokens: d.input_tokens,
         output_tokens: d.output_tokens,
         status: d.status,
@@ -54,18 +91,18 @@ function rowOf(event: Recorded<MeterEvent>): LedgerRow {
         code: null,
         disconnected: d.disconnected,
         at: d.at,
-      };
+      });
     }
     case 'ReservationExpired': {
       // Charged the whole hold; nothing ran to report a status, a latency or GPU time (NULL, not 0).
+      // Its facts come from the reservation (see apply).
       const d = event.data;
-      return { request_id: d.request_id, ...placeColumns(event), input_tokens: d.input_tokens, output_tokens: d.output_tokens, outcome: 'expired', at: d.at };
+      const { keyId, day } = meterDayOf(event.streamId);
+      return { request_id: d.request_id, key_id: keyId, day, input_tokens: d.input_tokens, output_tokens: d.output_tokens, outcome: 'expired', at: d.at };
     }
     case 'RequestRejected': {
       const d = event.data;
-      return {
-        ...factsColumns(d),
-        ...placeColumns(event),
+      return endedRow(event, d, {
         input_tokens: d.input_tokens,
         output_tokens: 0,
         status: d.status,
@@ -76,7 +113,7 @@ function rowOf(event: Recorded<MeterEvent>): LedgerRow {
         code: d.code,
         disconnected: false,
         at: d.at,
-      };
+      });
     }
     default:
       throw new Error(`usage_ledger does not read ${event.type}`);
