@@ -322,10 +322,13 @@ export class CommandHandler {
 
   #stored(slot: Slot, batch: Entry[], result: AppendResult): void {
     slot.inflight = null;
-    let state = slot.confirmed.state;
+    // Nothing decided on top of this batch: the state it leaves is the latest, evolved already when
+    // its decisions were made. Else it is evolved again from the confirmed state.
+    const latest = slot.pending.length === 0 && slot.latest.version === result.nextExpectedVersion;
+    let state = latest ? slot.latest.state : slot.confirmed.state;
     for (const entry of batch) {
       if (!entry.outcome.accepted) continue;
-      for (const event of entry.outcome.newEvents) state = slot.decider.evolve(state, event);
+      if (!latest) for (const event of entry.outcome.newEvents) state = slot.decider.evolve(state, event);
       slot.recent.set(entry.commandId, { version: entry.outcome.version, events: [...entry.outcome.newEvents] });
     }
     slot.confirmed = { state, version: result.nextExpectedVersion };
