@@ -180,8 +180,8 @@ export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRe
         const hold = state.holds[command.facts.request_id];
         // Settled or expired already (a resend, or a request that outlived its hold): nothing more to charge.
         if (!hold || hold.day !== state.day) return [];
+        // The facts spread last: V8 builds `{ ...a, x, y }` property by property, several times slower.
         const settled = UsageSettled({
-          ...command.facts,
           input_tokens: command.inputTokens,
           output_tokens: command.outputTokens,
           status: command.status,
@@ -190,6 +190,7 @@ export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRe
           cost: command.cost,
           disconnected: command.disconnected,
           at: command.now,
+          ...command.facts,
         });
         const shrunk = command.lease && hold.lease === command.lease.holder ? shrinkLease(state, command.lease.holder, command.lease.waiting, command.now) : null;
         return shrunk ? [settled, shrunk] : settled;
@@ -205,7 +206,7 @@ export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRe
         return CarriedHoldReleased({ request_id: command.requestId, day: command.day, input_tokens: command.inputTokens, output_tokens: command.outputTokens, at: command.now });
       }
       case 'RecordRejection':
-        return RequestRejected({ ...command.facts, code: command.code, status: command.status, input_tokens: command.inputTokens, latency_ms: command.latencyMs, at: command.now });
+        return RequestRejected({ code: command.code, status: command.status, input_tokens: command.inputTokens, latency_ms: command.latencyMs, at: command.now, ...command.facts });
       default: {
         const unhandled: never = command;
         throw new Error(`unknown meter command ${JSON.stringify(unhandled)}`);
@@ -349,7 +350,6 @@ function reserve(command: Extract<MeterCommand, { type: 'Reserve' }>, state: Met
   }
   const applied = Math.min(command.maxTokens, fit);
   const reserved = BudgetReserved({
-    ...command.facts,
     input_tokens: command.inputTokens,
     output_tokens: applied * command.choices,
     max_tokens_requested: command.maxTokensRequested,
@@ -359,6 +359,7 @@ function reserve(command: Extract<MeterCommand, { type: 'Reserve' }>, state: Met
     at: command.now,
     expires_at: new Date(now + command.ttlMs).toISOString(),
     lease_holder: holder,
+    ...command.facts, // last: see Settle
   });
   return leased ? [leased, reserved] : reserved;
 }

@@ -272,7 +272,8 @@ export class CommandHandler {
       id: eventIdFor(entry.commandId, i),
       type: e.type,
       data: e.data,
-      metadata: { ...entry.options.metadata, [commandIdKey]: entry.commandId, [originKey]: this.#origin, [schemaVersionKey]: slot.decider.events.versionOf(e.type) },
+      // Ours win over the caller's; Object.assign, not a spread followed by more keys (several times slower in V8).
+      metadata: Object.assign({}, entry.options.metadata, { [commandIdKey]: entry.commandId, [originKey]: this.#origin, [schemaVersionKey]: slot.decider.events.versionOf(e.type) }),
     }));
     if (events.length === 0) return;
     slot.latest = { state: next, version: version + events.length };

@@ -245,13 +245,13 @@ export class Metering {
     // In the lease as it stands (renewed alongside at most): no other process can take this slot, so the engine may start now.
     const startNow = outcome.newEvents.every((e) => e.type !== 'SlotsLeased') && outcome.newEvents.some((e) => e.type === 'BudgetReserved' && e.data.lease_holder !== null);
     const voiding = new AbortController();
-    this.#running.set(reservation.requestId, { ...reservation, expiresAt: now.getTime() + this.#ttlMs });
+    this.#running.set(reservation.requestId, { expiresAt: now.getTime() + this.#ttlMs, ...reservation });
     const durable = decision.durable.then(
       async (final): Promise<Reservation> => {
         if (final.accepted) {
           const stored = reservationFrom(keyId, day, stream, final.newEvents);
           if (stored.maxTokens !== reservation.maxTokens) voiding.abort();
-          this.#running.set(stored.requestId, { ...stored, expiresAt: now.getTime() + this.#ttlMs });
+          this.#running.set(stored.requestId, { expiresAt: now.getTime() + this.#ttlMs, ...stored });
           return stored;
         }
         voiding.abort();
@@ -273,7 +273,7 @@ export class Metering {
         throw apiError('store_unavailable', 'the usage store is unavailable; the request was not run');
       },
     );
-    return { ...reservation, startNow, voided: voiding.signal, durable };
+    return { startNow, voided: voiding.signal, durable, ...reservation };
   }
 
   #enqueue(request: AdmitRequest): Promise<Admission> {

@@ -51,7 +51,7 @@ export class GroupCommitter {
 
   append(request: PendingAppend): Promise<AppendResult> {
     return new Promise((resolve, reject) => {
-      this.#queue.push({ ...request, resolve, reject });
+      this.#queue.push({ resolve, reject, ...request });
       this.#schedulePump();
     });
   }
