@@ -389,7 +389,7 @@ export class Metering {
     const stored = await this.#persist(async () => {
       const decision = await this.#handler.decide(
         reservation.stream,
-        { type: 'Settle', facts, ...usage, lease: { holder: this.#holder, waiting: this.#queues.get(reservation.keyId)?.length ?? 0 }, now: now.toISOString() },
+        { type: 'Settle', facts, lease: { holder: this.#holder, waiting: this.#queues.get(reservation.keyId)?.length ?? 0 }, now: now.toISOString(), ...usage },
         meterDecider,
         { commandId: `settle:${reservation.requestId}`, metadata: { request_id: reservation.requestId }, lingerMs: this.#lingerMs },
       );
