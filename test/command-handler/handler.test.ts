@@ -114,6 +114,8 @@ it('decides on the stream state and appends checked events with the command id a
   assert.equal(read.events.map((e) => [e.type, (e.data as { number: number }).number]), [['TicketIssued', 1], ['TicketIssued', 2]]);
   assert.equal(read.events[0].metadata, { request_id: 'req-1', [commandIdKey]: 'cmd-1', origin: 'here', schema_version: 2 });
   assert.is(read.events[0].id, eventIdFor('cmd-1', 0));
+  // Ids are stored: they must never change for a command id (a resend after an upgrade appends nothing twice).
+  assert.equal([eventIdFor('cmd-1', 0), eventIdFor('settle:req_abc', 1)], ['2d8b4069-ada5-5441-ac3e-ea78fa62b83b', '9f6b9f15-8c1d-57a0-82e1-eea46f461bee']);
 });
 
 it('a decision without events appends nothing', async ({ store }) => {
