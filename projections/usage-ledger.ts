@@ -41,33 +41,12 @@ interface Outcome {
 }
 
 /**
- * The whole row of a request that ended with its facts, written out as one literal (it is built for
- * every request, and an object grown by spreads costs several times the memory).
+ * The whole row of a request that ended with its facts: built by Object.assign, not by spreads (it is
+ * built for every request, and `{ ...a, ...b, more }` makes V8 add each key on its own, many times slower).
  */
-function endedRow(event: Recorded<MeterEvent>, facts: RequestFactsData, o: Outcome): LedgerRow {
+function endedRow(event: Recorded<MeterEvent>, facts: RequestFactsData, outcome: Outcome): LedgerRow {
   const { keyId, day } = meterDayOf(event.streamId);
-  return {
-    request_id: facts.request_id,
-    key_prefix: facts.key_prefix,
-    email: facts.email,
-    client_ip: facts.client_ip,
-    endpoint: facts.endpoint,
-    model: facts.model,
-    user_tag: facts.user,
-    workload: facts.workload,
-    key_id: keyId,
-    day,
-    input_tokens: o.input_tokens,
-    output_tokens: o.output_tokens,
-    status: o.status,
-    latency_ms: o.latency_ms,
-    gpu_seconds: o.gpu_seconds,
-    cost: o.cost,
-    outcome: o.outcome,
-    code: o.code,
-    disconnected: o.disconnected,
-    at: o.at,
-  };
+  return Object.assign(factsColumns(facts), { key_id: keyId, day }, outcome);
 }
 
 // A request id is the row's key: the first outcome recorded for it wins (a later one, from a client
