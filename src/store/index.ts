@@ -54,7 +54,7 @@ export interface OpenEventStoreOptions {
   /**
    * Refuse the store's own methods called inside a `transaction` callback with StoreCallInsideTransaction
    * (default true). Telling them apart takes an AsyncLocalStorage around the callback, and on Node 20 that
-   * puts promise hooks on every promise of the process: about a tenth of the metered gateway's CPU. So
+   * puts promise hooks on every promise of the process: about 8 % of the metered gateway's CPU. So
    * `svc serve` turns it off; tests and the CLI's tools keep it, and catch such a call where it is written.
    */
   nestedCallCheck?: boolean;
