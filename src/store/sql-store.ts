@@ -44,12 +44,12 @@ export interface SqlStoreOptions {
 const uuidPattern = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
 // `tx`, not `transaction_id`: an output column named like the input one would make ORDER BY sort the text.
-const eventColumns = `global_position, transaction_id::text AS tx, stream_id, stream_version,
-  event_id::text AS event_id, event_type, data, metadata, recorded_at`;
+const columnsOf = (data: string, metadata: string) => `global_position, transaction_id::text AS tx, stream_id, stream_version,
+  event_id::text AS event_id, event_type, ${data} AS data, ${metadata} AS metadata, recorded_at`;
+const eventColumns = columnsOf('data', 'metadata');
 /** The same, but an event whose metadata holds $5 under the key $4 comes without its data and metadata (null). */
-const eventColumnsSkipping = `global_position, transaction_id::text AS tx, stream_id, stream_version,
-  event_id::text AS event_id, event_type, CASE WHEN metadata->>$4 = $5 THEN NULL ELSE data END AS data,
-  CASE WHEN metadata->>$4 = $5 THEN NULL ELSE metadata END AS metadata, recorded_at`;
+const skipped = `metadata->>$4 = $5`;
+const eventColumnsSkipping = columnsOf(`CASE WHEN ${skipped} THEN NULL ELSE data END`, `CASE WHEN ${skipped} THEN NULL ELSE metadata END`);
 
 /** Only rows whose transaction is older than every running one: nothing can commit before them later. */
 const visible = `transaction_id < pg_snapshot_xmin(pg_current_snapshot())`;
