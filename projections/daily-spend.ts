@@ -4,30 +4,43 @@
  * day (the day it was admitted), like everything else; expiries and rejections cost nothing here
  * (no backend time was reported for them).
  */
-import { defineProjection, type Queryable } from '../src/event-sourcing/index.ts';
+import { defineBatchProjection, type Queryable } from '../src/event-sourcing/index.ts';
 import { meterEvents, type MeterEvent } from '../events/meter.ts';
-import { createStreamGuard, freshCte, meterDayOf } from './meter-streams.ts';
+import { advanceGuard, createPositionGuard, freshBatch, guardParams, guardTable, logPlace, meterDayOf } from './meter-streams.ts';
 
-const guard = 'daily_spend_applied';
-
-export const dailySpendProjection = defineProjection<MeterEvent>({
+export const dailySpendProjection = defineBatchProjection<Extract<MeterEvent, { type: 'UsageSettled' }>>({
   name: 'daily_spend',
-  tables: ['daily_spend', guard],
+  tables: ['daily_spend', guardTable('daily_spend')],
   events: [meterEvents],
+  eventTypes: ['UsageSettled'],
   async init(db) {
     await db.query(`CREATE TABLE IF NOT EXISTS daily_spend (
       day date PRIMARY KEY, cost double precision NOT NULL, gpu_seconds double precision NOT NULL, requests bigint NOT NULL)`);
-    await createStreamGuard(db, guard);
+    await createPositionGuard(db, 'daily_spend');
   },
-  handlers: {
-    async UsageSettled(event, db) {
-      await db.query(
-        `WITH ${freshCte(guard)}
-         INSERT INTO daily_spend AS s (day, cost, gpu_seconds, requests) SELECT $3::date, $4::float8, $5::float8, 1 FROM fresh
-         ON CONFLICT (day) DO UPDATE SET cost = s.cost + excluded.cost, gpu_seconds = s.gpu_seconds + excluded.gpu_seconds, requests = s.requests + 1`,
-        [event.streamId, event.streamVersion, meterDayOf(event.streamId).day, event.data.cost, event.data.gpu_seconds],
-      );
-    },
+  // One upsert per day the batch touches. Floating-point sums depend on their order, and a day's
+  // totals must not depend on where batches are cut: each day's sum starts from the stored row and
+  // adds the batch's settlements in log order (`sum(... ORDER BY ...)` adds in that order), as one
+  // settlement at a time would.
+  async apply(events, db) {
+    const batch = JSON.stringify(
+      events.map((e, pos) => ({ pos, day: meterDayOf(e.streamId).day, cost: e.data.cost, gpu_seconds: e.data.gpu_seconds, ...logPlace(e) })),
+    );
+    await db.query(
+      `WITH ${freshBatch('daily_spend', 'pos int, day date, cost float8, gpu_seconds float8')},
+       summed AS (
+         SELECT d.day, sum(v.cost ORDER BY v.pos) AS cost, sum(v.gpu_seconds ORDER BY v.pos) AS gpu_seconds, count(*) FILTER (WHERE v.pos >= 0) AS requests
+         FROM (SELECT DISTINCT day FROM fresh) d
+         CROSS JOIN LATERAL (
+           SELECT -1 AS pos, s.cost, s.gpu_seconds FROM daily_spend s WHERE s.day = d.day
+           UNION ALL
+           SELECT f.pos, f.cost, f.gpu_seconds FROM fresh f WHERE f.day = d.day) v
+         GROUP BY d.day)
+       INSERT INTO daily_spend AS s (day, cost, gpu_seconds, requests) SELECT day, cost, gpu_seconds, requests FROM summed
+       ON CONFLICT (day) DO UPDATE SET cost = excluded.cost, gpu_seconds = excluded.gpu_seconds, requests = s.requests + excluded.requests`,
+      [batch],
+    );
+    await db.query(advanceGuard('daily_spend'), guardParams(events));
   },
 });
 

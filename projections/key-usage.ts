@@ -13,7 +13,7 @@
  */
 import { defineBatchProjection, type Queryable } from '../src/event-sourcing/index.ts';
 import { meterEvents, type MeterEvent } from '../events/meter.ts';
-import { advanceGuard, closesEarlierHold, createStreamGuard, freshBatch, meterDayOf, outlivesBatch, pairWithinBatch } from './meter-streams.ts';
+import { advanceGuard, closesEarlierHold, createPositionGuard, freshBatch, guardParams, guardTable, logPlace, meterDayOf, outlivesBatch, pairWithinBatch } from './meter-streams.ts';
 
 export interface KeyUsageRow {
   key_id: string;
@@ -30,10 +30,9 @@ export interface KeyUsageRow {
 export type UsageDelta = Pick<KeyUsageRow, 'reserved_tokens' | 'input_tokens' | 'output_tokens' | 'requests' | 'expired' | 'rejected'>;
 export const usageCounters = ['reserved_tokens', 'input_tokens', 'output_tokens', 'requests', 'expired', 'rejected'] as const satisfies readonly (keyof UsageDelta)[];
 
-const guard = 'key_usage_applied';
 const holds = 'key_usage_holds';
 
-const columns = 'pos int, stream_id text, version bigint, type text, key_id text, month text, day text, request_id text, input_tokens bigint, output_tokens bigint, closed boolean, paired bigint';
+const columns = 'pos int, stream_id text, type text, key_id text, month text, day text, request_id text, input_tokens bigint, output_tokens bigint, closed boolean, paired int';
 const counterList = usageCounters.join(', ');
 
 /**
@@ -54,7 +53,7 @@ const delta = (...values: string[]) => `SELECT stream_id, ${values.map((v, i) =>
 
 export const keyUsageProjection = defineBatchProjection<MeterEvent>({
   name: 'key_usage',
-  tables: ['key_usage', holds, guard],
+  tables: ['key_usage', holds, guardTable('key_usage')],
   events: [meterEvents],
   eventTypes: ['BudgetReserved', 'UsageSettled', 'ReservationExpired', 'RequestRejected'],
   async init(db) {
@@ -71,7 +70,7 @@ export const keyUsageProjection = defineBatchProjection<MeterEvent>({
       PRIMARY KEY (key_id, period_kind, period))`);
     await db.query(`CREATE TABLE IF NOT EXISTS ${holds} (
       stream_id text COLLATE "C" NOT NULL, request_id text NOT NULL, tokens bigint NOT NULL, PRIMARY KEY (stream_id, request_id))`);
-    await createStreamGuard(db, guard);
+    await createPositionGuard(db, 'key_usage');
   },
   // Two statements, in this order, as one event at a time would leave the rows (see `outlivesBatch`):
   // holds made before the batch released by their close, with what every settlement and expiry
@@ -84,10 +83,10 @@ export const keyUsageProjection = defineBatchProjection<MeterEvent>({
       events.map((e, pos) => {
         const d = e.data as Partial<{ request_id: string; input_tokens: number; output_tokens: number }>;
         const { keyId, month, day } = meterDayOf(e.streamId);
-        return { pos, stream_id: e.streamId, version: e.streamVersion, type: e.type, key_id: keyId, month, day, request_id: d.request_id, input_tokens: d.input_tokens ?? 0, output_tokens: d.output_tokens ?? 0, ...pairing[pos] };
+        return { pos, stream_id: e.streamId, type: e.type, key_id: keyId, month, day, request_id: d.request_id, input_tokens: d.input_tokens ?? 0, output_tokens: d.output_tokens ?? 0, ...logPlace(e), ...pairing[pos] };
       }),
     );
-    const fresh = freshBatch(guard, columns);
+    const fresh = freshBatch('key_usage', columns);
     await db.query(
       `WITH ${fresh},
        released AS (
@@ -113,7 +112,7 @@ export const keyUsageProjection = defineBatchProjection<MeterEvent>({
        ${addDeltas}`,
       [batch],
     );
-    await db.query(advanceGuard(guard), [batch]);
+    await db.query(advanceGuard('key_usage'), guardParams(events));
   },
 });
 

@@ -7,9 +7,8 @@
  */
 import { defineBatchProjection, type Queryable } from '../src/event-sourcing/index.ts';
 import { meterEvents, type MeterEvent } from '../events/meter.ts';
-import { advanceGuard, closesEarlierHold, createStreamGuard, freshBatch, meterDayOf, outlivesBatch, pairWithinBatch } from './meter-streams.ts';
+import { advanceGuard, closesEarlierHold, createPositionGuard, freshBatch, guardParams, guardTable, logPlace, meterDayOf, outlivesBatch, pairWithinBatch } from './meter-streams.ts';
 
-const guard = 'meter_holds_applied';
 
 export interface OpenHold {
   requestId: string;
@@ -22,11 +21,11 @@ export interface OpenHold {
   expiresAt: Date;
 }
 
-const columns = 'pos int, stream_id text, version bigint, type text, key_id text, day text, request_id text, input_tokens bigint, output_tokens bigint, at text, expires_at text, closed boolean, paired bigint, superseded boolean';
+const columns = 'pos int, stream_id text, type text, key_id text, day text, request_id text, input_tokens bigint, output_tokens bigint, at text, expires_at text, closed boolean, paired int, superseded boolean';
 
 export const meterHoldsProjection = defineBatchProjection<MeterEvent>({
   name: 'meter_holds',
-  tables: ['meter_holds', guard],
+  tables: ['meter_holds', guardTable('meter_holds')],
   events: [meterEvents],
   eventTypes: ['BudgetReserved', 'ReservationRenewed', 'UsageSettled', 'ReservationExpired'],
   async init(db) {
@@ -40,7 +39,7 @@ export const meterHoldsProjection = defineBatchProjection<MeterEvent>({
       reserved_at timestamptz NOT NULL,
       expires_at timestamptz NOT NULL)`);
     await db.query('CREATE INDEX IF NOT EXISTS meter_holds_expires_at ON meter_holds (expires_at)');
-    await createStreamGuard(db, guard);
+    await createPositionGuard(db, 'meter_holds');
   },
   // In order, as one event at a time would leave them (see `outlivesBatch`): holds made before the
   // batch closed on their own stream; holds still open at the batch's end made; then renewals, the
@@ -64,10 +63,10 @@ export const meterHoldsProjection = defineBatchProjection<MeterEvent>({
       events.map((e, pos) => {
         const d = e.data as Partial<{ request_id: string; input_tokens: number; output_tokens: number; at: string; expires_at: string }>;
         const { keyId, day } = meterDayOf(e.streamId);
-        return { pos, stream_id: e.streamId, version: e.streamVersion, type: e.type, key_id: keyId, day, request_id: d.request_id, input_tokens: d.input_tokens, output_tokens: d.output_tokens, at: d.at, expires_at: d.expires_at, ...pairing[pos], superseded: superseded[pos] };
+        return { pos, stream_id: e.streamId, type: e.type, key_id: keyId, day, request_id: d.request_id, input_tokens: d.input_tokens, output_tokens: d.output_tokens, at: d.at, expires_at: d.expires_at, ...logPlace(e), ...pairing[pos], superseded: superseded[pos] };
       }),
     );
-    const fresh = freshBatch(guard, columns);
+    const fresh = freshBatch('meter_holds', columns);
     await db.query(
       `WITH ${fresh}
        DELETE FROM meter_holds h USING fresh f
@@ -89,7 +88,7 @@ export const meterHoldsProjection = defineBatchProjection<MeterEvent>({
        UPDATE meter_holds h SET expires_at = r.expires_at::timestamptz FROM renewed r WHERE h.request_id = r.request_id AND h.key_id = r.key_id`,
       [batch],
     );
-    await db.query(advanceGuard(guard), [batch]);
+    await db.query(advanceGuard('meter_holds'), guardParams(events));
   },
 });
 

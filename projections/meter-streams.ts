@@ -30,45 +30,50 @@ export function meterDayOf(streamId: string): Readonly<MeterDay> {
 }
 
 /**
- * The guard table of a projection: the highest stream version applied per stream. The global log
- * hands a stream's events over in version order, so "apply an event only when its version is above
- * the stream's guard" applies each event exactly once, however often a batch or the whole log is
- * replayed. One row per meter stream (a key's day), not one per request.
+ * The guard table of a projection: the global position of the last event it applied, one row. The
+ * runner hands events over in global order, so "apply an event only when it comes after the guard",
+ * read in the same statement that applies it, applies each event exactly once however often a batch
+ * or the whole log is replayed. One row per projection, moved once per batch (`advanceGuard`).
+ *
+ * (Until 2026-11-25 the guard was `<projection>_applied`, one row per meter stream, moved for every
+ * key a batch touched: some 200 row updates per projection per batch at a steady load, the largest
+ * part of the projections' PostgreSQL time. That table is dropped here.)
  */
-export async function createStreamGuard(db: Queryable, table: string): Promise<void> {
-  await db.query(`CREATE TABLE IF NOT EXISTS ${table} (stream_id text COLLATE "C" PRIMARY KEY, stream_version bigint NOT NULL)`);
+export async function createPositionGuard(db: Queryable, projection: string): Promise<void> {
+  await db.query(`DROP TABLE IF EXISTS ${projection}_applied`);
+  await db.query(`CREATE TABLE IF NOT EXISTS ${guardTable(projection)} (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one), transaction_id bigint NOT NULL, global_position bigint NOT NULL)`);
 }
 
-/**
- * A CTE named `fresh` that yields one row when the event (stream `$1`, version `$2`) was not applied
- * yet, and records it. Every write of the statement must read from `fresh` so that a replay writes nothing.
- */
-export function freshCte(table: string): string {
-  return `fresh AS (
-    INSERT INTO ${table} AS g (stream_id, stream_version) VALUES ($1, $2::bigint)
-    ON CONFLICT (stream_id) DO UPDATE SET stream_version = excluded.stream_version WHERE g.stream_version < excluded.stream_version
-    RETURNING 1 AS applied)`;
-}
+export const guardTable = (projection: string) => `${projection}_position`;
+
+/** An event's place in the global log, as the batch JSON carries it (`tx`, `gp`). */
+export const logPlace = (e: { globalPosition: { transactionId: number; position: number } }) => ({ tx: e.globalPosition.transactionId, gp: e.globalPosition.position });
 
 /**
  * For a projection applied a batch at a time (`defineBatchProjection`): a CTE named `fresh` holding
- * the batch's events (`$1`, a JSON array of rows with `columns`, among them `stream_id text` and
- * `version bigint`) that the guard has not seen. Every statement of the batch reads `fresh` against
- * the guard as it was before the batch (`applied`, the stream's version there, null for a new stream);
- * `advanceGuard`, sent last, then records the batch.
+ * the batch's events (`$1`, a JSON array of rows with `columns`, among them `pos int`, the event's
+ * index in the batch, and its `logPlace`) that come after the guard. Every statement of the batch
+ * reads `fresh` against the guard as it was before the batch; `advanceGuard`, sent last, moves it.
+ * The batch is read as `json`, not `jsonb`: each statement parses it again, and PostgreSQL reads
+ * 400 events' `json` in about half the time it takes to build their `jsonb` (1.2 against 2.5 ms).
  */
-export function freshBatch(table: string, columns: string): string {
+export function freshBatch(projection: string, columns: string): string {
   return `fresh AS (
-    SELECT e.*, g.stream_version AS applied FROM jsonb_to_recordset($1::jsonb) AS e(${columns})
-    LEFT JOIN ${table} g ON g.stream_id = e.stream_id
-    WHERE g.stream_version IS NULL OR g.stream_version < e.version)`;
+    SELECT e.* FROM json_to_recordset($1::json) AS e(${columns}, tx bigint, gp bigint)
+    WHERE NOT EXISTS (SELECT FROM ${guardTable(projection)} g WHERE (g.transaction_id, g.global_position) >= (e.tx, e.gp)))`;
 }
 
-/** The last statement of a batch: each stream's guard moves to the batch's highest version of it. */
-export function advanceGuard(table: string): string {
-  return `INSERT INTO ${table} AS g (stream_id, stream_version)
-    SELECT e.stream_id, max(e.version) FROM jsonb_to_recordset($1::jsonb) AS e(stream_id text, version bigint) GROUP BY e.stream_id
-    ON CONFLICT (stream_id) DO UPDATE SET stream_version = excluded.stream_version WHERE g.stream_version < excluded.stream_version`;
+/** The last statement of a batch, with `guardParams` of its events: the guard moves to the batch's last event (never back). */
+export function advanceGuard(projection: string): string {
+  return `INSERT INTO ${guardTable(projection)} AS g (transaction_id, global_position) VALUES ($1::bigint, $2::bigint)
+    ON CONFLICT (one) DO UPDATE SET transaction_id = excluded.transaction_id, global_position = excluded.global_position
+    WHERE (g.transaction_id, g.global_position) < (excluded.transaction_id, excluded.global_position)`;
+}
+
+export function guardParams(events: readonly { globalPosition: { transactionId: number; position: number } }[]): [number, number] {
+  const last = events[events.length - 1].globalPosition;
+  return [last.transactionId, last.position];
 }
 
 /**
@@ -82,20 +87,20 @@ export function advanceGuard(table: string): string {
  * request, where one event at a time would add a row and delete it again.
  *
  * `pairWithinBatch` finds the pairs in one pass, for the batch's JSON: a reservation's `closed` (a
- * close of it follows in the batch) and a close's `paired` (its reservation's stream version, when
+ * close of it follows in the batch) and a close's `paired` (its reservation's index in the batch, when
  * that is in the batch). The SQL conditions below read them against the guard, so that a replayed
  * batch whose reservation was applied before still closes the hold it made.
  */
 export interface BatchPairing {
   /** A reservation: a close of it follows in the batch. */
   closed: boolean;
-  /** A settlement or expiry: the stream version of its reservation, when that is in the batch. */
+  /** A settlement or expiry: its reservation's index in the batch, when it is there. */
   paired: number | null;
 }
 
 const closeTypes = new Set(['UsageSettled', 'ReservationExpired']);
 
-export function pairWithinBatch(events: readonly { type: string; streamId: string; streamVersion: number; data: unknown }[]): BatchPairing[] {
+export function pairWithinBatch(events: readonly { type: string; streamId: string; data: unknown }[]): BatchPairing[] {
   const pairing = events.map((): BatchPairing => ({ closed: false, paired: null }));
   const open = new Map<string, number>(); // stream + request id -> index of its reservation in the batch
   events.forEach((e, i) => {
@@ -106,7 +111,7 @@ export function pairWithinBatch(events: readonly { type: string; streamId: strin
     if (reserved === undefined) return;
     open.delete(request);
     pairing[reserved].closed = true;
-    pairing[i].paired = events[reserved].streamVersion;
+    pairing[i].paired = reserved;
   });
   return pairing;
 }
@@ -114,6 +119,9 @@ export function pairWithinBatch(events: readonly { type: string; streamId: strin
 /** The batch's `fresh` row under `alias` is a reservation still open at the batch's end: it adds its rows. */
 export const outlivesBatch = (alias: string) => `${alias}.type = 'BudgetReserved' AND NOT ${alias}.closed`;
 
-/** The batch's `fresh` row under `alias` closes a hold made before the batch (or applied before it): it removes its rows. */
+/**
+ * The batch's `fresh` row under `alias` closes a hold made before the batch (or applied before it: the
+ * fresh events are the batch's tail, so a reservation before the first of them is): it removes its rows.
+ */
 export const closesEarlierHold = (alias: string) =>
-  `${alias}.type IN ('UsageSettled', 'ReservationExpired') AND (${alias}.paired IS NULL OR ${alias}.paired <= coalesce(${alias}.applied, 0))`;
+  `${alias}.type IN ('UsageSettled', 'ReservationExpired') AND (${alias}.paired IS NULL OR ${alias}.paired < (SELECT min(pos) FROM fresh))`;

@@ -6,9 +6,8 @@
  */
 import { defineBatchProjection, type Recorded } from '../src/event-sourcing/index.ts';
 import { meterEvents, type MeterEvent, type RequestFactsData } from '../events/meter.ts';
-import { advanceGuard, closesEarlierHold, createStreamGuard, freshBatch, meterDayOf, outlivesBatch, pairWithinBatch } from './meter-streams.ts';
+import { advanceGuard, closesEarlierHold, createPositionGuard, freshBatch, guardParams, guardTable, logPlace, meterDayOf, outlivesBatch, pairWithinBatch } from './meter-streams.ts';
 
-const guard = 'usage_ledger_applied';
 const pending = 'usage_ledger_pending';
 
 type LedgerRow = Record<string, string | number | boolean | null>;
@@ -101,7 +100,7 @@ function rowOf(event: Recorded<MeterEvent>): LedgerRow {
 
 export const usageLedgerProjection = defineBatchProjection<MeterEvent>({
   name: 'usage_ledger',
-  tables: ['usage_ledger', pending, guard],
+  tables: ['usage_ledger', pending, guardTable('usage_ledger')],
   events: [meterEvents],
   eventTypes: ['BudgetReserved', 'UsageSettled', 'ReservationExpired', 'RequestRejected'],
   async init(db) {
@@ -129,7 +128,7 @@ export const usageLedgerProjection = defineBatchProjection<MeterEvent>({
     await db.query(`CREATE INDEX IF NOT EXISTS usage_ledger_day_key ON usage_ledger (day, key_id)`);
     await db.query(`CREATE TABLE IF NOT EXISTS ${pending} (
       stream_id text COLLATE "C" NOT NULL, request_id text NOT NULL, facts jsonb NOT NULL, PRIMARY KEY (stream_id, request_id))`);
-    await createStreamGuard(db, guard);
+    await createPositionGuard(db, 'usage_ledger');
   },
   // Two statements, in this order, as one event at a time would leave the rows (see `outlivesBatch`):
   // one row per request that ended, in log order (the first outcome of a request id wins), an
@@ -139,12 +138,12 @@ export const usageLedgerProjection = defineBatchProjection<MeterEvent>({
   async apply(events, db) {
     const pairing = pairWithinBatch(events);
     // A reservation's facts are read only if it stays open or an expiry in the batch closes it.
-    const expiring = new Set(events.flatMap((e, pos) => (e.type === 'ReservationExpired' && pairing[pos].paired !== null ? [`${e.streamId} ${pairing[pos].paired}`] : [])));
-    const read = (e: Recorded<MeterEvent>, pos: number) => e.type !== 'BudgetReserved' || !pairing[pos].closed || expiring.has(`${e.streamId} ${e.streamVersion}`);
+    const expiring = new Set(events.flatMap((e, pos) => (e.type === 'ReservationExpired' && pairing[pos].paired !== null ? [pairing[pos].paired] : [])));
+    const read = (e: Recorded<MeterEvent>, pos: number) => e.type !== 'BudgetReserved' || !pairing[pos].closed || expiring.has(pos);
     const batch = JSON.stringify(
-      events.map((e, pos) => ({ pos, stream_id: e.streamId, version: e.streamVersion, type: e.type, request_id: (e.data as { request_id: string }).request_id, row: read(e, pos) ? rowOf(e) : null, ...pairing[pos] })),
+      events.map((e, pos) => ({ pos, stream_id: e.streamId, type: e.type, request_id: (e.data as { request_id: string }).request_id, row: read(e, pos) ? rowOf(e) : null, ...logPlace(e), ...pairing[pos] })),
     );
-    const fresh = freshBatch(guard, 'pos int, stream_id text, version bigint, type text, request_id text, row jsonb, closed boolean, paired bigint');
+    const fresh = freshBatch('usage_ledger', 'pos int, stream_id text, type text, request_id text, row jsonb, closed boolean, paired int');
     await db.query(
       `WITH ${fresh},
        ended AS (
@@ -154,7 +153,7 @@ export const usageLedgerProjection = defineBatchProjection<MeterEvent>({
        INSERT INTO usage_ledger
        SELECT r.* FROM fresh f
        LEFT JOIN ended x ON f.type = 'ReservationExpired' AND x.stream_id = f.stream_id AND x.request_id = f.request_id
-       LEFT JOIN fresh y ON f.type = 'ReservationExpired' AND y.stream_id = f.stream_id AND y.version = f.paired
+       LEFT JOIN fresh y ON f.type = 'ReservationExpired' AND y.pos = f.paired
        CROSS JOIN LATERAL jsonb_populate_record(NULL::usage_ledger, coalesce(x.facts, y.row, '{}'::jsonb) || f.row) r
        WHERE f.type <> 'BudgetReserved'
        ORDER BY f.pos
@@ -167,6 +166,6 @@ export const usageLedgerProjection = defineBatchProjection<MeterEvent>({
        SELECT stream_id, request_id, row FROM fresh f WHERE ${outlivesBatch('f')} ORDER BY pos ON CONFLICT DO NOTHING`,
       [batch],
     );
-    await db.query(advanceGuard(guard), [batch]);
+    await db.query(advanceGuard('usage_ledger'), guardParams(events));
   },
 });
