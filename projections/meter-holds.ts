@@ -9,7 +9,6 @@ import { defineBatchProjection, type Queryable } from '../src/event-sourcing/ind
 import { meterEvents, type MeterEvent } from '../events/meter.ts';
 import { advanceGuard, closesEarlierHold, createPositionGuard, freshBatch, guardParams, guardTable, logPlace, meterDayOf, outlivesBatch, pairWithinBatch } from './meter-streams.ts';
 
-
 export interface OpenHold {
   requestId: string;
   keyId: string;
@@ -63,7 +62,7 @@ export const meterHoldsProjection = defineBatchProjection<MeterEvent>({
       events.map((e, pos) => {
         const d = e.data as Partial<{ request_id: string; input_tokens: number; output_tokens: number; at: string; expires_at: string }>;
         const { keyId, day } = meterDayOf(e.streamId);
-        return { pos, stream_id: e.streamId, type: e.type, key_id: keyId, day, request_id: d.request_id, input_tokens: d.input_tokens, output_tokens: d.output_tokens, at: d.at, expires_at: d.expires_at, ...logPlace(e), ...pairing[pos], superseded: superseded[pos] };
+        return { pos, stream_id: e.streamId, type: e.type, key_id: keyId, day, request_id: d.request_id, input_tokens: d.input_tokens, output_tokens: d.output_tokens, at: d.at, expires_at: d.expires_at, superseded: superseded[pos], ...logPlace(e), ...pairing[pos] };
       }),
     );
     const fresh = freshBatch('meter_holds', columns);

@@ -36,8 +36,8 @@ export function meterDayOf(streamId: string): Readonly<MeterDay> {
  * or the whole log is replayed. One row per projection, moved once per batch (`advanceGuard`).
  *
  * (Until 2026-11-25 the guard was `<projection>_applied`, one row per meter stream, moved for every
- * key a batch touched: some 200 row updates per projection per batch at a steady load, the largest
- * part of the projections' PostgreSQL time. That table is dropped here.)
+ * key a batch touched: some 200 row updates per projection per batch at a steady load. That table is
+ * dropped here.)
  */
 export async function createPositionGuard(db: Queryable, projection: string): Promise<void> {
   await db.query(`DROP TABLE IF EXISTS ${projection}_applied`);

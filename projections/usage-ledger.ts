@@ -143,7 +143,7 @@ export const usageLedgerProjection = defineBatchProjection<MeterEvent>({
     const batch = JSON.stringify(
       events.map((e, pos) => ({ pos, stream_id: e.streamId, type: e.type, request_id: (e.data as { request_id: string }).request_id, row: read(e, pos) ? rowOf(e) : null, ...logPlace(e), ...pairing[pos] })),
     );
-    const fresh = freshBatch('usage_ledger', 'pos int, stream_id text, type text, request_id text, row jsonb, closed boolean, paired int');
+    const fresh = freshBatch('usage_ledger', 'pos int, stream_id text, type text, request_id text, row json, closed boolean, paired int');
     await db.query(
       `WITH ${fresh},
        ended AS (
@@ -154,7 +154,8 @@ export const usageLedgerProjection = defineBatchProjection<MeterEvent>({
        SELECT r.* FROM fresh f
        LEFT JOIN ended x ON f.type = 'ReservationExpired' AND x.stream_id = f.stream_id AND x.request_id = f.request_id
        LEFT JOIN fresh y ON f.type = 'ReservationExpired' AND y.pos = f.paired
-       CROSS JOIN LATERAL jsonb_populate_record(NULL::usage_ledger, coalesce(x.facts, y.row, '{}'::jsonb) || f.row) r
+       CROSS JOIN LATERAL json_populate_record(NULL::usage_ledger,
+         CASE WHEN f.type = 'ReservationExpired' THEN (coalesce(x.facts, y.row::jsonb, '{}'::jsonb) || f.row::jsonb)::json ELSE f.row END) r
        WHERE f.type <> 'BudgetReserved'
        ORDER BY f.pos
        ON CONFLICT (request_id) DO NOTHING`,
@@ -163,7 +164,7 @@ export const usageLedgerProjection = defineBatchProjection<MeterEvent>({
     await db.query(
       `WITH ${fresh}
        INSERT INTO ${pending} (stream_id, request_id, facts)
-       SELECT stream_id, request_id, row FROM fresh f WHERE ${outlivesBatch('f')} ORDER BY pos ON CONFLICT DO NOTHING`,
+       SELECT stream_id, request_id, row::jsonb FROM fresh f WHERE ${outlivesBatch('f')} ORDER BY pos ON CONFLICT DO NOTHING`,
       [batch],
     );
     await db.query(advanceGuard('usage_ledger'), guardParams(events));
