@@ -305,6 +305,28 @@ export function outputRoom(state: MeterState, budgets: KeyBudgetValues, inputTok
   };
 }
 
+/**
+ * When a request refused by `budget` can next fit: as soon as an open hold on that budget settles (a
+ * settlement charges what was used, often less than the hold), so 1 s while any is open; otherwise not
+ * before the budget's period turns: the next UTC day for the daily budget, the 1st of the next UTC month
+ * for the monthly ones (or when an operator raises the budget, which no clock can tell).
+ */
+export function budgetRetryAfterSeconds(state: MeterState, budget: BudgetName, now: number): number {
+  const held = heldTokens(state);
+  const holding =
+    budget === 'daily_token_budget'
+      ? held.todayInput + held.todayOutput
+      : budget === 'monthly_input_token_budget'
+        ? held.input
+        : budget === 'monthly_output_token_budget'
+          ? held.output
+          : held.input + held.output;
+  if (holding > 0) return 1;
+  const at = new Date(now);
+  const turn = budget === 'daily_token_budget' ? Date.UTC(at.getUTCFullYear(), at.getUTCMonth(), at.getUTCDate() + 1) : Date.UTC(at.getUTCFullYear(), at.getUTCMonth() + 1, 1);
+  return Math.max(1, Math.ceil((turn - now) / 1000));
+}
+
 function reserve(command: Extract<MeterCommand, { type: 'Reserve' }>, state: MeterState) {
   if (!state.opened) return reject('meter_not_opened', 'the meter day must be opened before a reservation');
   if (state.closed) return reject('meter_closed', `meter day ${state.day} is closed: the next day has opened`);
@@ -346,7 +368,10 @@ function reserve(command: Extract<MeterCommand, { type: 'Reserve' }>, state: Met
   for (const name of budgetNames) if (binding === null || room[name] < room[binding]) binding = name;
   const fit = binding === null ? Infinity : Math.floor(room[binding] / command.choices);
   if (fit < 1) {
-    return reject('budget_exceeded', `the key's ${binding!.replaceAll('_', ' ')} cannot cover this request`, { budget: binding });
+    return reject('budget_exceeded', `the key's ${binding!.replaceAll('_', ' ')} cannot cover this request`, {
+      budget: binding,
+      retry_after_seconds: budgetRetryAfterSeconds(state, binding!, now),
+    });
   }
   const applied = Math.min(command.maxTokens, fit);
   const reserved = BudgetReserved({

@@ -534,7 +534,7 @@ export function rejectionToApiError(rejection: MeterRejection): ApiError {
     case 'rate_limited':
       return apiError('rate_limited', rejection.message, { retryAfter: Number(rejection.details?.retry_after_seconds ?? 1) });
     case 'budget_exceeded':
-      return apiError('budget_exceeded', rejection.message, { fields: { budget: rejection.details?.budget } });
+      return apiError('budget_exceeded', rejection.message, { fields: { budget: rejection.details?.budget }, retryAfter: Number(rejection.details?.retry_after_seconds ?? 60) });
     case 'at_capacity':
       return apiError('queue_full', rejection.message);
     case 'duplicate_request':

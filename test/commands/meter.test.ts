@@ -253,6 +253,24 @@ budgets('holds carried over midnight count against the month but not against the
   spec.given(given).when(reserve({ inputTokens: 91, budget: { monthly_input_token_budget: 100 } })).thenRejects('budget_exceeded', { budget: 'monthly_input_token_budget' });
   spec.given(given).when(reserve({ budget: { monthly_output_token_budget: 100 } })).then([reserved({ applied: 60, clampedBy: 'monthly_output_token_budget' })]);
 });
+budgets('Retry-After of budget_exceeded: 1 s while a hold on that budget is open, else the seconds until its period turns', () => {
+  // Noon, 2026-11-24: the day turns in 12 h, the month on 2026-12-01 (6.5 days).
+  const toMidnight = 12 * 3600;
+  const toMonth = toMidnight + 6 * 86_400;
+  spec.given([opened({ month_input_tokens: 995 })]).when(reserve({ budget: { monthly_token_budget: 1000 } })).thenRejects('budget_exceeded', { budget: 'monthly_token_budget', retry_after_seconds: toMonth });
+  spec.given([opened(), ...usedToday('earlier', 40, 55)]).when(reserve({ id: 'r2', budget: { daily_token_budget: 100 } })).thenRejects('budget_exceeded', { budget: 'daily_token_budget', retry_after_seconds: toMidnight });
+  spec.given([opened({ month_output_tokens: 50 })]).when(reserve({ budget: { monthly_output_token_budget: 50 } })).thenRejects('budget_exceeded', { retry_after_seconds: toMonth });
+  spec.given([opened({ month_input_tokens: 95 })]).when(reserve({ budget: { monthly_input_token_budget: 100 } })).thenRejects('budget_exceeded', { retry_after_seconds: toMonth });
+  // An open hold may settle for less than it holds: worth trying again soon.
+  spec.given([opened(), r1]).when(reserve({ id: 'r2', budget: { monthly_token_budget: 115 } })).thenRejects('budget_exceeded', { budget: 'monthly_token_budget', retry_after_seconds: 1 });
+  spec.given([opened(), r1]).when(reserve({ id: 'r2', budget: { daily_token_budget: 115 } })).thenRejects('budget_exceeded', { retry_after_seconds: 1 });
+  spec.given([opened(), r1]).when(reserve({ id: 'r2', budget: { monthly_output_token_budget: 100 } })).thenRejects('budget_exceeded', { retry_after_seconds: 1 });
+  // A hold carried from yesterday holds against the month, not the day.
+  spec.given([opened({ carried_holds: [carriedHold] }), ...usedToday('earlier', 40, 55)]).when(reserve({ id: 'r2', budget: { daily_token_budget: 100 } })).thenRejects('budget_exceeded', { retry_after_seconds: toMidnight });
+  // One second before a month's last midnight: both turn then.
+  const lastSecond = '2026-11-30T23:59:59.000Z';
+  spec.given([opened({ day: '2026-11-30', month_input_tokens: 995 }, '2026-11-30T00:00:00.000Z')]).when(reserve({ now: lastSecond, budget: { monthly_token_budget: 1000 } })).thenRejects('budget_exceeded', { retry_after_seconds: 1 });
+});
 budgets.run();
 
 // ---------------------------------------------------------------------------------------------
