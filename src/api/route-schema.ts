@@ -3,7 +3,7 @@
 import type { FastifySchemaCompiler } from 'fastify';
 import { Type, type TSchema } from 'typebox';
 import { Compile } from 'typebox/compile';
-import { apiError, errorCatalogue, type ApiError } from '../errors/index.ts';
+import { apiError, codesAnsweredWith, type ApiError } from '../errors/index.ts';
 
 /** Routes whose schema carries this tag are documented in the admin document, never in `/openapi.json`. */
 export const adminTag = 'admin';
@@ -118,9 +118,7 @@ export function okResponse(description: string, schema: TSchema, options: OkOpti
 export function errorResponses(...statuses: number[]): Record<number, unknown> {
   const out: Record<number, unknown> = {};
   for (const status of statuses) {
-    const codes = Object.entries(errorCatalogue)
-      .filter(([, e]) => e.status === status)
-      .map(([code]) => code);
+    const codes = codesAnsweredWith(status);
     out[status] = {
       description: `Error envelope; error.code one of: ${codes.join(', ')}`,
       headers: errorHeaders,

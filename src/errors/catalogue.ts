@@ -54,6 +54,11 @@ export const errorCatalogue = {
 
 export type ErrorCode = keyof typeof errorCatalogue;
 
+/** Every code the service may answer with `status`: its usual status or one of its `otherStatuses`. */
+export function codesAnsweredWith(status: number): ErrorCode[] {
+  return (Object.entries(errorCatalogue) as [ErrorCode, CatalogueEntry][]).filter(([, e]) => e.status === status || e.otherStatuses?.includes(status)).map(([code]) => code);
+}
+
 export interface ApiErrorOptions {
   /** Extra tagged fields inside `error` (e.g. `upstream_status`, `retry_after_seconds`, `param`). */
   fields?: Record<string, unknown>;

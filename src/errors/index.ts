@@ -1,1 +1,1 @@
-export { ApiError, apiError, errorCatalogue, type ErrorCode, type ApiErrorOptions } from './catalogue.ts';
+export { ApiError, apiError, codesAnsweredWith, errorCatalogue, type ErrorCode, type ApiErrorOptions } from './catalogue.ts';

@@ -97,4 +97,11 @@ openapi('the documented parameter is the validated one: its pattern comes from t
   await served.arrayBuffer();
 });
 
+openapi('each documented error status names its codes, a code answered with another status (invalid_api_key at 403) included', () => {
+  const description = (status: number) => (errorResponses(status)[status] as { description: string }).description;
+  assert.is(description(403), 'Error envelope; error.code one of: invalid_api_key');
+  assert.match(description(401), /: invalid_api_key$/);
+  for (const status of [400, 401, 403, 404, 405, 409, 413, 429, 500, 502, 503, 504]) assert.not.match(description(status), /one of: $/, `status ${status}`);
+});
+
 openapi.run();
