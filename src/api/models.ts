@@ -1,7 +1,8 @@
 import type { FastifyInstance, onRequestAsyncHookHandler } from 'fastify';
 import { Type, type Static } from 'typebox';
 import type { ModelConfig } from '../config/index.ts';
-import { captureDModel, largestCaptureBytes } from '../completion-request/index.ts';
+import { captureBytesPerPosition, captureDModel, largestCaptureBytes } from '../completion-request/index.ts';
+import type { Tokenizer } from '../tokenizer/index.ts';
 import type { ModelRegistry } from '../registry/index.ts';
 import { apiKeySecurity, errorResponses, okResponse } from './route-schema.ts';
 
@@ -41,7 +42,8 @@ export type ModelEntry = Static<typeof ModelEntry>;
 
 export const ModelList = Type.Object({ object: Type.Literal('list'), data: Type.Array(ModelEntry) });
 
-export function modelEntry(model: ModelConfig, created: number): ModelEntry {
+/** A model's entry; its largest capture counts the JSON its tokenizer's tokens can add per position (the floor while it is not loaded). */
+export function modelEntry(model: ModelConfig, created: number, tokenizer: Tokenizer | null = null): ModelEntry {
   const activations = model.activations ?? null;
   return {
     id: model.id,
@@ -61,21 +63,32 @@ export function modelEntry(model: ModelConfig, created: number): ModelEntry {
             max_steering_vectors: activations.max_steering_vectors,
             max_activation_prompt_tokens: activations.max_activation_prompt_tokens,
             ...(captureDModel(model) !== null ? { d_model: captureDModel(model)! } : {}),
-            max_capture_bytes: largestCaptureBytes(model),
+            max_capture_bytes: largestCaptureBytes(model, captureBytesPerPosition(tokenizer)),
           }
         : {}),
     },
   };
 }
 
-/** The live models; staging models are served when named but not listed. Serialized once. */
+/** The live models; staging models are served when named but not listed. Serialized once every listed model's tokenizer is loaded. */
 export function modelRoutes(app: FastifyInstance, registry: ModelRegistry, authenticate: onRequestAsyncHookHandler): void {
   const created = Math.floor(Date.now() / 1000);
-  const body = JSON.stringify({ object: 'list', data: registry.listed().map((m) => modelEntry(m, created)) });
+  let serialized: string | null = null;
+  const body = () => {
+    if (serialized !== null) return serialized;
+    const tokenizers = registry.listed().map((m) => {
+      const state = registry.tokenizerState(m.id);
+      return state?.status === 'ready' ? state.tokenizer : null;
+    });
+    const text = JSON.stringify({ object: 'list', data: registry.listed().map((m, i) => modelEntry(m, created, tokenizers[i])) });
+    if (tokenizers.every((t) => t !== null)) serialized = text;
+    return text;
+  };
+  body(); // sizes each tokenizer's tokens now (some milliseconds), not at the first request
   const schema = {
     summary: 'Live models with capabilities',
     security: apiKeySecurity,
     response: { 200: okResponse('Model list', ModelList), ...errorResponses(401, 500) },
   };
-  app.get('/v1/models', { schema, onRequest: authenticate }, async (_request, reply) => reply.type('application/json; charset=utf-8').send(body));
+  app.get('/v1/models', { schema, onRequest: authenticate }, async (_request, reply) => reply.type('application/json; charset=utf-8').send(body()));
 }

@@ -8,10 +8,10 @@ import type { ModelRegistry } from '../registry/index.ts';
 import { CompletionRequest, MAX_SEED } from './schema.ts';
 import { schemaError, invalid } from './schema-errors.ts';
 import { steeringVectorError } from './steering.ts';
-import { captureBytePositionLimit, capturePositionLimit } from './capture-size.ts';
+import { captureBytePositionLimit, captureBytesPerPosition, capturePositionLimit } from './capture-size.ts';
 
 export { CompletionRequest, CompletionPrompt, SteeringVector, TensorCodec, StreamOptions } from './schema.ts';
-export { captureBodyBytes, largestCaptureBytes, captureDModel } from './capture-size.ts';
+export { captureBodyBytes, captureBytesPerPosition, largestCaptureBytes, captureDModel, tokenTextJsonBytes } from './capture-size.ts';
 
 export interface CompletionContext {
   registry: ModelRegistry;
@@ -252,7 +252,7 @@ export function prepareValidCompletion(req: CompletionRequest, ctx: CompletionCo
   if (capture && act) {
     const requested = captureLayers === 'all' ? act.n_layers : captureLayers!.length;
     capturePositions = capturePositionLimit(model, requested);
-    const byBytes = captureBytePositionLimit(model, requested);
+    const byBytes = captureBytePositionLimit(model, requested, captureBytesPerPosition(tokenizer));
     if (byBytes < capturePositions) {
       capturePositions = byBytes;
       captureBoundByBytes = true;

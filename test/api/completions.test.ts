@@ -247,6 +247,17 @@ e2e('capture: residual stream of every layer, then of a deduplicated sorted subs
   assert.is(some.choices[0].text, all.choices[0].text);
 });
 
+e2e("capture: the largest body /v1/models states bounds a real one, a prompt of GPT-2's longest token in JSON echoed", async () => {
+  const models = await json(await fetch(`${gw.url}/v1/models`, { headers: gw.authHeaders() }));
+  const bound = models.data.find((m: { id: string }) => m.id === 'ref-gpt2').capabilities.max_capture_bytes;
+  // Token 35496 is 128 bytes of JSON text; 2,047 of them and one generated token fill max_model_len.
+  const res = await post({ model: 'ref-gpt2', prompt: new Array(2047).fill(35496), max_tokens: 1, echo: true, temperature: 0, output_residual_stream: true });
+  assert.is(res.status, 200);
+  const body = Buffer.from(await res.arrayBuffer());
+  assert.ok(body.length <= bound, `${body.length} bytes against the stated ${bound}`);
+  assert.ok(body.length > 2048 * (4 * Math.ceil((2 * 64 * 2) / 3) + 64) + 65_536, `${body.length} bytes: more than 64 bytes of JSON per position`);
+});
+
 e2e('steering changes the next-token distribution', async () => {
   const vector = new Float32Array(64).map((_, i) => (i % 2 === 0 ? 1 : -1));
   const steering = [{ activations: { data: Buffer.from(vector.buffer).toString('base64'), dtype: 'float32', shape: [1, 64] }, layer_indices: [1], scale: 8 }];

@@ -10,13 +10,16 @@ import { init as zstdInit, compress as zstdCompress } from '@bokuweb/zstd-wasm';
 import { loadSettings, type ModelConfig } from '../../src/config/index.ts';
 import { ApiError, type ErrorCode } from '../../src/errors/index.ts';
 import { ModelRegistry } from '../../src/registry/index.ts';
+import type { Tokenizer } from '../../src/tokenizer/index.ts';
 import {
   prepareCompletion,
   lowerMaxTokens,
   deadlineFeasibleTokens,
   formatMaxTokensClamped,
   captureBodyBytes,
+  captureBytesPerPosition,
   largestCaptureBytes,
+  tokenTextJsonBytes,
   type CompletionContext,
   type PreparedCompletion,
 } from '../../src/completion-request/index.ts';
@@ -571,6 +574,25 @@ test('largest capture per model: over every layer count, within max_capture_byte
   assert.ok(capped <= 1_000_000 && capped > 990_000, String(capped));
   assert.is(largestCaptureBytes(models.find((m) => m.id === 'byte-layers-unknown')!), null);
   assert.is(largestCaptureBytes(models.find((m) => m.id === 'byte-noact')!), null);
+});
+
+test('a token at its longest in JSON: whole characters as JSON writes them, any other byte as a U+FFFD', () => {
+  const vocabulary = (tokens: number[][]) => ({ vocabSize: tokens.length, tokenBytes: (id: number) => Uint8Array.from(tokens[id]) }) as unknown as Tokenizer;
+  const utf8 = (text: string) => [...Buffer.from(text)];
+  assert.is(tokenTextJsonBytes(vocabulary([utf8('abc')])), 3);
+  assert.is(tokenTextJsonBytes(vocabulary([utf8('a'), [0x01, 0x1f]])), 12); // \u0001\u001f
+  assert.is(tokenTextJsonBytes(vocabulary([utf8('"\\')])), 4); // \" \\
+  assert.is(tokenTextJsonBytes(vocabulary([utf8('é€😀')])), 2 + 3 + 4); // whole: their own bytes
+  assert.is(tokenTextJsonBytes(vocabulary([[0xe2, 0x82]])), 6); // the start of a "€": each byte may become a U+FFFD
+  assert.is(tokenTextJsonBytes(vocabulary([[0x82, 0xac, 0x41]])), 7); // its end, then "A"
+  assert.is(tokenTextJsonBytes(vocabulary([[0xed, 0xa0, 0x80]])), 9); // a surrogate's encoding is not UTF-8
+  assert.is(tokenTextJsonBytes(vocabulary([[0xc0, 0xaf]])), 6); // nor an overlong one
+  // The reference models: GPT-2's longest token in JSON is 128 bytes; ref-byte's stay under the 64-byte floor.
+  assert.is(tokenTextJsonBytes(registry.tokenizer('ref-gpt2')), 128);
+  assert.is(captureBytesPerPosition(registry.tokenizer('ref-gpt2')), 128);
+  assert.is(captureBytesPerPosition(registry.tokenizer('ref-byte')), 64);
+  assert.is(captureBytesPerPosition(null), 64);
+  assert.is(largestCaptureBytes(gpt2Model, 128), captureBodyBytes(2, 2048, 64, 128));
 });
 
 test('deadline-feasible tokens: 14 minutes at 20 tokens/s is 15,600', () => {
