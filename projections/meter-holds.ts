@@ -80,13 +80,16 @@ export const meterHoldsProjection = defineBatchProjection<MeterEvent>({
        ON CONFLICT (request_id) DO NOTHING`,
       [batch],
     );
-    await db.query(
-      `WITH ${fresh}, renewed AS (
-         SELECT DISTINCT ON (request_id, key_id) request_id, key_id, expires_at FROM fresh
-         WHERE type = 'ReservationRenewed' AND NOT superseded ORDER BY request_id, key_id, pos DESC)
-       UPDATE meter_holds h SET expires_at = r.expires_at::timestamptz FROM renewed r WHERE h.request_id = r.request_id AND h.key_id = r.key_id`,
-      [batch],
-    );
+    // Renewals are rare (a request running past half its TTL): a batch without one skips the statement.
+    if (events.some((e, i) => e.type === 'ReservationRenewed' && !superseded[i])) {
+      await db.query(
+        `WITH ${fresh}, renewed AS (
+           SELECT DISTINCT ON (request_id, key_id) request_id, key_id, expires_at FROM fresh
+           WHERE type = 'ReservationRenewed' AND NOT superseded ORDER BY request_id, key_id, pos DESC)
+         UPDATE meter_holds h SET expires_at = r.expires_at::timestamptz FROM renewed r WHERE h.request_id = r.request_id AND h.key_id = r.key_id`,
+        [batch],
+      );
+    }
     await db.query(advanceGuard('meter_holds'), guardParams(events));
   },
 });
