@@ -6,7 +6,7 @@
  */
 import { defineBatchProjection, type Queryable } from '../src/event-sourcing/index.ts';
 import { meterEvents, type MeterEvent } from '../events/meter.ts';
-import { advanceGuard, createPositionGuard, freshBatch, guardParams, guardTable, logPlace, meterDayOf } from './meter-streams.ts';
+import { advanceGuard, createPositionGuard, freshBatch, guardTable, logPlace, meterDayOf } from './meter-streams.ts';
 
 export const dailySpendProjection = defineBatchProjection<Extract<MeterEvent, { type: 'UsageSettled' }>>({
   name: 'daily_spend',
@@ -40,7 +40,7 @@ export const dailySpendProjection = defineBatchProjection<Extract<MeterEvent, { 
        ON CONFLICT (day) DO UPDATE SET cost = excluded.cost, gpu_seconds = excluded.gpu_seconds, requests = s.requests + excluded.requests`,
       [batch],
     );
-    await db.query(advanceGuard('daily_spend'), guardParams(events));
+    await advanceGuard(db, 'daily_spend', events);
   },
 });
 

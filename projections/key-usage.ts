@@ -13,7 +13,7 @@
  */
 import { defineBatchProjection, type Queryable } from '../src/event-sourcing/index.ts';
 import { meterEvents, type MeterEvent } from '../events/meter.ts';
-import { advanceGuard, closesEarlierHold, createPositionGuard, freshBatch, guardParams, guardTable, logPlace, meterDayOf, outlivesBatch, pairWithinBatch } from './meter-streams.ts';
+import { advanceGuard, closesEarlierHold, createPositionGuard, freshBatch, guardTable, logPlace, meterDayOf, outlivesBatch, pairWithinBatch } from './meter-streams.ts';
 
 export interface KeyUsageRow {
   key_id: string;
@@ -112,7 +112,7 @@ export const keyUsageProjection = defineBatchProjection<MeterEvent>({
        ${addDeltas}`,
       [batch],
     );
-    await db.query(advanceGuard('key_usage'), guardParams(events));
+    await advanceGuard(db, 'key_usage', events);
   },
 });
 

@@ -7,7 +7,7 @@
  */
 import { defineBatchProjection, type Queryable } from '../src/event-sourcing/index.ts';
 import { meterEvents, type MeterEvent } from '../events/meter.ts';
-import { advanceGuard, closesEarlierHold, createPositionGuard, freshBatch, guardParams, guardTable, logPlace, meterDayOf, outlivesBatch, pairWithinBatch } from './meter-streams.ts';
+import { advanceGuard, closesEarlierHold, createPositionGuard, freshBatch, guardTable, logPlace, meterDayOf, outlivesBatch, pairWithinBatch } from './meter-streams.ts';
 
 export interface OpenHold {
   requestId: string;
@@ -90,7 +90,7 @@ export const meterHoldsProjection = defineBatchProjection<MeterEvent>({
         [batch],
       );
     }
-    await db.query(advanceGuard('meter_holds'), guardParams(events));
+    await advanceGuard(db, 'meter_holds', events);
   },
 });
 

@@ -1,6 +1,6 @@
 /**
- * What the meter projections share: reading a meter stream's id, and the per-stream guard that makes
- * each of them idempotent.
+ * What the meter projections share: reading a meter stream's id, the position guard that makes each
+ * of them idempotent, and the pairing of a batch's reservations with their closes.
  */
 import type { Queryable } from '../src/event-sourcing/index.ts';
 
@@ -47,8 +47,11 @@ export async function createPositionGuard(db: Queryable, projection: string): Pr
 
 export const guardTable = (projection: string) => `${projection}_position`;
 
+/** What the guard needs of a stored event: its place in the global log. */
+type Placed = { globalPosition: { transactionId: number; position: number } };
+
 /** An event's place in the global log, as the batch JSON carries it (`tx`, `gp`). */
-export const logPlace = (e: { globalPosition: { transactionId: number; position: number } }) => ({ tx: e.globalPosition.transactionId, gp: e.globalPosition.position });
+export const logPlace = (e: Placed) => ({ tx: e.globalPosition.transactionId, gp: e.globalPosition.position });
 
 /**
  * For a projection applied a batch at a time (`defineBatchProjection`): a CTE named `fresh` holding
@@ -64,16 +67,15 @@ export function freshBatch(projection: string, columns: string): string {
     WHERE NOT EXISTS (SELECT FROM ${guardTable(projection)} g WHERE (g.transaction_id, g.global_position) >= (e.tx, e.gp)))`;
 }
 
-/** The last statement of a batch, with `guardParams` of its events: the guard moves to the batch's last event (never back). */
-export function advanceGuard(projection: string): string {
-  return `INSERT INTO ${guardTable(projection)} AS g (transaction_id, global_position) VALUES ($1::bigint, $2::bigint)
-    ON CONFLICT (one) DO UPDATE SET transaction_id = excluded.transaction_id, global_position = excluded.global_position
-    WHERE (g.transaction_id, g.global_position) < (excluded.transaction_id, excluded.global_position)`;
-}
-
-export function guardParams(events: readonly { globalPosition: { transactionId: number; position: number } }[]): [number, number] {
+/** The last statement of a batch: the guard moves to the batch's last event (never back). */
+export function advanceGuard(db: Queryable, projection: string, events: readonly Placed[]): Promise<unknown> {
   const last = events[events.length - 1].globalPosition;
-  return [last.transactionId, last.position];
+  return db.query(
+    `INSERT INTO ${guardTable(projection)} AS g (transaction_id, global_position) VALUES ($1::bigint, $2::bigint)
+     ON CONFLICT (one) DO UPDATE SET transaction_id = excluded.transaction_id, global_position = excluded.global_position
+     WHERE (g.transaction_id, g.global_position) < (excluded.transaction_id, excluded.global_position)`,
+    [last.transactionId, last.position],
+  );
 }
 
 /**

@@ -6,7 +6,7 @@
  */
 import { defineBatchProjection, type Recorded } from '../src/event-sourcing/index.ts';
 import { meterEvents, type MeterEvent, type RequestFactsData } from '../events/meter.ts';
-import { advanceGuard, closesEarlierHold, createPositionGuard, freshBatch, guardParams, guardTable, logPlace, meterDayOf, outlivesBatch, pairWithinBatch } from './meter-streams.ts';
+import { advanceGuard, closesEarlierHold, createPositionGuard, freshBatch, guardTable, logPlace, meterDayOf, outlivesBatch, pairWithinBatch } from './meter-streams.ts';
 
 const pending = 'usage_ledger_pending';
 
@@ -167,6 +167,6 @@ export const usageLedgerProjection = defineBatchProjection<MeterEvent>({
        SELECT stream_id, request_id, row::jsonb FROM fresh f WHERE ${outlivesBatch('f')} ORDER BY pos ON CONFLICT DO NOTHING`,
       [batch],
     );
-    await db.query(advanceGuard('usage_ledger'), guardParams(events));
+    await advanceGuard(db, 'usage_ledger', events);
   },
 });
