@@ -240,8 +240,6 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
     return readAllOn(driver, after, limit, skip);
   }
 
-
-
   async function head(): Promise<GlobalPosition> {
     ensureOpen('head');
     const { rows } = await driver.query<{ tx: string; global_position: string | number }>(
