@@ -293,16 +293,34 @@ export function heldTokens(state: MeterState): { input: number; output: number; 
  * Infinity when a budget is unset, negative when even the prompt does not fit.
  */
 export function outputRoom(state: MeterState, budgets: KeyBudgetValues, inputTokens: number): Record<BudgetName, number> {
-  const held = heldTokens(state);
+  const held = heldAgainst(state);
   const room = (budget: number | null, used: number, extraInput: number) => (budget === null ? Infinity : budget - used - extraInput);
   const input = budgets.monthly_input_token_budget;
   return {
-    monthly_token_budget: room(budgets.monthly_token_budget, state.monthInput + state.monthOutput + held.input + held.output, inputTokens),
-    daily_token_budget: room(budgets.daily_token_budget, state.todayInput + state.todayOutput + held.todayInput + held.todayOutput, inputTokens),
+    monthly_token_budget: room(budgets.monthly_token_budget, state.monthInput + state.monthOutput + held.monthly_token_budget, inputTokens),
+    daily_token_budget: room(budgets.daily_token_budget, state.todayInput + state.todayOutput + held.daily_token_budget, inputTokens),
     // The input budget cannot be met by lowering max_tokens: it either fits whole or not at all.
-    monthly_input_token_budget: input === null || state.monthInput + held.input + inputTokens <= input ? Infinity : -1,
-    monthly_output_token_budget: room(budgets.monthly_output_token_budget, state.monthOutput + held.output, 0),
+    monthly_input_token_budget: input === null || state.monthInput + held.monthly_input_token_budget + inputTokens <= input ? Infinity : -1,
+    monthly_output_token_budget: room(budgets.monthly_output_token_budget, state.monthOutput + held.monthly_output_token_budget, 0),
   };
+}
+
+/** Tokens open holds count against each budget. */
+function heldAgainst(state: MeterState): Record<BudgetName, number> {
+  const held = heldTokens(state);
+  return {
+    monthly_token_budget: held.input + held.output,
+    daily_token_budget: held.todayInput + held.todayOutput,
+    monthly_input_token_budget: held.input,
+    monthly_output_token_budget: held.output,
+  };
+}
+
+/** Seconds from `now` (epoch ms) until the next UTC day, or month, begins; at least 1. */
+export function secondsUntilUtcTurn(now: number, period: 'day' | 'month'): number {
+  const at = new Date(now);
+  const turn = period === 'day' ? Date.UTC(at.getUTCFullYear(), at.getUTCMonth(), at.getUTCDate() + 1) : Date.UTC(at.getUTCFullYear(), at.getUTCMonth() + 1, 1);
+  return Math.max(1, Math.ceil((turn - now) / 1000));
 }
 
 /**
@@ -312,19 +330,8 @@ export function outputRoom(state: MeterState, budgets: KeyBudgetValues, inputTok
  * for the monthly ones (or when an operator raises the budget, which no clock can tell).
  */
 export function budgetRetryAfterSeconds(state: MeterState, budget: BudgetName, now: number): number {
-  const held = heldTokens(state);
-  const holding =
-    budget === 'daily_token_budget'
-      ? held.todayInput + held.todayOutput
-      : budget === 'monthly_input_token_budget'
-        ? held.input
-        : budget === 'monthly_output_token_budget'
-          ? held.output
-          : held.input + held.output;
-  if (holding > 0) return 1;
-  const at = new Date(now);
-  const turn = budget === 'daily_token_budget' ? Date.UTC(at.getUTCFullYear(), at.getUTCMonth(), at.getUTCDate() + 1) : Date.UTC(at.getUTCFullYear(), at.getUTCMonth() + 1, 1);
-  return Math.max(1, Math.ceil((turn - now) / 1000));
+  if (heldAgainst(state)[budget] > 0) return 1;
+  return secondsUntilUtcTurn(now, budget === 'daily_token_budget' ? 'day' : 'month');
 }
 
 function reserve(command: Extract<MeterCommand, { type: 'Reserve' }>, state: MeterState) {

@@ -14,7 +14,7 @@ import type { Logger } from 'pino';
 import { apiError, ApiError } from '../errors/index.ts';
 import type { CommandHandler } from '../command-handler/index.ts';
 import type { EventStore } from '../store/index.ts';
-import { meterDecider, spendDecider, standingLease, type KeyStatus, type MeterCommand, type MeterRejection, type MeterState } from '../../commands/index.ts';
+import { meterDecider, secondsUntilUtcTurn, spendDecider, standingLease, type KeyStatus, type MeterCommand, type MeterRejection, type MeterState } from '../../commands/index.ts';
 import { expiredHolds, spendOfDay } from '../../projections/index.ts';
 import { meterStream, spendStream, utcDay, type KeyBudgetValues, type MeterOpening, type RequestFactsData } from '../../events/index.ts';
 
@@ -100,11 +100,6 @@ interface Waiter {
   reject(error: unknown): void;
 }
 
-const secondsUntilNextUtcDay = (now: Date): number => {
-  const next = Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), now.getUTCDate() + 1);
-  return Math.max(1, Math.ceil((next - now.getTime()) / 1000));
-};
-
 export class Metering {
   readonly #handler: CommandHandler;
   readonly #store: EventStore;
@@ -174,7 +169,7 @@ export class Metering {
   async admit(request: AdmitRequest): Promise<Admission> {
     const now = this.#now();
     if (this.#spendCappedDay === utcDay(now)) {
-      throw apiError('spend_cap', 'the service has reached its daily GPU spend cap; it resumes at the next UTC day', { retryAfter: secondsUntilNextUtcDay(now) });
+      throw apiError('spend_cap', 'the service has reached its daily GPU spend cap; it resumes at the next UTC day', { retryAfter: secondsUntilUtcTurn(now.getTime(), 'day') });
     }
     const queue = this.#queues.get(request.keyId);
     if (!queue || queue.length === 0) {
