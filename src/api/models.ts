@@ -1,7 +1,7 @@
 import type { FastifyInstance, onRequestAsyncHookHandler } from 'fastify';
 import { Type, type Static } from 'typebox';
 import type { ModelConfig } from '../config/index.ts';
-import { captureBytesPerPosition, captureDModel, largestCaptureBytes } from '../completion-request/index.ts';
+import { captureDModel, largestCaptureBytes } from '../completion-request/index.ts';
 import type { Tokenizer } from '../tokenizer/index.ts';
 import type { ModelRegistry } from '../registry/index.ts';
 import { apiKeySecurity, errorResponses, okResponse } from './route-schema.ts';
@@ -63,7 +63,7 @@ export function modelEntry(model: ModelConfig, created: number, tokenizer: Token
             max_steering_vectors: activations.max_steering_vectors,
             max_activation_prompt_tokens: activations.max_activation_prompt_tokens,
             ...(captureDModel(model) !== null ? { d_model: captureDModel(model)! } : {}),
-            max_capture_bytes: largestCaptureBytes(model, captureBytesPerPosition(tokenizer)),
+            max_capture_bytes: largestCaptureBytes(model, tokenizer),
           }
         : {}),
     },
@@ -76,11 +76,12 @@ export function modelRoutes(app: FastifyInstance, registry: ModelRegistry, authe
   let serialized: string | null = null;
   const body = () => {
     if (serialized !== null) return serialized;
-    const tokenizers = registry.listed().map((m) => {
+    const models = registry.listed();
+    const tokenizers = models.map((m) => {
       const state = registry.tokenizerState(m.id);
       return state?.status === 'ready' ? state.tokenizer : null;
     });
-    const text = JSON.stringify({ object: 'list', data: registry.listed().map((m, i) => modelEntry(m, created, tokenizers[i])) });
+    const text = JSON.stringify({ object: 'list', data: models.map((m, i) => modelEntry(m, created, tokenizers[i])) });
     if (tokenizers.every((t) => t !== null)) serialized = text;
     return text;
   };

@@ -85,11 +85,15 @@ export function capturePositionLimit(model: ModelConfig, layers: number | null):
   return maxModelLen !== null ? Math.min(maxModelLen, scaled) : scaled;
 }
 
-/** Positions a capture of `layers` layers may span within `activations.max_capture_bytes`; Infinity when unbounded. */
-export function captureBytePositionLimit(model: ModelConfig, layers: number | null, perPosition = CAPTURE_JSON_BYTES_PER_POSITION): number {
+/**
+ * Positions a capture of `layers` layers may span within `activations.max_capture_bytes`; Infinity when
+ * unbounded. `tokenizer`: the model's (null while it is not loaded: the per-position floor).
+ */
+export function captureBytePositionLimit(model: ModelConfig, layers: number | null, tokenizer: Tokenizer | null): number {
   const bound = model.activations?.max_capture_bytes;
   const dModel = captureDModel(model);
   if (bound === undefined || dModel === null || layers === null) return Infinity;
+  const perPosition = captureBytesPerPosition(tokenizer);
   // captureBodyBytes grows with positions; start from the linear estimate and settle on the exact edge.
   let p = Math.max(0, Math.floor((bound - CAPTURE_JSON_FIXED_BYTES) / ((layers * dModel * CAPTURE_ITEM_BYTES * 4) / 3 + perPosition)));
   while (captureBodyBytes(layers, p + 1, dModel, perPosition) <= bound) p++;
@@ -98,16 +102,18 @@ export function captureBytePositionLimit(model: ModelConfig, layers: number | nu
 }
 
 /**
- * The largest capture body (bytes) the model's configuration admits, over every layer count; null when
- * n_layers or d_model is unknown. Equals max_capture_bytes at most.
+ * The largest capture body (bytes) the model's configuration admits, over every layer count, with the
+ * model's tokenizer (null: the per-position floor); null when n_layers or d_model is unknown. Equals
+ * max_capture_bytes at most.
  */
-export function largestCaptureBytes(model: ModelConfig, perPosition = CAPTURE_JSON_BYTES_PER_POSITION): number | null {
+export function largestCaptureBytes(model: ModelConfig, tokenizer: Tokenizer | null): number | null {
   const act = model.activations ?? null;
   const dModel = captureDModel(model);
   if (act === null || act.n_layers === null || dModel === null) return null;
+  const perPosition = captureBytesPerPosition(tokenizer);
   let largest = 0;
   for (let layers = 1; layers <= act.n_layers; layers++) {
-    const positions = Math.min(capturePositionLimit(model, layers), captureBytePositionLimit(model, layers, perPosition));
+    const positions = Math.min(capturePositionLimit(model, layers), captureBytePositionLimit(model, layers, tokenizer));
     if (positions > 0) largest = Math.max(largest, captureBodyBytes(layers, positions, dModel, perPosition));
   }
   return largest;

@@ -8,7 +8,7 @@ import type { ModelRegistry } from '../registry/index.ts';
 import { CompletionRequest, MAX_SEED } from './schema.ts';
 import { schemaError, invalid } from './schema-errors.ts';
 import { steeringVectorError } from './steering.ts';
-import { captureBytePositionLimit, captureBytesPerPosition, capturePositionLimit } from './capture-size.ts';
+import { captureBytePositionLimit, capturePositionLimit } from './capture-size.ts';
 
 export { CompletionRequest, CompletionPrompt, SteeringVector, TensorCodec, StreamOptions } from './schema.ts';
 export { captureBodyBytes, captureBytesPerPosition, largestCaptureBytes, captureDModel, tokenTextJsonBytes } from './capture-size.ts';
@@ -252,7 +252,7 @@ export function prepareValidCompletion(req: CompletionRequest, ctx: CompletionCo
   if (capture && act) {
     const requested = captureLayers === 'all' ? act.n_layers : captureLayers!.length;
     capturePositions = capturePositionLimit(model, requested);
-    const byBytes = captureBytePositionLimit(model, requested, captureBytesPerPosition(tokenizer));
+    const byBytes = captureBytePositionLimit(model, requested, tokenizer);
     if (byBytes < capturePositions) {
       capturePositions = byBytes;
       captureBoundByBytes = true;
