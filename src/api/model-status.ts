@@ -6,19 +6,17 @@ import { modelIdPattern } from '../config/index.ts';
 import type { ModelRegistry } from '../registry/index.ts';
 import { apiKeySecurity, errorResponses, okResponse, validationErrorResponse } from './route-schema.ts';
 
-export const BootStage = Type.Union([
-  Type.Object({
-    stage: Type.String({ description: 'Cold-boot stage, e.g. "ready".' }),
-    at: Type.String({ format: 'date-time' }),
-  }),
-  Type.Null(),
-]);
+const Stage = Type.Object({
+  stage: Type.String({ description: 'Boot stage: `ready` (since `at`), `restarting` (the engine died at `at` and is being started again), `unknown` (an engine the service does not start; `at` is when the service started).' }),
+  at: Type.String({ format: 'date-time' }),
+});
+export const BootStage = Type.Union([Stage, Type.Null()]);
 
 export const ModelStatus = Type.Object({
   model_id: Type.String(),
   boot: BootStage,
   warm: Type.Boolean({ description: 'Advisory: a runner is up, or a completion was served recently.' }),
-  activation_boot: Type.Optional(BootStage),
+  activation_boot: Type.Optional(Stage),
 });
 export type ModelStatus = Static<typeof ModelStatus>;
 
@@ -27,6 +25,8 @@ export interface ModelStatusSource {
   boot(modelId: string): Static<typeof BootStage>;
   /** Advisory warmth: a runner is up, or a completion was served recently. */
   warm(modelId: string): boolean;
+  /** The activation engine's stage: never null (the contract gives `activation_boot` no null). */
+  activationBoot(modelId: string): Static<typeof Stage>;
 }
 
 const StatusParams = Type.Object({ model_id: Type.String({ pattern: modelIdPattern, description: 'Short model id.' }) });
@@ -42,9 +42,7 @@ export function modelStatusRoutes(app: FastifyInstance, registry: ModelRegistry,
     const id = request.params.model_id;
     const model = registry.get(id);
     if (!model) throw apiError('model_not_found', `model "${id}" does not exist; available: ${registry.listed().map((m) => m.id).join(', ')}`);
-    const boot = source.boot(id);
-    // The reference engine serves activations from the same process, so both boots are the same boot.
-    const body: ModelStatus = { model_id: id, boot, warm: source.warm(id), ...(model.activations ? { activation_boot: boot } : {}) };
+    const body: ModelStatus = { model_id: id, boot: source.boot(id), warm: source.warm(id), ...(model.activations ? { activation_boot: source.activationBoot(id) } : {}) };
     return body;
   });
 }

@@ -91,6 +91,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     stoppers.push(async () => registry.close());
     const engineUrls = new Map<string, string>();
     const enginePids = new Map<string, number>();
+    const startedAt = new Date().toISOString();
     const referenceEngines = new Map<string, SupervisedEngine>();
     const restarts = new EventEmitter();
     let engines: EngineClient | null = null;
@@ -219,6 +220,9 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
             return engine?.alive && Date.now() - engine.bootedAt < freshForMs ? { stage: 'ready', at: new Date(engine.bootedAt).toISOString() } : null;
           },
           warm,
+          // The reference engine serves activations from its one process: its stage, which does not age
+          // out as `boot` does. An engine the gateway does not start has no stage it can know.
+          activationBoot: (id) => referenceEngines.get(id)?.stage ?? { stage: 'unknown', at: startedAt },
         }, authenticate);
         adminKeyRoutes(scope, { keys, adminToken, db: store, projectionsCaughtUp: () => runner.caughtUp() });
       },

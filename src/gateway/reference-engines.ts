@@ -24,6 +24,8 @@ export class SupervisedEngine {
   #backoffMs = firstBackoffMs;
   #restartTimer: NodeJS.Timeout | null = null;
   bootedAt = 0;
+  /** When the engine last died (0: never), so a restart's stage can say since when. */
+  #diedAt = 0;
 
   constructor(
     readonly modelId: string,
@@ -42,6 +44,11 @@ export class SupervisedEngine {
     return this.#engine !== null && this.#restartTimer === null;
   }
 
+  /** Where the engine's latest boot stands: `ready` since it came up, or `restarting` since it died. */
+  get stage(): { stage: 'ready' | 'restarting'; at: string } {
+    return this.alive ? { stage: 'ready', at: new Date(this.bootedAt).toISOString() } : { stage: 'restarting', at: new Date(this.#diedAt).toISOString() };
+  }
+
   async start(): Promise<void> {
     const engine = await spawnReferenceEngine(this.modelId, { configPath: this.options.configPath, chaos: this.options.chaos });
     this.#engine = engine;
@@ -51,6 +58,7 @@ export class SupervisedEngine {
 
   #exited(engine: SpawnedEngine, code: number | null): void {
     if (this.#stopping || engine !== this.#engine) return;
+    this.#diedAt = Date.now();
     const upMs = Date.now() - this.bootedAt;
     if (upMs > stableAfterMs) this.#backoffMs = firstBackoffMs;
     const delay = this.#backoffMs;

@@ -222,6 +222,11 @@ failures('a crashed engine: 502 upstream_unreachable after retries', async () =>
   const res = await complete();
   assertUpstreamError(res, await json(res), 502, 'upstream_unreachable');
   assert.ok(res.headers.get('retry-after'));
+  // Down, within its restart backoff: `boot` has no fresh entry, `activation_boot` (never null) says why.
+  const down = await json(await fetch(`${gw.url}/v1/models/ref-byte/status`, { headers: gw.authHeaders() }));
+  assert.is(down.boot, null);
+  assert.is(down.activation_boot.stage, 'restarting');
+  assert.ok(Date.now() - Date.parse(down.activation_boot.at) < 60_000);
   // The gateway starts the engine again (after a backoff) and points the model at its new address.
   const url = await restarted;
   assert.is(gw.engineUrls.get('ref-byte'), url);
@@ -230,6 +235,8 @@ failures('a crashed engine: 502 upstream_unreachable after retries', async () =>
   await next.arrayBuffer();
   const health = await json(await fetch(`${gw.url}/v1/models/ref-byte/status`, { headers: gw.authHeaders() }));
   assert.is(health.warm, true);
+  assert.is(health.activation_boot.stage, 'ready');
+  assert.equal(health.activation_boot, health.boot);
 });
 
 failures('what only the engine can judge: its 400s map to engine_context_length and engine_invalid_request', async () => {
