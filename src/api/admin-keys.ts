@@ -127,7 +127,7 @@ export function adminKeyRoutes(app: FastifyInstance, options: AdminKeyRouteOptio
   app.register(async (admin) => {
     admin.addHook('onRequest', requireAdminToken(options.adminToken));
 
-    admin.post('/admin/keys', { schema: doc('Issue a key (the full key is shown only in this answer)', { 201: okResponse('The new key', IssuedKey), ...errorResponses(400, 401, 500) }) }, async (request, reply) => {
+    admin.post('/admin/keys', { schema: doc('Issue a key (the full key is shown only in this answer)', { 201: okResponse('The new key', IssuedKey), ...errorResponses(400, 401, 500, 503) }) }, async (request, reply) => {
       const body = request.body;
       if (!checkCreate.Check(body)) throw invalidBody(checkCreate, body);
       const budgets = Object.fromEntries(budgetFields.filter((f) => body[f] !== undefined).map((f) => [f, body[f] ?? null]));
@@ -136,7 +136,7 @@ export function adminKeyRoutes(app: FastifyInstance, options: AdminKeyRouteOptio
       return reply.code(201).send({ key: issued.key, ...adminKeyBody(issued.view) });
     });
 
-    admin.get('/admin/keys', { schema: doc('Every key, with its usage so far this UTC month', { 200: okResponse('Keys', AdminKeyList), ...errorResponses(401, 500) }) }, async () => {
+    admin.get('/admin/keys', { schema: doc('Every key, with its usage so far this UTC month', { 200: okResponse('Keys', AdminKeyList), ...errorResponses(401, 500, 503) }) }, async () => {
       // A list reads the api_keys projection: wait until it has applied every write committed before
       // this request (this process's or another's), so a key just issued is listed.
       let timer: NodeJS.Timeout | undefined;
@@ -166,7 +166,7 @@ export function adminKeyRoutes(app: FastifyInstance, options: AdminKeyRouteOptio
       return { object: 'list', data };
     });
 
-    admin.get('/admin/keys/:prefix', { schema: doc('One key, with its usage so far this UTC month', { 200: okResponse('The key', AdminKeyWithUsage), ...errorResponses(400, 401, 404, 500) }, true) }, async (request) => {
+    admin.get('/admin/keys/:prefix', { schema: doc('One key, with its usage so far this UTC month', { 200: okResponse('The key', AdminKeyWithUsage), ...errorResponses(400, 401, 404, 500, 503) }, true) }, async (request) => {
       const prefix = validPrefix(request);
       // One key is read from its stream (fresh), so a read right after a write sees it.
       const view = await keys.get(prefix);
@@ -180,7 +180,7 @@ export function adminKeyRoutes(app: FastifyInstance, options: AdminKeyRouteOptio
     });
 
     const action = (name: 'pause' | 'resume' | 'revoke') =>
-      admin.post(`/admin/keys/:prefix/${name}`, { schema: doc(`${name[0].toUpperCase()}${name.slice(1)} a key`, { 200: okResponse('The key', AdminKeySchema), ...errorResponses(400, 401, 404, 409, 500) }, true) }, async (request) => {
+      admin.post(`/admin/keys/:prefix/${name}`, { schema: doc(`${name[0].toUpperCase()}${name.slice(1)} a key`, { 200: okResponse('The key', AdminKeySchema), ...errorResponses(400, 401, 404, 409, 500, 503) }, true) }, async (request) => {
         const prefix = validPrefix(request);
         request.keyPrefix = prefix;
         return adminKeyBody(await keys[name](prefix, metadata(request)));
@@ -189,7 +189,7 @@ export function adminKeyRoutes(app: FastifyInstance, options: AdminKeyRouteOptio
     action('resume');
     action('revoke');
 
-    admin.patch('/admin/keys/:prefix', { schema: doc("Change a key's budgets (null: unlimited)", { 200: okResponse('The key', AdminKeySchema), ...errorResponses(400, 401, 404, 409, 500) }, true) }, async (request) => {
+    admin.patch('/admin/keys/:prefix', { schema: doc("Change a key's budgets (null: unlimited)", { 200: okResponse('The key', AdminKeySchema), ...errorResponses(400, 401, 404, 409, 500, 503) }, true) }, async (request) => {
       const prefix = validPrefix(request);
       const body = request.body;
       if (!checkChange.Check(body)) throw invalidBody(checkChange, body);

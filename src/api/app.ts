@@ -4,7 +4,7 @@ import type { Logger } from 'pino';
 import { apiError } from '../errors/index.ts';
 import { requestIdFor } from './request-id.ts';
 import { badJson, maxBodyBytes, notJson } from './body.ts';
-import { installErrorHandling, sendApiError, toApiError } from './error-handler.ts';
+import { answerClientError, installErrorHandling, sendApiError, toApiError } from './error-handler.ts';
 import { healthRoute, type HealthSources } from './health.ts';
 import { compileRouteSchema, serializeAsJson } from './route-schema.ts';
 import { registerOpenApi } from './openapi.ts';
@@ -73,6 +73,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     forceCloseConnections: 'idle',
     // Long path parameters reach our own validation (400) instead of the router's limit.
     routerOptions: { ignoreTrailingSlash: true, maxParamLength: 2048 },
+    clientErrorHandler: answerClientError,
     frameworkErrors: (err, request, reply) => {
       reply.header('x-request-id', request.id);
       const error = err.code === 'FST_ERR_BAD_URL' ? apiError('invalid_request', 'malformed URL') : toApiError(err);

@@ -1,7 +1,10 @@
 import { StoreUnavailable } from '../store/index.ts';
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { ApiError, apiError } from '../errors/index.ts';
+import type { IncomingMessage } from 'node:http';
+import type { Duplex } from 'node:stream';
 import { badJson, bodyTooLarge, notJson } from './body.ts';
+import { requestIdFor } from './request-id.ts';
 
 /** Maps anything thrown on the request path to the contract's envelope; internals never leak. */
 export function toApiError(err: unknown): ApiError {
@@ -21,6 +24,8 @@ export function toApiError(err: unknown): ApiError {
   if (e instanceof StoreUnavailable) return apiError('store_unavailable', 'the event store is unavailable; nothing was done, try again');
   if (e instanceof SyntaxError || e?.name === 'SyntaxError') return badJson();
   if (typeof e?.statusCode === 'number' && e.statusCode === 413) return bodyTooLarge();
+  // A plugin's own refusal (the static files of /swagger: 403 for a path outside them, 404): not there.
+  if (e?.statusCode === 403 || e?.statusCode === 404) return apiError('not_found', 'no such file');
   return apiError('internal_error', 'internal error');
 }
 
@@ -51,4 +56,26 @@ export function installErrorHandling(app: FastifyInstance): void {
     }
     return sendApiError(request, reply, apiError('not_found', `no route ${request.method} ${path}`));
   });
+}
+
+/**
+ * Node's HTTP parser refuses some requests before fastify sees them (headers over 16 KB, a malformed
+ * request line or header, a request not received in time): answered in the envelope with a request
+ * id, as every response is, instead of Node's or fastify's bare text, then the connection is closed.
+ */
+export function answerClientError(err: NodeJS.ErrnoException, socket: Duplex): void {
+  if (err.code === 'ECONNRESET' || socket.destroyed) return;
+  const error =
+    err.code === 'HPE_HEADER_OVERFLOW'
+      ? apiError('invalid_request', 'the request headers are larger than 16 KB', { status: 431 })
+      : err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
+        ? apiError('invalid_request', 'the request was not received in time', { status: 408 })
+        : apiError('invalid_request', 'malformed HTTP request');
+  const requestId = requestIdFor({ headers: {} } as IncomingMessage);
+  const body = JSON.stringify(error.body(requestId));
+  const headers = { 'content-type': 'application/json; charset=utf-8', 'content-length': String(Buffer.byteLength(body)), 'x-request-id': requestId, connection: 'close', ...error.headers };
+  const head = Object.entries(headers).map(([name, value]) => `${name}: ${value}\r\n`).join('');
+  const reason = { 400: 'Bad Request', 408: 'Request Timeout', 431: 'Request Header Fields Too Large' }[error.status as 400 | 408 | 431];
+  if (socket.writable) socket.end(`HTTP/1.1 ${error.status} ${reason}\r\n${head}\r\n${body}`);
+  else socket.destroy();
 }

@@ -36,7 +36,7 @@ export function modelStatusRoutes(app: FastifyInstance, registry: ModelRegistry,
     summary: 'Per-model warm/cold and boot-stage status',
     security: apiKeySecurity,
     params: StatusParams,
-    response: { 200: okResponse('Model status', ModelStatus), ...errorResponses(400, 401, 404, 500), ...validationErrorResponse },
+    response: { 200: okResponse('Model status', ModelStatus), ...errorResponses(400, 401, 404, 500, 503), ...validationErrorResponse },
   };
   app.withTypeProvider<TypeBoxTypeProvider>().get('/v1/models/:model_id/status', { schema, onRequest: authenticate }, async (request) => {
     const id = request.params.model_id;

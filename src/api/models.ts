@@ -89,7 +89,7 @@ export function modelRoutes(app: FastifyInstance, registry: ModelRegistry, authe
   const schema = {
     summary: 'Live models with capabilities',
     security: apiKeySecurity,
-    response: { 200: okResponse('Model list', ModelList), ...errorResponses(401, 500) },
+    response: { 200: okResponse('Model list', ModelList), ...errorResponses(401, 500, 503) },
   };
   app.get('/v1/models', { schema, onRequest: authenticate }, async (_request, reply) => reply.type('application/json; charset=utf-8').send(body()));
 }

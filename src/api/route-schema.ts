@@ -114,10 +114,16 @@ export function okResponse(description: string, schema: TSchema, options: OkOpti
   };
 }
 
-/** One response per error status: the envelope, the catalogue's codes for that status, and the error headers. */
+/** Statuses any route may answer before it sees the request: Node's parser refused it (malformed, too slow, headers too large). */
+const beforeRouting = [400, 408, 431];
+
+/**
+ * One response per error status: the envelope, the catalogue's codes for that status, and the error
+ * headers. Every route's list ends with the statuses answered before routing.
+ */
 export function errorResponses(...statuses: number[]): Record<number, unknown> {
   const out: Record<number, unknown> = {};
-  for (const status of statuses) {
+  for (const status of new Set([...statuses, ...beforeRouting])) {
     const codes = codesAnsweredWith(status);
     out[status] = {
       description: `Error envelope; error.code one of: ${codes.join(', ')}`,

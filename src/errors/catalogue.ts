@@ -17,7 +17,8 @@ interface CatalogueEntry {
 }
 
 export const errorCatalogue = {
-  invalid_request: { status: 400, type: 'invalid_request_error' },
+  // 408 and 431 when Node's HTTP parser refuses the request before any route sees it (too slow, headers too large).
+  invalid_request: { status: 400, type: 'invalid_request_error', otherStatuses: [408, 431] },
   context_length_exceeded: { status: 400, type: 'invalid_request_error' },
   deadline_infeasible: { status: 400, type: 'invalid_request_error', noRetry: true },
   chat_completions_unsupported: { status: 400, type: 'invalid_request_error' },

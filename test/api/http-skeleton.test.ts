@@ -1,6 +1,7 @@
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { request as httpRequest } from 'node:http';
+import { connect } from 'node:net';
 import { startTestGateway, json, type TestGateway } from '../support/gateway.ts';
 import { assertDocumented } from '../support/openapi.ts';
 
@@ -197,6 +198,43 @@ http('GET /health is 503 with status down when the store is unreachable', async 
   } finally {
     await other.stop().catch(() => undefined);
   }
+});
+
+/** Sends raw bytes on a fresh connection and returns everything the server wrote before closing it. */
+function rawExchange(url: string, bytes: string): Promise<string> {
+  const { hostname, port } = new URL(url);
+  return new Promise((resolve, reject) => {
+    const socket = connect(Number(port), hostname, () => socket.write(bytes));
+    const chunks: Buffer[] = [];
+    socket.on('data', (c) => chunks.push(c));
+    socket.on('error', reject);
+    socket.on('close', () => resolve(Buffer.concat(chunks).toString('latin1')));
+  });
+}
+
+http('requests Node refuses before routing (headers over 16 KB, a malformed request): the envelope and a request id', async () => {
+  const doc = await json(await fetch(`${gw.url}/openapi.json`));
+  const cases = [
+    { bytes: `GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${'a'.repeat(17_000)}\r\n\r\n`, status: 431 },
+    { bytes: 'GET /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n', status: 400 },
+    { bytes: 'NOT A REQUEST\r\n\r\n', status: 400 },
+  ];
+  for (const { bytes, status } of cases) {
+    const answer = await rawExchange(gw.url, bytes);
+    const [head, body] = answer.split('\r\n\r\n');
+    assert.match(head, new RegExp(`^HTTP/1.1 ${status} `), head);
+    const requestId = /\r\nx-request-id: (\S+)/i.exec(head)?.[1];
+    assert.match(requestId ?? '', /^req_/);
+    const parsed = JSON.parse(body);
+    assert.is(parsed.error.code, 'invalid_request');
+    assert.type(parsed.error.message, 'string');
+    assert.is(parsed.request_id, requestId);
+    assert.ok(doc.paths['/v1/models'].get.responses[String(status)], `${status} is documented`);
+  }
+  // A path the static files of /swagger refuse (outside their folder) is not there: 404, not a 500.
+  const outside = await rawExchange(gw.url, 'GET /swagger/static/../package.json HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n');
+  assert.match(outside, /^HTTP\/1.1 404 /);
+  assert.match(outside, /"code":"not_found"/);
 });
 
 http.run();
