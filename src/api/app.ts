@@ -8,6 +8,7 @@ import { answerClientError, installErrorHandling, sendApiError, toApiError } fro
 import { healthRoute, type HealthSources } from './health.ts';
 import { compileRouteSchema, serializeAsJson } from './route-schema.ts';
 import { registerOpenApi } from './openapi.ts';
+import { installCompression } from './compression.ts';
 
 export const exposedHeaders = [
   'X-Request-Id',
@@ -86,6 +87,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     done();
   });
   installErrorHandling(app);
+  installCompression(app);
   await app.register(cors, { origin: '*', credentials: false, exposedHeaders, maxAge: 600, strictPreflight: false });
 
   // JSON bodies only, parsed once with the platform parser; other media types are a client error.

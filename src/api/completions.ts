@@ -1,8 +1,6 @@
 import { type Readable, type Writable } from 'node:stream';
 import { once } from 'node:events';
 import { randomBytes } from 'node:crypto';
-import { promisify } from 'node:util';
-import { createGzip, gzip, constants as zlibConstants } from 'node:zlib';
 import type { FastifyInstance, FastifyReply, FastifyRequest, FastifySchemaCompiler, onRequestAsyncHookHandler } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { Type, type TSchema } from 'typebox';
@@ -14,9 +12,9 @@ import type { Admission, MeteredKey, Metering, Reservation } from '../metering/i
 import type { RequestFactsData } from '../../events/index.ts';
 import { apiKeySecurity, compileRouteSchema, errorResponses, okResponse } from './route-schema.ts';
 import { checkCapture } from './capture-relay.ts';
+import { acceptsGzip, gzipStream, sendUncompressed } from './compression.ts';
 import { SseUsageRelay, UsageTail, usageFrom, type RelayedUsage } from './usage-relay.ts';
 
-const gzipAsync = promisify(gzip);
 
 export interface CompletionRouteOptions {
   context: CompletionContext;
@@ -40,16 +38,9 @@ export interface RequestKey {
   current(): Promise<MeteredKey>;
 }
 
-/** Smallest non-streaming body worth compressing when the client accepts gzip. */
-const gzipMinBytes = 1024;
 /** Bodies up to this size are gathered before sending rather than piped. */
 const smallBodyBytes = 256 * 1024;
 const deadlineReason = Symbol('deadline');
-
-function acceptsGzip(request: FastifyRequest): boolean {
-  const header = request.headers['accept-encoding'];
-  return typeof header === 'string' && /\bgzip\b/.test(header);
-}
 
 const completionSchema = {
   summary: 'Raw text completion',
@@ -248,14 +239,13 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
       return reply.send(relay);
     }
 
-    reply.header('content-type', 'application/json').header('vary', 'Accept-Encoding');
+    reply.header('content-type', 'application/json');
     const length = Number(upstream.headers['content-length'] ?? NaN);
     if (length <= smallBodyBytes && !completion.capture) {
       // A small body is gathered and written in one go: cheaper than a pipe for the common case.
       const body = Buffer.from(await upstream.body.arrayBuffer());
       settle({ usage: usageFrom(body.subarray(Math.max(0, body.length - 4096))), contentFrames: 0, completed: true }, 200, completion);
-      if (acceptsGzip(request) && body.length >= gzipMinBytes) return reply.header('content-encoding', 'gzip').send(await gzipAsync(body, { level: 1 }));
-      return reply.send(body);
+      return reply.send(body); // gzipped on its way out when the client accepts it (compression.ts)
     }
     // Larger bodies flow through a tap that keeps their first and last bytes, where `usage` is.
     const tail = new UsageTail();
@@ -268,10 +258,9 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     reply.raw.once('close', () => tail.destroy());
     if (completion.capture) return sendCapture(reply, completion, { ...upstream, body: tail as unknown as EngineResponse['body'] }, engines.upstreamHeaders(model.id), controller.signal);
 
-    if (acceptsGzip(request) && !(length < gzipMinBytes)) {
-      // Level 1: the large bodies here (full-vocabulary logprobs) are highly redundant JSON, so speed wins.
-      reply.header('content-encoding', 'gzip');
-      const gzip = createGzip({ level: 1, chunkSize: 128 * 1024, flush: zlibConstants.Z_NO_FLUSH });
+    if (acceptsGzip(request)) {
+      // Fed with backpressure from the tap (a full-vocabulary body can be a gigabyte).
+      const gzip = gzipStream(reply);
       void feed(tail, gzip);
       return reply.send(gzip);
     }
@@ -355,6 +344,7 @@ function relayEvents(upstream: EngineResponse, requestId: string, headers: Recor
 async function sendCapture(reply: FastifyReply, prepared: PreparedCompletion, upstream: EngineResponse, headers: Record<string, string>, signal: AbortSignal): Promise<FastifyReply> {
   const checked = await checkCapture(upstream, prepared.captureLayerCount, headers, signal);
   if (checked === null) return reply; // the client left; nothing to answer
+  sendUncompressed(reply);
   if (checked.length !== null) reply.header('content-length', checked.length);
   if (!Array.isArray(checked.body)) return reply.send(checked.body);
   // The whole body is held: it leaves in one corked write, a writev of all its chunks, where a pipe

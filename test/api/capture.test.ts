@@ -40,8 +40,10 @@ capture('every layer: the engine body arrives byte-identical, with its length', 
   const direct = await postHashed(`${stub.url}/v1/completions`, engineCaptureBody(req));
   assert.is(direct.status, 200);
   assert.ok(direct.bytes > BYTES_11MB && direct.bytes < BYTES_11MB + 1024, String(direct.bytes));
-  const relayed = await viaGateway(req, { origin: 'https://notebook.example', 'x-request-id': 'capture-headers-1' });
+  // A capture is relayed byte for byte even to a client that accepts gzip (README, compression).
+  const relayed = await viaGateway(req, { origin: 'https://notebook.example', 'x-request-id': 'capture-headers-1', 'accept-encoding': 'gzip' });
   assert.is(relayed.status, 200, relayed.head);
+  assert.is(relayed.headers['content-encoding'], undefined);
   assert.is(relayed.bytes, direct.bytes);
   assert.is(relayed.sha256, direct.sha256);
   assert.is(relayed.headers['content-length'], String(direct.bytes));
@@ -56,8 +58,9 @@ capture('an envelope ahead of the rest of the body is judged there, and the rest
   const req = captureRequest('first', POSITIONS);
   const direct = await postHashed(`${stub.url}/v1/completions`, engineCaptureBody(req));
   assert.ok(direct.head.startsWith('{"activations"'));
-  const relayed = await viaGateway(req);
+  const relayed = await viaGateway(req, { 'accept-encoding': 'gzip' });
   assert.is(relayed.status, 200, relayed.head);
+  assert.is(relayed.headers['content-encoding'], undefined);
   assert.is(relayed.sha256, direct.sha256);
   assert.is(relayed.headers['content-length'], String(direct.bytes), "the engine's announced length");
 });

@@ -152,23 +152,31 @@ e2e('full-vocabulary prompt logprobs: streamed, identical with and without gzip'
   }
 });
 
-e2e('gzip on an ordinary non-streaming response; small ones stay plain', async () => {
-  const big = await request(`${gw.url}/v1/completions`, {
-    method: 'POST',
-    headers: { ...gw.authHeaders(), 'content-type': 'application/json', 'accept-encoding': 'gzip' },
-    body: JSON.stringify({ prompt: 'zip', max_tokens: 40, temperature: 0, logprobs: 5 }),
-  });
-  assert.is(big.statusCode, 200);
-  assert.is(big.headers['content-encoding'], 'gzip');
-  const parsed = JSON.parse(gunzipSync(Buffer.from(await big.body.arrayBuffer())).toString('utf8'));
-  assert.is(parsed.object, 'text_completion');
-  const small = await request(`${gw.url}/v1/completions`, {
-    method: 'POST',
-    headers: { ...gw.authHeaders(), 'content-type': 'application/json', 'accept-encoding': 'gzip' },
-    body: JSON.stringify({ prompt: 'z', max_tokens: 1, temperature: 0 }),
-  });
-  assert.is(small.headers['content-encoding'], undefined);
-  assert.is(JSON.parse(await small.body.text()).object, 'text_completion');
+e2e('gzip: with Accept-Encoding: gzip every non-streaming body is compressed, small ones, errors and other routes too', async () => {
+  const gzipHeaders = { ...gw.authHeaders(), 'content-type': 'application/json', 'accept-encoding': 'gzip' };
+  for (const body of [{ prompt: 'zip', max_tokens: 40, temperature: 0, logprobs: 5 }, { prompt: 'z', max_tokens: 1, temperature: 0 }]) {
+    const res = await request(`${gw.url}/v1/completions`, { method: 'POST', headers: gzipHeaders, body: JSON.stringify(body) });
+    assert.is(res.statusCode, 200);
+    assert.is(res.headers['content-encoding'], 'gzip');
+    assert.match(String(res.headers.vary), /accept-encoding/i);
+    const zipped = Buffer.from(await res.body.arrayBuffer());
+    assert.is(Number(res.headers['content-length']), zipped.length);
+    assert.is(JSON.parse(gunzipSync(zipped).toString('utf8')).object, 'text_completion');
+  }
+  const error = await request(`${gw.url}/v1/completions`, { method: 'POST', headers: gzipHeaders, body: JSON.stringify({ prompt: 'z', max_tokens: -1 }) });
+  assert.is(error.statusCode, 400);
+  assert.is(error.headers['content-encoding'], 'gzip');
+  assert.is(JSON.parse(gunzipSync(Buffer.from(await error.body.arrayBuffer())).toString('utf8')).error.code, 'invalid_request');
+  for (const path of ['/v1/models', '/openapi.json', '/health']) {
+    const res = await request(`${gw.url}${path}`, { headers: gzipHeaders });
+    assert.is(res.statusCode, 200, path);
+    assert.is(res.headers['content-encoding'], 'gzip', path);
+    assert.type(JSON.parse(gunzipSync(Buffer.from(await res.body.arrayBuffer())).toString('utf8')), 'object');
+  }
+  // Without it, nothing is compressed.
+  const plain = await request(`${gw.url}/v1/completions`, { method: 'POST', headers: { ...gw.authHeaders(), 'content-type': 'application/json' }, body: JSON.stringify({ prompt: 'z', max_tokens: 1, temperature: 0 }) });
+  assert.is(plain.headers['content-encoding'], undefined);
+  assert.is(JSON.parse(await plain.body.text()).object, 'text_completion');
 });
 
 e2e('streaming without include_usage: one frame per token, no usage frame, [DONE], text equals non-streaming', async () => {

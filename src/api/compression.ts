@@ -1,0 +1,52 @@
+// Compression: with `Accept-Encoding: gzip` every response body is gzipped (level 1: the bodies are
+// JSON, highly redundant, and speed matters more than the last percent), whatever its size and route,
+// except two that must reach the client as they are: SSE, whose frames must not wait in a compressor,
+// and a capture, relayed byte for byte (its base64 tensor hardly compresses, and at hundreds of MB the
+// compressor would be the slowest part of the path).
+import { pipeline, Readable } from 'node:stream';
+import { createGzip, gzip, gzipSync, type Gzip } from 'node:zlib';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+
+const level = 1;
+/** Bodies up to this size are compressed on the event loop: cheaper than a trip to the thread pool. */
+const syncLimitBytes = 64 * 1024;
+
+const leftAsIs = new WeakSet<FastifyReply>();
+
+export function acceptsGzip(request: FastifyRequest): boolean {
+  const header = request.headers['accept-encoding'];
+  return typeof header === 'string' && /\bgzip\b/i.test(header);
+}
+
+/** This response's body is sent as it is, never compressed (a capture). */
+export function sendUncompressed(reply: FastifyReply): void {
+  leftAsIs.add(reply);
+}
+
+/** A gzip stream for a large body the route feeds itself; the response is marked compressed. */
+export function gzipStream(reply: FastifyReply): Gzip {
+  reply.header('content-encoding', 'gzip').removeHeader('content-length');
+  return createGzip({ level, chunkSize: 128 * 1024 });
+}
+
+/** Compresses every body the client accepts gzip for, unless its route compressed it or must not. */
+export function installCompression(app: FastifyInstance): void {
+  // Callback style, not async: the hook runs on every response, and most need nothing from it.
+  app.addHook('onSend', (request, reply, payload, done) => {
+    if (payload === null || payload === undefined || leftAsIs.has(reply)) return done(null, payload);
+    if (String(reply.getHeader('content-type') ?? '').startsWith('text/event-stream')) return done(null, payload);
+    reply.header('vary', 'Accept-Encoding');
+    if (!acceptsGzip(request) || reply.hasHeader('content-encoding') || reply.statusCode === 204 || reply.statusCode === 304) return done(null, payload);
+    if (typeof payload === 'string' || Buffer.isBuffer(payload)) {
+      const bytes = typeof payload === 'string' ? Buffer.from(payload) : payload;
+      const compressed = (zipped: Buffer) => {
+        reply.header('content-encoding', 'gzip').header('content-length', zipped.length);
+        done(null, zipped);
+      };
+      if (bytes.length <= syncLimitBytes) return compressed(gzipSync(bytes, { level }));
+      return void gzip(bytes, { level }, (err, zipped) => (err ? done(err) : compressed(zipped)));
+    }
+    if (payload instanceof Readable) return done(null, pipeline(payload, gzipStream(reply), () => {}));
+    done(null, payload);
+  });
+}
