@@ -9,6 +9,7 @@ import { healthRoute, type HealthSources } from './health.ts';
 import { compileRouteSchema, serializeAsJson } from './route-schema.ts';
 import { registerOpenApi } from './openapi.ts';
 import { installCompression } from './compression.ts';
+import { withExactSeed } from '../completion-request/index.ts';
 
 export const exposedHeaders = [
   'X-Request-Id',
@@ -97,7 +98,8 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   app.addContentTypeParser(/^application\/([\w.+-]+\+)?json\s*(;.*)?$/i, { parseAs: 'buffer' }, (request, body: Buffer, done) => {
     if (unrouted(request)) return done(null, undefined);
     try {
-      done(null, JSON.parse(body.toString('utf8')));
+      const text = body.toString('utf8');
+      done(null, withExactSeed(JSON.parse(text), text));
     } catch {
       done(badJson(), undefined);
     }

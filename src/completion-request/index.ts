@@ -372,6 +372,22 @@ function checkVocab(ids: readonly number[], vocabSize: number, name: string): vo
   }
 }
 
+/**
+ * `JSON.parse` rounds integers above 2^53, so 2^63-1 (the largest seed) and 2^63 (out of range) both
+ * read as the double 2^63. For a top-level `seed` read that way, its literal in the body's text decides:
+ * above 2^63-1 it becomes Infinity, which the schema refuses with the seed's range like any other
+ * out-of-range value. Anything else is returned as parsed.
+ */
+export function withExactSeed(parsed: unknown, text: string): unknown {
+  const seed = (parsed as { seed?: unknown } | null)?.seed;
+  if (seed !== MAX_SEED) return parsed; // every other double is exact enough for the schema to judge
+  // The key as it can appear at any depth; only the top-level one parsed to this value, and nested
+  // objects of a completion body have no `seed`, so one match is the one (several: left to the schema).
+  const literals = [...text.matchAll(/"seed"\s*:\s*(\d+)\s*[,}]/g)];
+  if (literals.length === 1 && BigInt(literals[0][1]) > 2n ** 63n - 1n) (parsed as { seed: number }).seed = Infinity;
+  return parsed;
+}
+
 /** JSON numbers above 2^53 are already rounded when parsed; 2^63-1 parses as 2^63, which int64 engines reject. */
 function forwardableSeed(seed: number | null): number | null {
   return seed !== null && seed >= MAX_SEED ? LARGEST_FORWARDABLE_SEED : seed;

@@ -179,6 +179,21 @@ e2e('gzip: with Accept-Encoding: gzip every non-streaming body is compressed, sm
   assert.is(JSON.parse(await plain.body.text()).object, 'text_completion');
 });
 
+e2e('seed: 2^63-1 is accepted and 2^63 refused, though JSON.parse reads both as one double', async () => {
+  const raw = (seed: string) =>
+    fetch(`${gw.url}/v1/completions`, { method: 'POST', headers: { ...gw.authHeaders(), 'content-type': 'application/json' }, body: `{"prompt":"a","max_tokens":1,"seed":${seed}}` });
+  const largest = await raw('9223372036854775807');
+  assert.is(largest.status, 200);
+  await largest.arrayBuffer();
+  for (const seed of ['9223372036854775808', '9223372036854776808']) {
+    const over = await raw(seed);
+    assert.is(over.status, 400, seed);
+    const body = await json(over);
+    assert.is(body.error.code, 'invalid_request');
+    assert.match(body.error.message, /^seed: /);
+  }
+});
+
 e2e('streaming without include_usage: one frame per token, no usage frame, [DONE], text equals non-streaming', async () => {
   const res = await post({ prompt: 'Stream', max_tokens: 10, temperature: 0, stream: true }, { 'accept-encoding': 'gzip' });
   assert.is(res.status, 200);

@@ -20,6 +20,7 @@ import {
   captureBytesPerPosition,
   largestCaptureBytes,
   tokenTextJsonBytes,
+  withExactSeed,
   type CompletionContext,
   type PreparedCompletion,
 } from '../../src/completion-request/index.ts';
@@ -200,6 +201,16 @@ const rows: Row[] = [
       assert.is(p.engineBody.seed, 9223372036854774784);
       assert.match(JSON.stringify(p.engineBody), '"seed":9223372036854775000');
     },
+  },
+  {
+    name: 'seed: 9223372036854775808 (2^63, which parses as the same double as 2^63-1): its literal decides',
+    body: withExactSeed(JSON.parse('{"prompt": "a", "max_tokens": 1, "seed": 9223372036854775808}'), '{"prompt": "a", "max_tokens": 1, "seed": 9223372036854775808}'),
+    reject: bad('seed: must be an integer from 0 to 9223372036854775807, or null'),
+  },
+  {
+    name: 'seed: 9223372036854775807 read with its literal: still accepted',
+    body: withExactSeed(JSON.parse('{"prompt":"a","max_tokens":1,"seed":9223372036854775807}'), '{"prompt":"a","max_tokens":1,"seed":9223372036854775807}'),
+    accept: (p) => assert.is(p.engineBody.seed, 9223372036854774784),
   },
   {
     name: 'seed: 9223372036854777856 (first double above 2^63)',
