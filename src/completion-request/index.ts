@@ -167,8 +167,9 @@ export function prepareValidCompletion(req: CompletionRequest, ctx: CompletionCo
   if (capture || steering) {
     const what = capture ? 'output_residual_stream' : 'apply_steering_vectors';
     if (act === null) throw apiError('activations_unsupported', `${what}: model ${model.id} has no activation engine`, { fields: { param: what } });
-    if (promptCount !== 1 || n !== 1) {
-      throw invalid(what, `${what}: activation capture and steering need a single prompt with n = 1 (prompt_count ${promptCount}, n ${n})`);
+    // A capture answers with one tensor, for one sequence (ENGINE.md); steering applies to every sequence.
+    if (capture && (promptCount !== 1 || n !== 1)) {
+      throw invalid(what, `${what}: activation capture needs a single prompt with n = 1 (prompt_count ${promptCount}, n ${n})`);
     }
   }
   if (capture && act) {

@@ -287,6 +287,10 @@ e2e('steering changes the next-token distribution', async () => {
   const plain = await json(await post({ prompt: 'Steer', max_tokens: 1, temperature: 0, logprobs: 5 }));
   const steered = await json(await post({ prompt: 'Steer', max_tokens: 1, temperature: 0, logprobs: 5, apply_steering_vectors: steering }));
   assert.is.not(JSON.stringify(steered.choices[0].logprobs.top_logprobs), JSON.stringify(plain.choices[0].logprobs.top_logprobs));
+  // A batch with n = 2: every choice of every prompt is steered, as the single one was.
+  const batch = await json(await post({ prompt: ['Steer', 'Steer'], n: 2, max_tokens: 1, temperature: 0, logprobs: 5, apply_steering_vectors: steering }));
+  assert.is(batch.choices.length, 4);
+  for (const choice of batch.choices) assert.is(JSON.stringify(choice.logprobs.top_logprobs), JSON.stringify(steered.choices[0].logprobs.top_logprobs));
 });
 
 e2e('omitted max_tokens on a non-streaming request is cut to the deadline and reported', async () => {
