@@ -27,6 +27,11 @@ export interface CompletionRouteOptions {
   authenticate: onRequestAsyncHookHandler;
   /** Budgets and limits per key; absent only when metering is switched off (SVC_METERING=off). */
   metering?: { meter: Metering; keyOf(request: FastifyRequest): RequestKey | null };
+  /**
+   * A cold model's boot, which a request waits out inside itself (the contract's Model warmth): null
+   * when the engine is up, else a promise that resolves once it is (rejects if `signal` aborts first).
+   */
+  engineBoot?: (modelId: string, signal: AbortSignal) => Promise<void> | null;
 }
 
 /** The authenticated key of a request, as metering needs it. */
@@ -150,6 +155,8 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     const dispatch = async (completion: PreparedCompletion, signal: AbortSignal): Promise<EngineResponse> => {
       const deadline = completion.stream ? null : setTimeout(() => controller.abort(deadlineReason), requestWindowMs);
       try {
+        const booting = options.engineBoot?.(model.id, signal);
+        if (booting) await booting;
         return await engines.post(model.id, '/v1/completions', JSON.stringify(completion.engineBody), signal);
       } catch (err) {
         if (controller.signal.reason === deadlineReason) {
@@ -277,8 +284,15 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
       payload.once('error', () => done(null, undefined));
     });
     const schema = { summary: 'Not supported: always 400 chat_completions_unsupported', response: errorResponses(400) };
-    scope.post('/v1/chat/completions', { bodyLimit: Number.MAX_SAFE_INTEGER, schema }, async () => {
-      throw apiError('chat_completions_unsupported', 'chat completions are not supported: these are base models and prompts are never templated; send raw text to POST /v1/completions');
+    // "Any call": every method (a GET too), not 405. OPTIONS stays CORS's preflight.
+    scope.route({
+      method: ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE'],
+      url: '/v1/chat/completions',
+      bodyLimit: Number.MAX_SAFE_INTEGER,
+      schema,
+      handler: async () => {
+        throw apiError('chat_completions_unsupported', 'chat completions are not supported: these are base models and prompts are never templated; send raw text to POST /v1/completions');
+      },
     });
   });
 }

@@ -211,6 +211,8 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
           engines,
           requestWindowMs: settings.requestWindowMs,
           onServed: (modelId) => lastCompletion.set(modelId, Date.now()),
+          // A reference engine being started again is a cold model: a request waits for it.
+          engineBoot: (modelId, signal) => referenceEngines.get(modelId)?.whenAlive(signal) ?? null,
           metering: metering ? { meter: metering, keyOf } : undefined,
         });
         modelRoutes(scope, registry, authenticate);

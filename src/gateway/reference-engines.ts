@@ -1,4 +1,5 @@
 import type { Logger } from 'pino';
+import { apiError } from '../errors/index.ts';
 import { spawnReferenceEngine, type SpawnedEngine } from '../reference-engine/index.ts';
 
 export interface SupervisedEngineOptions {
@@ -26,6 +27,8 @@ export class SupervisedEngine {
   bootedAt = 0;
   /** When the engine last died (0: never), so a restart's stage can say since when. */
   #diedAt = 0;
+  /** Requests waiting out a restart: told when the engine is up again (or the supervisor stops). */
+  readonly #waiting = new Set<{ resolve(): void; reject(error: unknown): void }>();
 
   constructor(
     readonly modelId: string,
@@ -47,6 +50,35 @@ export class SupervisedEngine {
   /** Where the engine's latest boot stands: `ready` since it came up, or `restarting` since it died. */
   get stage(): { stage: 'ready' | 'restarting'; at: string } {
     return this.alive ? { stage: 'ready', at: new Date(this.bootedAt).toISOString() } : { stage: 'restarting', at: new Date(this.#diedAt).toISOString() };
+  }
+
+  /** Null while the engine is up; else resolves once it is up again (rejects when `signal` aborts or the supervisor stops). */
+  whenAlive(signal: AbortSignal): Promise<void> | null {
+    if (this.alive) return null;
+    return new Promise<void>((resolve, reject) => {
+      const waiter = {
+        resolve: () => {
+          signal.removeEventListener('abort', abort);
+          resolve();
+        },
+        reject: (error: unknown) => {
+          signal.removeEventListener('abort', abort);
+          reject(error);
+        },
+      };
+      const abort = () => {
+        this.#waiting.delete(waiter);
+        reject(signal.reason);
+      };
+      if (signal.aborted) return abort();
+      signal.addEventListener('abort', abort, { once: true });
+      this.#waiting.add(waiter);
+    });
+  }
+
+  #tellWaiting(error?: unknown): void {
+    for (const waiter of this.#waiting) (error === undefined ? waiter.resolve() : waiter.reject(error));
+    this.#waiting.clear();
   }
 
   async start(): Promise<void> {
@@ -75,6 +107,7 @@ export class SupervisedEngine {
       this.#restartTimer = null;
       this.options.logger.info({ model: this.modelId, url: this.url, pid: this.pid }, 'reference engine restarted');
       this.options.onRestart(this.url);
+      this.#tellWaiting();
     } catch (err) {
       this.options.logger.error({ model: this.modelId, err: (err as Error).message }, 'reference engine restart failed');
       this.#restartTimer = null;
@@ -84,6 +117,7 @@ export class SupervisedEngine {
 
   async stop(): Promise<void> {
     this.#stopping = true;
+    this.#tellWaiting(apiError('upstream_unreachable', 'the model server was stopped while the request waited for it to start'));
     if (this.#restartTimer) clearTimeout(this.#restartTimer);
     await this.#engine?.stop();
   }

@@ -166,6 +166,14 @@ http('chat completions: always 400 chat_completions_unsupported, whatever the bo
     assertEnvelope(parsed, res, 'chat_completions_unsupported');
     assert.match(parsed.error.message, /\/v1\/completions/);
   }
+  // Any call: every method, not 405.
+  for (const method of ['GET', 'PUT', 'PATCH', 'DELETE']) {
+    const res = await fetch(`${gw.url}/v1/chat/completions`, { method });
+    assert.is(res.status, 400, method);
+    assertEnvelope(await json(res), res, 'chat_completions_unsupported');
+  }
+  const head = await fetch(`${gw.url}/v1/chat/completions`, { method: 'HEAD' });
+  assert.is(head.status, 400);
 });
 
 http('CORS: preflight allows any origin and exposes our headers', async () => {
