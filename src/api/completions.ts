@@ -15,7 +15,6 @@ import { checkCapture } from './capture-relay.ts';
 import { acceptsGzip, gzipStream, sendUncompressed } from './compression.ts';
 import { SseUsageRelay, UsageTail, usageFrom, type RelayedUsage } from './usage-relay.ts';
 
-
 export interface CompletionRouteOptions {
   context: CompletionContext;
   engines: EngineClient;
