@@ -13,9 +13,21 @@ const syncLimitBytes = 64 * 1024;
 
 const leftAsIs = new WeakSet<FastifyReply>();
 
+/** The client accepts gzip: `gzip` (or `*`) listed without `q=0` (RFC 9110, 12.5.3). */
 export function acceptsGzip(request: FastifyRequest): boolean {
   const header = request.headers['accept-encoding'];
-  return typeof header === 'string' && /\bgzip\b/i.test(header);
+  if (typeof header !== 'string' || !/gzip|\*/i.test(header)) return false;
+  let star: boolean | null = null;
+  for (const entry of header.split(',')) {
+    const [name, ...params] = entry.split(';');
+    const coding = name.trim().toLowerCase();
+    if (coding !== 'gzip' && coding !== '*') continue;
+    const q = params.map((p) => /^\s*q\s*=\s*([\d.]+)\s*$/i.exec(p)?.[1]).find((v) => v !== undefined);
+    const accepted = q === undefined || Number(q) > 0;
+    if (coding === 'gzip') return accepted;
+    star = accepted;
+  }
+  return star ?? false;
 }
 
 /** This response's body is sent as it is, never compressed (a capture). */
