@@ -14,8 +14,12 @@ export const CAPTURE_JSON_BYTES_PER_POSITION = 64;
 /** Captures travel as bf16 (ENGINE.md): two bytes per value before base64. */
 const CAPTURE_ITEM_BYTES = 2;
 
-/** Upper bound of a capture response's size: base64 of layers × positions × d_model bf16 values plus its JSON. */
-export function captureBodyBytes(layers: number, positions: number, dModel: number, perPosition = CAPTURE_JSON_BYTES_PER_POSITION): number {
+/**
+ * Upper bound of a capture response's size: base64 of layers × positions × d_model bf16 values plus its
+ * JSON, `perPosition` bytes of it per position (`captureBytesPerPosition`: no default, which a caller
+ * could forget and so understate a tokenizer's bound).
+ */
+export function captureBodyBytes(layers: number, positions: number, dModel: number, perPosition: number): number {
   return base64EncodedLength(layers * positions * dModel * CAPTURE_ITEM_BYTES) + CAPTURE_JSON_FIXED_BYTES + positions * perPosition;
 }
 

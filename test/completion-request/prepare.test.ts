@@ -578,9 +578,9 @@ for (const row of rows) {
 
 test('largest capture per model: over every layer count, within max_capture_bytes', () => {
   // ref-byte: 1 layer x 32,768 positions (max_model_len) x 64 wide is its largest body.
-  assert.is(captureBodyBytes(1, 32_768, 64), 4 * Math.ceil((32_768 * 64 * 2) / 3) + 65_536 + 32_768 * 64);
-  assert.is(largestCaptureBytes(byteModel, null), captureBodyBytes(1, 32_768, 64));
-  assert.is(largestCaptureBytes(gpt2Model, null), captureBodyBytes(2, 2048, 64)); // max_model_len caps one layer at the positions of two
+  assert.is(captureBodyBytes(1, 32_768, 64, 64), 4 * Math.ceil((32_768 * 64 * 2) / 3) + 65_536 + 32_768 * 64);
+  assert.is(largestCaptureBytes(byteModel, null), captureBodyBytes(1, 32_768, 64, 64));
+  assert.is(largestCaptureBytes(gpt2Model, null), captureBodyBytes(2, 2048, 64, 64)); // max_model_len caps one layer at the positions of two
   const capped = largestCaptureBytes(models.find((m) => m.id === 'byte-cap1m')!, null)!;
   assert.ok(capped <= 1_000_000 && capped > 990_000, String(capped));
   assert.is(largestCaptureBytes(models.find((m) => m.id === 'byte-layers-unknown')!, null), null);
@@ -604,7 +604,7 @@ test('a token at its longest in JSON: whole characters as JSON writes them, any 
   assert.is(captureBytesPerPosition(registry.tokenizer('ref-byte')), 64);
   assert.is(captureBytesPerPosition(null), 64);
   assert.is(largestCaptureBytes(gpt2Model, registry.tokenizer('ref-gpt2')), captureBodyBytes(2, 2048, 64, 128));
-  assert.is(largestCaptureBytes(byteModel, registry.tokenizer('ref-byte')), captureBodyBytes(1, 32_768, 64));
+  assert.is(largestCaptureBytes(byteModel, registry.tokenizer('ref-byte')), captureBodyBytes(1, 32_768, 64, 64));
 });
 
 test('deadline-feasible tokens: 14 minutes at 20 tokens/s is 15,600', () => {
