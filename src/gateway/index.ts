@@ -219,7 +219,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
         modelStatusRoutes(scope, registry, {
           boot: (id) => {
             const engine = referenceEngines.get(id);
-            return engine?.alive && Date.now() - engine.bootedAt < freshForMs ? { stage: 'ready', at: new Date(engine.bootedAt).toISOString() } : null;
+            return engine?.alive && Date.now() - engine.bootedAt < freshForMs ? engine.stage : null;
           },
           warm,
           // The reference engine serves activations from its one process: its stage, which does not age
