@@ -10,6 +10,7 @@ import type { CompletionContext, PreparedCompletion } from '../completion-reques
 import { CompletionRequest, completionRequestError, lowerMaxTokens, prepareValidCompletion } from '../completion-request/index.ts';
 import type { Admission, MeteredKey, Metering, Reservation } from '../metering/index.ts';
 import type { RequestFactsData } from '../../events/index.ts';
+import { billingBasis } from '../../commands/billing.ts';
 import { apiKeySecurity, compileRouteSchema, errorResponses, okResponse } from './route-schema.ts';
 import { checkCapture } from './capture-relay.ts';
 import { acceptsGzip, gzipStream, sendUncompressed } from './compression.ts';
@@ -186,20 +187,15 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     };
     const settle = (usage: RelayedUsage | null, status: number, completion: PreparedCompletion) => {
       if (!admission || !metering) return;
-      const gpuSeconds = (performance.now() - gpuStarted) / 1000;
-      const disconnected = usage !== null && !usage.completed;
-      // What the engine says it used; when the body broke off: the prompt plus what was relayed
-      // (streams) or the whole hold (a non-streaming body cannot say how far generation got).
-      const input = usage?.usage?.prompt_tokens ?? (usage ? completion.promptTokens : 0);
-      const output = usage?.usage?.completion_tokens ?? (!usage ? 0 : completion.stream ? usage.contentFrames : completion.promptCount * completion.n * completion.maxTokens);
+      const billed = billingBasis(usage, completion, { seconds: (performance.now() - gpuStarted) / 1000, costPerSecond: model.cost_per_second });
       void metering.meter.settle(admission, requestFacts, {
-        inputTokens: input,
-        outputTokens: output,
+        inputTokens: billed.inputTokens,
+        outputTokens: billed.outputTokens,
         status,
         latencyMs: performance.now() - started,
-        gpuSeconds,
-        cost: gpuSeconds * model.cost_per_second,
-        disconnected,
+        gpuSeconds: billed.gpuSeconds,
+        cost: billed.cost,
+        disconnected: billed.disconnected,
       });
     };
 

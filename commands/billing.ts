@@ -1,0 +1,57 @@
+/**
+ * What a finished request is billed: its tokens from the best evidence there is, and its GPU time at
+ * the model's price. Pure: the route passes in what the relay saw, the request's shape and the clock.
+ */
+
+/** Where a settlement's token counts come from. */
+export type BillingBasisName =
+  /** The engine's own usage object (a body or usage frame that came through whole). */
+  | 'engine_usage'
+  /** A stream that broke off: the prompt plus one output token per content frame relayed. */
+  | 'relayed_frames'
+  /** A non-streaming body that broke off: it cannot say how far generation got, so the whole hold. */
+  | 'whole_hold'
+  /** The engine never answered (an error before its response): no tokens. */
+  | 'not_run';
+
+/** What the usage relay learnt on the way through (src/api/usage-relay.ts, RelayedUsage). */
+export interface RelayedOutcome {
+  readonly usage: { readonly prompt_tokens: number; readonly completion_tokens: number } | null;
+  readonly contentFrames: number;
+  readonly completed: boolean;
+}
+
+/** The request as it was sent to the engine (max_tokens after any clamp). */
+export interface BilledRequest {
+  readonly stream: boolean;
+  readonly promptTokens: number;
+  readonly promptCount: number;
+  readonly n: number;
+  readonly maxTokens: number;
+}
+
+export interface BillingBasis {
+  readonly basis: BillingBasisName;
+  readonly inputTokens: number;
+  readonly outputTokens: number;
+  /** True when the client left before the end (billed for what was generated). */
+  readonly disconnected: boolean;
+  readonly gpuSeconds: number;
+  readonly cost: number;
+}
+
+/**
+ * The billing basis of a request: `relayed` is null when no engine response came through at all
+ * (the engine failed before answering, or the request was refused on its way), else what the relay saw.
+ * GPU seconds are billed on every basis: the backend was held for them either way.
+ */
+export function billingBasis(relayed: RelayedOutcome | null, request: BilledRequest, gpu: { seconds: number; costPerSecond: number }): BillingBasis {
+  const priced = { gpuSeconds: gpu.seconds, cost: gpu.seconds * gpu.costPerSecond };
+  if (relayed === null) return { basis: 'not_run', inputTokens: 0, outputTokens: 0, disconnected: false, ...priced };
+  const disconnected = !relayed.completed;
+  if (relayed.usage) {
+    return { basis: 'engine_usage', inputTokens: relayed.usage.prompt_tokens, outputTokens: relayed.usage.completion_tokens, disconnected, ...priced };
+  }
+  if (request.stream) return { basis: 'relayed_frames', inputTokens: request.promptTokens, outputTokens: relayed.contentFrames, disconnected, ...priced };
+  return { basis: 'whole_hold', inputTokens: request.promptTokens, outputTokens: request.promptCount * request.n * request.maxTokens, disconnected, ...priced };
+}
