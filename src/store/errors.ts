@@ -23,6 +23,18 @@ export class DuplicateEventId extends Error {
   }
 }
 
+/**
+ * `store.transaction` did not commit: a statement in it failed, the callback caught that error and
+ * returned normally, and the database answered COMMIT with a rollback. Nothing the transaction wrote
+ * is stored, its acknowledged appends included.
+ */
+export class TransactionRolledBack extends Error {
+  override name = 'TransactionRolledBack';
+  constructor(options?: { cause?: unknown }) {
+    super('the transaction was rolled back instead of committed: a statement in it failed and the callback went on (its error was caught), so nothing it wrote, appends included, was stored', options);
+  }
+}
+
 /** The embedded store's data directory belongs to another running process. */
 export class DataDirLocked extends Error {
   override name = 'DataDirLocked';

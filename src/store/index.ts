@@ -17,6 +17,7 @@ export {
   StoreUnavailable,
   AppendNotFirstWrite,
   StoreCallInsideTransaction,
+  TransactionRolledBack,
 } from './errors.ts';
 export { comparePositions, formatPosition } from './position.ts';
 

@@ -1,11 +1,12 @@
 /** PGlite adapter: PostgreSQL compiled to WebAssembly, in this process, data under DATA_DIR. */
-import { PGlite } from '@electric-sql/pglite';
+import { PGlite, TransactionAbortedError } from '@electric-sql/pglite';
 import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { createRequire } from 'node:module';
 import { pathToFileURL } from 'node:url';
 import type { DriverTransaction, SqlDriver } from './driver.ts';
+import { TransactionRolledBack } from './errors.ts';
 
 export interface PgliteDriverOptions {
   /** Directory holding the database files; null keeps the database in memory (tests). */
@@ -60,6 +61,9 @@ export async function createPgliteDriver(options: PgliteDriverOptions): Promise<
           },
         };
         return fn(wrapped);
+      }).catch((error: unknown) => {
+        // A statement failed and the callback went on: PGlite's COMMIT rolled back; the same error as PostgreSQL's adapter.
+        throw error instanceof TransactionAbortedError ? new TransactionRolledBack({ cause: error }) : error;
       }),
     async listen() {},
     close: () => db.close(),

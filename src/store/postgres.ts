@@ -1,7 +1,7 @@
 /** PostgreSQL adapter (`pg`): a pool for appends and reads, one extra connection that LISTENs for commit hints. */
 import pg from 'pg';
 import type { DriverTransaction, SqlDriver } from './driver.ts';
-import { StoreUnavailable } from './errors.ts';
+import { StoreUnavailable, TransactionRolledBack } from './errors.ts';
 
 export interface PostgresDriverOptions {
   connectionString: string;
@@ -191,6 +191,8 @@ export async function createPostgresDriver(options: PostgresDriverOptions): Prom
     async transaction(fn) {
       const client = await pool.connect().catch(rethrow);
       let broken = false;
+      let rolledBack = false;
+      let result: Awaited<ReturnType<typeof fn>>;
       try {
         await client.query('BEGIN ISOLATION LEVEL READ COMMITTED');
         const tx: DriverTransaction = {
@@ -200,11 +202,10 @@ export async function createPostgresDriver(options: PostgresDriverOptions): Prom
             await client.query(sql).catch(rethrow);
           },
         };
-        const result = await fn(tx);
+        result = await fn(tx);
         const commit = await client.query('COMMIT');
-        // A statement failed and the callback went on: PostgreSQL answers COMMIT with a rollback (PGlite throws).
-        if ((commit as { command?: string }).command === 'ROLLBACK') throw new Error('Transaction was rolled back instead of committed (a statement in it failed)');
-        return result;
+        // A statement failed and the callback went on: PostgreSQL answers COMMIT with a rollback, not an error.
+        rolledBack = (commit as { command?: string }).command === 'ROLLBACK';
       } catch (error) {
         const failure = connectionFailure(error);
         if (failure) {
@@ -220,6 +221,8 @@ export async function createPostgresDriver(options: PostgresDriverOptions): Prom
       } finally {
         client.release(broken);
       }
+      if (rolledBack) throw new TransactionRolledBack();
+      return result;
     },
     async listen(onHint) {
       await connectListener(onHint);

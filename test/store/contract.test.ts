@@ -14,6 +14,7 @@ import {
   DuplicateEventId,
   StoreCallInsideTransaction,
   StoreUnavailable,
+  TransactionRolledBack,
   WrongExpectedVersion,
   comparePositions,
   logStart,
@@ -311,6 +312,27 @@ for (const adapter of adaptersUnderTest()) {
     await store.readable();
     const after = await store.readAll(start, 10);
     assert.equal(after.map((e) => [e.type, e.streamVersion]), [['Kept', 1]]);
+  });
+
+  it('a transaction whose failed statement the callback swallowed rejects with TransactionRolledBack, and its acknowledged append is not stored', async ({ store }) => {
+    const start = await settledHead(store);
+    const stream = uniqueStream();
+    let acknowledged = false;
+    const refused = await rejectsWith(
+      store.transaction(async (tx) => {
+        acknowledged = (await tx.append(stream, [event('Acknowledged')], 'no_stream')).nextExpectedVersion === 1;
+        await tx.query('SELECT 1/0').catch(() => {}); // fails, and the callback goes on as if it had not
+        return 'looked fine';
+      }),
+      TransactionRolledBack,
+    );
+    assert.ok(acknowledged, 'the append inside was acknowledged');
+    assert.match(refused.message, /rolled back instead of committed/);
+    assert.equal(await store.readStream(stream), { version: 0, events: [] });
+    assert.equal((await readEverythingAfter(store, start)).filter((e) => e.streamId === stream), []);
+    // the connection is clean again: the next transaction on it commits
+    await store.transaction((tx) => tx.append(stream, [event('Kept')], 'no_stream'));
+    assert.equal((await store.readStream(stream)).events.map((e) => [e.type, e.streamVersion]), [['Kept', 1]]);
   });
 
   it('a batch of statements runs in order in one call, its values arriving exactly as parameters would', async ({ store }) => {
