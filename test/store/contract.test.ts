@@ -25,17 +25,14 @@ import pg from 'pg';
 import { randomBytes } from 'node:crypto';
 import { adaptersUnderTest, deferred, event, uniqueStream } from './adapters.ts';
 import { startProxy } from './proxy.ts';
+import { within } from '../support/within.ts';
 
-/** Fails instead of hanging when a promise never settles (a deadlock the test is about). */
-function within<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: NodeJS.Timeout;
-  return Promise.race([
-    promise,
-    new Promise<never>((_, reject) => {
-      timer = setTimeout(() => reject(new Error(`${what}: no answer within ${ms} ms`)), ms);
-    }),
-  ]).finally(() => clearTimeout(timer));
-}
+/**
+ * The bound on every wait for the store to do something by itself (wake a reader, make a commit readable,
+ * end a transaction that waits on another): a test whose wake-up is lost fails here within seconds and
+ * the tests after it still run, instead of the runner killing the whole file after minutes.
+ */
+const waitLimitMs = 5_000;
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -51,12 +48,12 @@ async function rejectsWith<E extends Error>(promise: Promise<unknown>, type: new
 
 /** The head once everything committed so far is readable, so a test's "start" is not behind earlier tests' events. */
 async function settledHead(store: EventStore) {
-  await store.readable();
+  await within(waitLimitMs, store.readable(), 'store.readable() before a test starts');
   return store.head();
 }
 
 async function readEverythingAfter(store: EventStore, after = logStart): Promise<RecordedEvent[]> {
-  await store.readable();
+  await within(waitLimitMs, store.readable(), 'store.readable() before reading the log');
   const all: RecordedEvent[] = [];
   for (let position = after; ; ) {
     const batch = await store.readAll(position, 100);
@@ -209,7 +206,7 @@ for (const adapter of adaptersUnderTest()) {
     await store.append(a, [event('A1'), event('A2')], 'no_stream');
     await store.append(b, [event('B1')], 'no_stream');
     await store.append(a, [event('A3')], 2);
-    await store.readable(); // other transactions on the server may still hide our commits for a moment
+    await within(waitLimitMs, store.readable(), 'our commits readable'); // other transactions on the server may still hide them for a moment
     const firstPage = await store.readAll(start, 2);
     assert.equal(firstPage.map((e) => e.type), ['A1', 'A2']);
     const rest = await store.readAll(firstPage[1].globalPosition, 10);
@@ -309,7 +306,7 @@ for (const adapter of adaptersUnderTest()) {
     assert.equal(await store.readAll(start, 10), []);
     // the stream is still new: the next append starts it at version 1
     await store.append(stream, [event('Kept')], 'no_stream');
-    await store.readable();
+    await within(waitLimitMs, store.readable(), 'the kept append readable');
     const after = await store.readAll(start, 10);
     assert.equal(after.map((e) => [e.type, e.streamVersion]), [['Kept', 1]]);
   });
@@ -407,7 +404,7 @@ for (const adapter of adaptersUnderTest()) {
       appended.resolve();
       await release.promise;
     });
-    await appended.promise;
+    await within(waitLimitMs, appended.promise, 'the slow transaction appending');
 
     // A reader that keeps a checkpoint and never reads past what it has seen.
     const seen: RecordedEvent[] = [];
@@ -424,15 +421,15 @@ for (const adapter of adaptersUnderTest()) {
       await readOnce();
       assert.equal(seen.map((e) => e.type), [], 'nothing is readable while an older transaction runs');
       release.resolve();
-      await slow;
+      await within(waitLimitMs, slow, 'the slow transaction committing');
     } else {
       // PGlite runs one transaction at a time: the later append and the read queue behind the slow one.
       const lateAppend = store.append(late, [event('Late')], 'no_stream');
       const read = readOnce();
       release.resolve();
-      await Promise.all([slow, lateAppend, read]);
+      await within(waitLimitMs, Promise.all([slow, lateAppend, read]), 'the slow transaction, the later append and the read');
     }
-    await store.readable();
+    await within(waitLimitMs, store.readable(), 'both commits readable');
     await readOnce();
     assert.equal(seen.map((e) => e.type), ['Early', 'Late']);
     assert.ok(comparePositions(seen[0].globalPosition, seen[1].globalPosition) < 0);
@@ -454,7 +451,7 @@ for (const adapter of adaptersUnderTest()) {
         await store.ping(); // a round trip: readable() has had its chance to resolve wrongly
         assert.is(readable, false);
         await other.query('COMMIT');
-        await waiting;
+        await within(waitLimitMs, waiting, 'readable() once the older transaction committed');
         assert.equal((await store.readAll(start, 10)).map((e) => e.type), ['Hidden']);
       } finally {
         await other.end();
@@ -479,14 +476,14 @@ for (const adapter of adaptersUnderTest()) {
           if (events.some((e) => e.type === 'Live')) woken.resolve(performance.now());
         },
       });
-      await subscription.caughtUp();
+      await within(waitLimitMs, subscription.caughtUp(), 'the subscriber catching up');
       assert.equal(received, ['Before']);
       const latencies: number[] = [];
       for (let i = 0; i < 5; i++) {
         woken = deferred<number>();
         const committedAt = performance.now();
         await store.append(stream, [event('Live')], i + 1);
-        latencies.push((await woken.promise) - committedAt);
+        latencies.push((await within(waitLimitMs, woken.promise, `the subscriber woken by commit ${i + 1} of 5 (its poll is a minute away: the wake-up hint was lost)`)) - committedAt);
       }
       await subscription.stop();
       assert.is(received.length, 6);
@@ -508,7 +505,7 @@ for (const adapter of adaptersUnderTest()) {
     await store.append(stream, [event('Mine', { n: 4 }, { origin: 'me' })], 3);
     const handed: RecordedEvent[][] = [];
     const subscription = store.subscribe({ after: start, skipMetadata: { key: 'origin', value: 'me' }, handle: async (events) => void handed.push(events) });
-    await subscription.caughtUp();
+    await within(waitLimitMs, subscription.caughtUp(), 'the subscriber catching up');
     await subscription.stop();
     const seen = handed.flat().filter((e) => e.streamId === stream);
     assert.equal(seen.map((e) => [e.type, e.data, e.metadata.origin ?? null, e.streamVersion]), [['Theirs', { n: 2 }, 'them', 2], ['Unmarked', { n: 3 }, null, 3]]);
@@ -529,13 +526,13 @@ for (const adapter of adaptersUnderTest()) {
         if (mine.includes('One')) first.resolve();
       },
     });
-    await subscription.caughtUp();
+    await within(waitLimitMs, subscription.caughtUp(), 'the subscriber catching up');
     await store.append(stream, [event('One')], 'no_stream');
-    await first.promise;
+    await within(waitLimitMs, first.promise, 'the first event delivered');
     // Committed one by one while the subscriber pauses after its batch: read together.
     await store.append(stream, [event('Two')], 1);
     await store.append(stream, [event('Three')], 2);
-    await subscription.caughtUp();
+    await within(waitLimitMs, subscription.caughtUp(), 'the subscriber taking what committed during its pause');
     await subscription.stop();
     assert.equal(batches, [['One'], ['Two', 'Three']]);
   });
@@ -595,7 +592,7 @@ for (const adapter of adaptersUnderTest()) {
           if (events.some((e) => e.type === 'Live')) delivered.resolve(performance.now());
         },
       });
-      await subscription.caughtUp();
+      await within(waitLimitMs, subscription.caughtUp(), 'the subscriber catching up');
       const latencies: number[] = [];
       for (let round = 0; round < 3; round++) {
         delivered = deferred<number>();
@@ -617,7 +614,7 @@ for (const adapter of adaptersUnderTest()) {
             held.resolve();
             await release.promise;
           });
-          await held.promise;
+          await within(waitLimitMs, held.promise, 'the side transaction starting');
           const appending = store.append(stream, [event('Live')], round + 1);
           endSide = async () => {
             release.resolve();
@@ -625,8 +622,8 @@ for (const adapter of adaptersUnderTest()) {
           };
         }
         const ended = performance.now();
-        await endSide();
-        latencies.push((await within(delivered.promise, 3000, 'delivery')) - ended);
+        await within(waitLimitMs, endSide(), 'the side transaction ending');
+        latencies.push((await within(3000, delivered.promise, `round ${round + 1}: delivery after the older transaction ended`)) - ended);
       }
       await subscription.stop();
       // the best of three: each proves the wake-up mechanism, one slow scheduling round on a busy machine does not disprove it
@@ -695,14 +692,14 @@ for (const adapter of adaptersUnderTest()) {
       await lateAppended.promise;
       await tx.append(c, [event('EarlyC')], 'no_stream');
     });
-    await firstDone.promise;
+    await within(waitLimitMs, firstDone.promise, "Early's first append");
     // Late: a newer transaction id, a position between Early's two, commits last.
     const late = store.transaction(async (tx) => {
       await tx.append(b, [event('LateB')], 'no_stream');
       lateAppended.resolve();
       await earlyCommitted.promise;
     });
-    await early;
+    await within(waitLimitMs, early, 'Early committing');
     const seen: RecordedEvent[] = [];
     let checkpoint = start;
     const readOnce = async () => {
@@ -712,8 +709,8 @@ for (const adapter of adaptersUnderTest()) {
     };
     await readOnce();
     earlyCommitted.resolve();
-    await late;
-    await store.readable();
+    await within(waitLimitMs, late, 'Late committing');
+    await within(waitLimitMs, store.readable(), 'both transactions readable');
     await readOnce();
     assert.equal(seen.filter((e) => [a, b, c].includes(e.streamId)).map((e) => e.type), ['EarlyA', 'EarlyC', 'LateB']);
   });
@@ -788,6 +785,7 @@ for (const adapter of adaptersUnderTest()) {
   it('store calls inside store.transaction are refused the same way on both adapters', async ({ store }) => {
     const stream = uniqueStream();
     await within(
+      waitLimitMs * 2,
       store.transaction(async (tx) => {
         await rejectsWith(store.query('SELECT 1'), StoreCallInsideTransaction);
         await rejectsWith(store.append(stream, [event()], 'no_stream'), StoreCallInsideTransaction);
@@ -797,7 +795,6 @@ for (const adapter of adaptersUnderTest()) {
         await tx.append(stream, [event('Inside')], 'no_stream'); // the transaction's own calls work
         assert.is((await tx.readAll(logStart, 1)).length, 1);
       }),
-      10_000,
       'a store call inside a transaction',
     );
     assert.is((await store.readStream(stream)).version, 1);
@@ -809,12 +806,12 @@ for (const adapter of adaptersUnderTest()) {
     try {
       const stream = uniqueStream();
       await within(
+        waitLimitMs * 2,
         untracked.transaction(async (tx) => {
           await tx.append(stream, [event('Inside')], 'no_stream');
           assert.equal((await untracked.query<{ one: number }>('SELECT 1 AS one')).rows, [{ one: 1 }]);
           assert.is((await untracked.readStream(stream)).version, 0, 'another connection does not see the open transaction');
         }),
-        10_000,
         'an untracked store call inside a transaction',
       );
       assert.is((await untracked.readStream(stream)).version, 1);
@@ -834,8 +831,8 @@ for (const adapter of adaptersUnderTest()) {
       proxy.blackHole();
       // more appends than connections for appends, and one stream twice: none may wait for ever
       const stuck = await within(
-        Promise.allSettled([...streams, streams[0]].map((s) => through.append(s, [event('Lost')], 'any'))),
         20_000,
+        Promise.allSettled([...streams, streams[0]].map((s) => through.append(s, [event('Lost')], 'any'))),
         'appends through a black-holed connection',
       );
       for (const result of stuck) {
@@ -849,10 +846,10 @@ for (const adapter of adaptersUnderTest()) {
       const reader = through.subscribe({ after: await settledHead(store), pollIntervalMs: 60_000, handle: async () => {} });
       for (const s of streams) {
         const read = await store.readStream(s);
-        const next = await within(through.append(s, [event('After')], read.version), 20_000, 'an append after healing');
+        const next = await within(20_000, through.append(s, [event('After')], read.version), 'an append after healing');
         assert.is(next.nextExpectedVersion, read.version + 1);
       }
-      await within(reader.caughtUp(), 20_000, 'a subscriber after healing');
+      await within(20_000, reader.caughtUp(), 'a subscriber after healing');
       await reader.stop();
     } finally {
       await through.close();

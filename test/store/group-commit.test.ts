@@ -3,6 +3,7 @@ import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { GroupCommitter, type BatchOutcome, type PendingAppend } from '../../src/store/group-commit.ts';
 import { StoreUnavailable } from '../../src/store/errors.ts';
+import { within } from '../support/within.ts';
 
 const ok = (): BatchOutcome => ({ ok: { nextExpectedVersion: 1, lastPosition: { transactionId: 1, position: 1 }, idempotent: false } });
 const append = (streamId: string, events = 1): PendingAppend => ({
@@ -32,7 +33,11 @@ function recorder(maxInFlight = 1, maxBatchEvents = 1000) {
     batches,
     turn,
     async finishNext() {
-      while (release.length === 0) await turn();
+      // A batch that never reaches the database fails the test here instead of spinning for ever.
+      for (let turns = 0; release.length === 0; turns++) {
+        if (turns === 1000) throw new Error('no batch reached the database within 1000 turns of the event loop');
+        await turn();
+      }
       release.shift()!();
       await turn();
     },
@@ -42,7 +47,9 @@ function recorder(maxInFlight = 1, maxBatchEvents = 1000) {
   };
 }
 
-const it = suite('group commit');
+const groupCommit = suite('group commit');
+/** Each test waits on the committer to send or settle batches: one that never does fails that test within seconds. */
+const it = Object.assign((name: string, test: () => Promise<void>) => groupCommit(name, () => within(2_000, test(), name)), { run: () => groupCommit.run() });
 
 it('appends made in one turn of the event loop go in one batch', async () => {
   const db = recorder();
