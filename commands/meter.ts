@@ -12,6 +12,9 @@ import {
   MeterClosed,
   MeterOpened,
   meterEvents,
+  QueueEntriesRenewed,
+  QueueLeft,
+  RequestQueued,
   RequestRejected,
   ReservationExpired,
   ReservationRenewed,
@@ -37,6 +40,13 @@ export interface Hold {
   readonly lease: string | null;
 }
 
+/** A request waiting for an active slot on a process (events/meter.ts, RequestQueued). */
+export interface QueueEntry {
+  readonly holder: string;
+  readonly at: string;
+  readonly expiresAt: string;
+}
+
 /** A process's lease on some of the key's active slots (events/meter.ts, SlotsLeased). */
 export interface Lease {
   readonly slots: number;
@@ -60,6 +70,8 @@ export interface MeterState {
   readonly starts: StartWindow;
   /** Slot leases by holder (a gateway process); one that lapsed counts for nothing. */
   readonly leases: Readonly<Record<string, Lease>>;
+  /** Requests waiting for a slot, by request id; one whose process stopped renewing it (lapsed) counts for nothing. */
+  readonly queue: Readonly<Record<string, QueueEntry>>;
 }
 
 export type BudgetName = 'monthly_token_budget' | 'daily_token_budget' | 'monthly_input_token_budget' | 'monthly_output_token_budget';
@@ -101,16 +113,22 @@ export type MeterCommand =
   | { type: 'CloseMeter'; nextDay: string; now: string }
   | { type: 'Expire'; requestId: string; now: string }
   | { type: 'ReleaseCarried'; requestId: string; day: string; inputTokens: number; outputTokens: number; now: string }
-  | { type: 'RecordRejection'; facts: RequestFactsData; code: string; status: number; inputTokens: number; latencyMs: number; now: string };
+  | { type: 'RecordRejection'; facts: RequestFactsData; code: string; status: number; inputTokens: number; latencyMs: number; now: string }
+  /** A request refused `at_capacity` waits for a slot, in the holder's queue, if the key's queue has room. */
+  | { type: 'Queue'; requestId: string; holder: string; maxQueued: number; ttlMs: number; now: string }
+  /** The holder's requests still waiting: their entries stand another TTL. */
+  | { type: 'RenewQueued'; holder: string; requestIds: readonly string[]; ttlMs: number; now: string }
+  /** A waiting request gave up without a reservation. */
+  | { type: 'LeaveQueue'; requestId: string; now: string };
 
-export type MeterRejection = Rejection<'meter_not_opened' | 'meter_closed' | 'key_inactive' | 'duplicate_request' | 'rate_limited' | 'at_capacity' | 'budget_exceeded'>;
+export type MeterRejection = Rejection<'meter_not_opened' | 'meter_closed' | 'key_inactive' | 'duplicate_request' | 'rate_limited' | 'at_capacity' | 'budget_exceeded' | 'queue_full'>;
 
 const minuteMs = 60_000;
 const budgetNames: readonly BudgetName[] = ['monthly_token_budget', 'daily_token_budget', 'monthly_input_token_budget', 'monthly_output_token_budget'];
 
 export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRejection> = {
   events: meterEvents,
-  initialState: () => ({ opened: false, closed: false, day: null, monthInput: 0, monthOutput: 0, todayInput: 0, todayOutput: 0, holds: {}, starts: StartWindow.empty, leases: {} }),
+  initialState: () => ({ opened: false, closed: false, day: null, monthInput: 0, monthOutput: 0, todayInput: 0, todayOutput: 0, holds: {}, starts: StartWindow.empty, leases: {}, queue: {} }),
   evolve(state, event) {
     switch (event.type) {
       case 'MeterOpened': {
@@ -132,13 +150,16 @@ export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRe
           holds,
           starts: StartWindow.of(d.recent_starts),
           leases,
+          queue: Object.fromEntries(d.carried_queue.map((q) => [q.request_id, { holder: q.holder, at: q.at, expiresAt: q.expires_at }])),
         };
       }
       case 'BudgetReserved': {
         const d = event.data;
         const at = Date.parse(d.at);
         const hold: Hold = { input: d.input_tokens, output: d.output_tokens, day: state.day ?? utcDay(d.at), at: d.at, expiresAt: d.expires_at, lease: d.lease_holder };
-        return { ...state, holds: { ...state.holds, [d.request_id]: hold }, starts: state.starts.since(at - minuteMs).with(at) };
+        // A waiting request's reservation takes it out of the queue.
+        const queue = state.queue[d.request_id] ? withoutEntry(state.queue, d.request_id) : state.queue;
+        return { ...state, holds: { ...state.holds, [d.request_id]: hold }, starts: state.starts.since(at - minuteMs).with(at), queue };
       }
       case 'SlotsLeased':
         return { ...state, leases: { ...state.leases, [event.data.holder]: { slots: event.data.slots, expiresAt: event.data.expires_at } } };
@@ -160,12 +181,26 @@ export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRe
         return { ...state, closed: true };
       case 'RequestRejected':
         return state;
+      case 'RequestQueued': {
+        const d = event.data;
+        // Entries that lapsed by now are dropped here, so a day's state does not grow with dead processes' entries.
+        const at = Date.parse(d.at);
+        const queue = Object.fromEntries(Object.entries(state.queue).filter(([, q]) => Date.parse(q.expiresAt) > at));
+        return { ...state, queue: { ...queue, [d.request_id]: { holder: d.holder, at: d.at, expiresAt: d.expires_at } } };
+      }
+      case 'QueueEntriesRenewed': {
+        const queue = { ...state.queue };
+        for (const id of event.data.request_ids) if (queue[id]) queue[id] = { ...queue[id], expiresAt: event.data.expires_at };
+        return { ...state, queue };
+      }
+      case 'QueueLeft':
+        return { ...state, queue: withoutEntry(state.queue, event.data.request_id) };
     }
   },
   decide(command, state) {
     switch (command.type) {
       case 'OpenMeter':
-        return state.opened ? [] : MeterOpened({ ...command.opening, at: command.now });
+        return state.opened ? [] : MeterOpened({ ...command.opening, carried_queue: command.opening.carried_queue ?? [], at: command.now });
       case 'CloseMeter':
         return state.closed || !state.opened ? [] : MeterClosed({ day: state.day!, next_day: command.nextDay, at: command.now });
       case 'Reserve':
@@ -205,6 +240,24 @@ export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRe
         if (!hold || hold.day !== command.day || hold.day === state.day) return [];
         return CarriedHoldReleased({ request_id: command.requestId, day: command.day, input_tokens: command.inputTokens, output_tokens: command.outputTokens, at: command.now });
       }
+      case 'Queue':
+        return queue(command, state);
+      case 'RenewQueued': {
+        if (!state.opened) return reject('meter_not_opened', 'the meter day must be opened before a request queues');
+        if (state.closed) return reject('meter_closed', `meter day ${state.day} is closed: its queue was carried into the next day`);
+        const now = Date.parse(command.now);
+        const expiresAt = new Date(now + command.ttlMs).toISOString();
+        // Only entries that still stand: a lapsed one gave its room away and must queue again.
+        const standing = command.requestIds.filter((id) => {
+          const entry = state.queue[id];
+          return entry && entry.holder === command.holder && Date.parse(entry.expiresAt) > now && Date.parse(entry.expiresAt) < now + command.ttlMs;
+        });
+        return standing.length === 0 ? [] : QueueEntriesRenewed({ holder: command.holder, request_ids: standing, expires_at: expiresAt, at: command.now });
+      }
+      case 'LeaveQueue':
+        if (!state.opened) return reject('meter_not_opened', 'the meter day must be opened before a request leaves its queue');
+        if (state.closed) return reject('meter_closed', `meter day ${state.day} is closed: its queue was carried into the next day`);
+        return state.queue[command.requestId] ? QueueLeft({ request_id: command.requestId, at: command.now }) : [];
       case 'RecordRejection':
         return RequestRejected({ code: command.code, status: command.status, input_tokens: command.inputTokens, latency_ms: command.latencyMs, at: command.now, ...command.facts });
       default: {
@@ -214,6 +267,41 @@ export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRe
     }
   },
 };
+
+/**
+ * The balance day `day` opens with, taken from the key's previous meter day `earlier` (closed, so
+ * nothing lands there unseen) at `now` (epoch ms). Within one month its tokens are carried; across a
+ * month's turn they start again from zero. Either way what still runs or waits is carried, since it
+ * takes active slots, queue room and rate: open holds (each keeping its own day, where it is settled),
+ * slot leases and queue entries still standing, and the request starts of the last minute.
+ */
+export function balanceFrom(keyId: string, day: string, earlier: string, state: MeterState, now: number): MeterOpening {
+  const sameMonth = earlier.slice(0, 7) === day.slice(0, 7);
+  return {
+    key_id: keyId,
+    day,
+    month_input_tokens: sameMonth ? state.monthInput : 0,
+    month_output_tokens: sameMonth ? state.monthOutput : 0,
+    carried_from: earlier,
+    carried_holds: Object.entries(state.holds).map(([request_id, h]) => ({
+      request_id,
+      day: h.day,
+      input_tokens: h.input,
+      output_tokens: h.output,
+      at: h.at,
+      expires_at: h.expiresAt,
+      lease_holder: h.lease,
+    })),
+    carried_leases: Object.keys(state.leases).flatMap((holder) => {
+      const lease = standingLease(state, holder, now);
+      return lease ? [{ holder, slots: lease.slots, expires_at: lease.expiresAt }] : [];
+    }),
+    recent_starts: state.starts.since(now - minuteMs).toArray(),
+    carried_queue: Object.entries(state.queue).flatMap(([request_id, q]) =>
+      Date.parse(q.expiresAt) > now ? [{ request_id, holder: q.holder, at: q.at, expires_at: q.expiresAt }] : [],
+    ),
+  };
+}
 
 /** The holder's lease, if it stands at `now` (a lapsed lease counts for nothing). */
 export function standingLease(state: MeterState, holder: string, now: number): Lease | null {
@@ -332,6 +420,35 @@ export function secondsUntilUtcTurn(now: number, period: 'day' | 'month'): numbe
 export function budgetRetryAfterSeconds(state: MeterState, budget: BudgetName, now: number): number {
   if (heldAgainst(state)[budget] > 0) return 1;
   return secondsUntilUtcTurn(now, budget === 'daily_token_budget' ? 'day' : 'month');
+}
+
+function withoutEntry(queue: MeterState['queue'], requestId: string): MeterState['queue'] {
+  const { [requestId]: _left, ...rest } = queue;
+  return rest;
+}
+
+/** Requests waiting for a slot at `now` (epoch ms), across every process: entries that lapsed count for nothing. */
+export function queuedRequests(state: MeterState, now: number): number {
+  let queued = 0;
+  for (const entry of Object.values(state.queue)) if (Date.parse(entry.expiresAt) > now) queued += 1;
+  return queued;
+}
+
+function queue(command: Extract<MeterCommand, { type: 'Queue' }>, state: MeterState) {
+  if (!state.opened) return reject('meter_not_opened', 'the meter day must be opened before a request queues');
+  if (state.closed) return reject('meter_closed', `meter day ${state.day} is closed: the next day has opened`);
+  const now = Date.parse(command.now);
+  const entry = state.queue[command.requestId];
+  // Already waiting here (queued again after its reservation was decided again and refused): nothing to add.
+  if (entry && entry.holder === command.holder && Date.parse(entry.expiresAt) > now) return [];
+  if (state.holds[command.requestId] || (entry && Date.parse(entry.expiresAt) > now)) {
+    return reject('duplicate_request', `request ${command.requestId} already holds a reservation or waits for one`, { request_id: command.requestId });
+  }
+  const queued = queuedRequests(state, now);
+  if (queued >= command.maxQueued) {
+    return reject('queue_full', `the key already has ${command.maxQueued} requests waiting for an active slot`, { queued });
+  }
+  return RequestQueued({ request_id: command.requestId, holder: command.holder, at: command.now, expires_at: new Date(now + command.ttlMs).toISOString() });
 }
 
 function reserve(command: Extract<MeterCommand, { type: 'Reserve' }>, state: MeterState) {

@@ -34,6 +34,16 @@ export const SlotLease = Type.Object(
   { additionalProperties: false },
 );
 
+/**
+ * A request waiting for one of the key's active slots, on the process that holds it: the contract's
+ * "64 queued per key" counts these across processes. An entry its process stops renewing (it died)
+ * lapses at `expires_at` and counts for nothing.
+ */
+export const QueueEntry = Type.Object(
+  { request_id: Type.String(), holder: Type.String(), at: Instant, expires_at: Instant },
+  { additionalProperties: false },
+);
+
 export const MeterOpened = defineEvent(
   'MeterOpened',
   Type.Object(
@@ -50,18 +60,22 @@ export const MeterOpened = defineEvent(
       carried_leases: Type.Array(SlotLease),
       /** Request starts of the last minute (epoch ms), for the rolling rate limit across midnight. */
       recent_starts: Type.Array(Type.Number()),
+      /** Queue entries still standing on the previous day: those requests still wait, and count against the bound. */
+      carried_queue: Type.Array(QueueEntry),
       at: Instant,
     },
     { additionalProperties: false },
   ),
   {
-    version: 2,
-    // Version 1 knew no slot leases: its holds took a slot each.
+    version: 3,
     upcasters: {
+      // Version 1 knew no slot leases: its holds took a slot each.
       1: (data) => {
         const v1 = data as { carried_holds: object[] };
         return { ...v1, carried_holds: v1.carried_holds.map((h) => ({ ...h, lease_holder: null })), carried_leases: [] };
       },
+      // Version 2 knew no queue entries: its requests waited in one process's memory.
+      2: (data) => ({ ...(data as object), carried_queue: [] }),
     },
   },
 );
@@ -171,6 +185,22 @@ export const RequestRejected = defineEvent(
 );
 
 /**
+ * A request found none of the key's active slots free and waits for one (its process tries again as
+ * slots free). The entry leaves with the request's reservation (BudgetReserved of the same request id)
+ * or with QueueLeft; the holder renews it while the request waits (QueueEntriesRenewed).
+ */
+export const RequestQueued = defineEvent('RequestQueued', QueueEntry);
+
+/** The holder renewed the entries of its requests still waiting (only those that stood: a lapsed one is queued again). */
+export const QueueEntriesRenewed = defineEvent(
+  'QueueEntriesRenewed',
+  Type.Object({ holder: Type.String(), request_ids: Type.Array(Type.String(), { minItems: 1 }), expires_at: Instant, at: Instant }, { additionalProperties: false }),
+);
+
+/** A waiting request gave up without a reservation: its client left, its deadline passed, or it was refused. */
+export const QueueLeft = defineEvent('QueueLeft', Type.Object({ request_id: Type.String(), at: Instant }, { additionalProperties: false }));
+
+/**
  * The next meter day opened from this day's balance: no reservation lands here after this (settlements
  * and expiries of its holds still do). Appended under the stream's version by the opener, so a
  * reservation decided just before midnight either lands first (and is carried) or is decided again
@@ -192,6 +222,9 @@ export const meterEvents = eventCatalogue('meter', [
   ReservationExpired,
   CarriedHoldReleased,
   RequestRejected,
+  RequestQueued,
+  QueueEntriesRenewed,
+  QueueLeft,
 ]);
 export type MeterEvent =
   | EventOf<typeof SlotsLeased>
@@ -203,8 +236,13 @@ export type MeterEvent =
   | EventOf<typeof UsageSettled>
   | EventOf<typeof ReservationExpired>
   | EventOf<typeof CarriedHoldReleased>
-  | EventOf<typeof RequestRejected>;
-export type MeterOpening = Omit<EventOf<typeof MeterOpened>['data'], 'at'>;
+  | EventOf<typeof RequestRejected>
+  | EventOf<typeof RequestQueued>
+  | EventOf<typeof QueueEntriesRenewed>
+  | EventOf<typeof QueueLeft>;
+type MeterOpenedData = EventOf<typeof MeterOpened>['data'];
+/** The balance a meter day opens with (no queue carried when absent). */
+export type MeterOpening = Omit<MeterOpenedData, 'at' | 'carried_queue'> & { carried_queue?: MeterOpenedData['carried_queue'] };
 export type RequestFactsData = Pick<EventOf<typeof UsageSettled>['data'], keyof typeof RequestFacts>;
 
 /** `meter-<keyId>-<yyyy-mm-dd>` for the UTC day of `at`. */

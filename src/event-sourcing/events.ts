@@ -2,8 +2,15 @@
  * Typed, versioned events. Each event type is a TypeBox schema with a version; a stream category's
  * catalogue checks every event read from the store (upcasting older versions first), so nothing
  * downstream of the store sees an unchecked `unknown`.
+ *
+ * Rolling upgrades: processes of two releases share one log, so a catalogue also reads events written
+ * by a later release (a version above its own). A new version may only add: a field, optional or not,
+ * at any depth. The older reader drops what its schema does not know and checks the rest against its
+ * own schema. A breaking change (a field removed, renamed or retyped, a value's meaning changed) is a
+ * new event type, never a new version: an older reader would refuse it, or worse, misread it.
  */
 import { Compile } from 'typebox/compile';
+import { Clean, Clone } from 'typebox/value';
 import type { Static, TSchema } from 'typebox';
 
 /** An event as deciders and projections see it: a type name and its checked data. */
@@ -73,7 +80,10 @@ export interface EventCatalogue<Event extends DomainEvent = DomainEvent> {
   has(type: string): type is Event['type'];
   /** The version an event of this type is written at. */
   versionOf(type: Event['type']): number;
-  /** Checks (after upcasting) a stored event; throws EventSchemaViolation when it does not fit. */
+  /**
+   * Checks a stored event, upcast when an earlier release wrote it, its unknown fields dropped when a
+   * later one did; throws EventSchemaViolation when it does not fit.
+   */
   parse(stored: StoredEventShape): Event;
   /** Checks an event about to be appended (a decider bug must not reach the log). */
   check(event: DomainEvent): Event;
@@ -86,13 +96,31 @@ export function eventCatalogue<const Defs extends readonly EventType<string, TSc
     if (byType.has(def.type)) throw new Error(`event type ${def.type} is defined twice in the ${category} catalogue`);
     byType.set(def.type, { def, validator: Compile(def.schema) });
   }
+  const firstError = (validator: ReturnType<typeof Compile>, data: unknown): string => {
+    const first = [...validator.Errors(data)][0];
+    return first ? `${first.instancePath || '/'} ${first.message}` : 'schema mismatch';
+  };
   const checked = (type: string, data: unknown, where?: StoredEventShape): Event => {
     const entry = byType.get(type)!;
-    if (!entry.validator.Check(data)) {
-      const first = [...entry.validator.Errors(data)][0];
-      throw new EventSchemaViolation(type, first ? `${first.instancePath || '/'} ${first.message}` : 'schema mismatch', where);
-    }
+    if (!entry.validator.Check(data)) throw new EventSchemaViolation(type, firstError(entry.validator, data), where);
     return { type, data } as Event;
+  };
+  /**
+   * An event of a later release (see the module's comment): what this release's schema does not know is
+   * dropped, at any depth, and the rest must fit. Only such events pay for the copy and the clean.
+   */
+  const fromLaterRelease = (stored: StoredEventShape, version: number): Event => {
+    const entry = byType.get(stored.type)!;
+    const data = Clean(entry.def.schema, Clone(stored.data));
+    if (!entry.validator.Check(data)) {
+      throw new EventSchemaViolation(
+        stored.type,
+        `written at schema version ${version} by a later release (this one reads up to ${entry.def.version}) and, without the fields this release does not know, ` +
+          `it does not fit this release's schema: ${firstError(entry.validator, data)}. A later version may only add fields; a breaking change must be a new event type`,
+        stored,
+      );
+    }
+    return { type: stored.type, data } as Event;
   };
   return {
     category,
@@ -104,9 +132,8 @@ export function eventCatalogue<const Defs extends readonly EventType<string, TSc
       if (!entry) throw new EventSchemaViolation(stored.type, `not an event of the ${category} category`, stored);
       const written = stored.metadata?.[schemaVersionKey];
       let version = typeof written === 'number' ? written : 1;
-      if (!Number.isInteger(version) || version < 1 || version > entry.def.version) {
-        throw new EventSchemaViolation(stored.type, `schema version ${String(written)} is not between 1 and ${entry.def.version}`, stored);
-      }
+      if (!Number.isInteger(version) || version < 1) throw new EventSchemaViolation(stored.type, `schema version ${String(written)} is not a whole number of at least 1`, stored);
+      if (version > entry.def.version) return fromLaterRelease(stored, version);
       let data = stored.data;
       for (; version < entry.def.version; version++) data = entry.def.upcasters[version](data);
       return checked(stored.type, data, stored);

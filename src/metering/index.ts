@@ -14,9 +14,10 @@ import type { Logger } from 'pino';
 import { apiError, ApiError } from '../errors/index.ts';
 import type { CommandHandler } from '../command-handler/index.ts';
 import type { EventStore } from '../store/index.ts';
-import { meterDecider, secondsUntilUtcTurn, spendDecider, standingLease, type KeyStatus, type MeterCommand, type MeterRejection, type MeterState } from '../../commands/index.ts';
+import { balanceFrom, meterDecider, secondsUntilUtcTurn, spendDecider, type KeyStatus, type MeterCommand, type MeterRejection } from '../../commands/index.ts';
 import { expiredHolds, spendOfDay } from '../../projections/index.ts';
 import { meterStream, spendStream, utcDay, type KeyBudgetValues, type MeterOpening, type RequestFactsData } from '../../events/index.ts';
+import { RequestQueue } from './queue.ts';
 
 /** The key as metering needs it, read again at every (re)decision: the reservation re-check. */
 export interface MeteredKey {
@@ -94,12 +95,6 @@ export interface MeteringOptions {
   now?: () => Date;
 }
 
-interface Waiter {
-  request: AdmitRequest;
-  resolve(admission: Admission): void;
-  reject(error: unknown): void;
-}
-
 export class Metering {
   readonly #handler: CommandHandler;
   readonly #store: EventStore;
@@ -112,8 +107,8 @@ export class Metering {
   /** This process's name on its slot leases. */
   readonly #holder = randomUUID();
   readonly #now: () => Date;
-  /** FIFO of requests waiting for one of the key's active slots, per key. */
-  readonly #queues = new Map<string, Waiter[]>();
+  /** Requests waiting for one of the key's active slots, per key (the bound is the meter's, across processes). */
+  readonly #queue: RequestQueue<AdmitRequest, Admission>;
   /** Holds of requests running in this process: renewed while they run. */
   readonly #running = new Map<string, Reservation & { expiresAt: number }>();
   readonly #opening = new Map<string, Promise<void>>();
@@ -134,6 +129,16 @@ export class Metering {
     this.#lingerMs = options.settleLingerMs ?? 5;
     this.#leaseTtlMs = options.slotLeaseTtlMs ?? Math.min(60_000, options.reservationTtlMs);
     this.#now = options.now ?? (() => new Date());
+    this.#queue = new RequestQueue<AdmitRequest, Admission>({
+      handler: this.#handler,
+      logger: this.#logger,
+      holder: this.#holder,
+      entryTtlMs: this.#leaseTtlMs,
+      tryReserve: (request) => this.#tryReserve(request),
+      refusal: rejectionToApiError,
+      track: (work) => this.#track(work),
+      now: this.#now,
+    });
   }
 
   /** Starts the reaper, the renewals and the spend check, and wakes waiting requests on other processes' meter writes. */
@@ -157,7 +162,7 @@ export class Metering {
     this.#timer = null;
     this.#stopping.abort();
     this.#unlisten?.();
-    for (const queue of this.#queues.values()) for (const waiter of queue.splice(0)) waiter.reject(apiError('wrapper_saturated', 'the gateway is shutting down'));
+    this.#queue.close(apiError('wrapper_saturated', 'the gateway is shutting down'));
     while (this.#background.size > 0) await Promise.allSettled([...this.#background]);
     await this.#handler.settled();
   }
@@ -171,8 +176,7 @@ export class Metering {
     if (this.#spendCappedDay === utcDay(now)) {
       throw apiError('spend_cap', 'the service has reached its daily GPU spend cap; it resumes at the next UTC day', { retryAfter: secondsUntilUtcTurn(now.getTime(), 'day') });
     }
-    const queue = this.#queues.get(request.keyId);
-    if (!queue || queue.length === 0) {
+    if (this.#queue.waiting(request.keyId) === 0) {
       const admitted = await this.#tryReserve(request);
       if (admitted) return admitted;
     }
@@ -272,70 +276,12 @@ export class Metering {
   }
 
   #enqueue(request: AdmitRequest): Promise<Admission> {
-    const keyId = request.keyId;
-    let queue = this.#queues.get(keyId);
-    if (!queue) this.#queues.set(keyId, (queue = []));
-    if (queue.length >= request.limits.maxQueued) {
-      return Promise.reject(apiError('queue_full', `the key already has ${request.limits.maxActive} active and ${request.limits.maxQueued} queued requests`));
-    }
-    return new Promise<Admission>((resolve, reject) => {
-      const waiter: Waiter = { request, resolve, reject };
-      queue.push(waiter);
-      const leave = () => {
-        const at = queue.indexOf(waiter);
-        if (at >= 0) queue.splice(at, 1);
-        reject(new DOMException('the client left the queue', 'AbortError'));
-      };
-      if (request.signal.aborted) return leave();
-      request.signal.addEventListener('abort', leave, { once: true });
-      const unlisten = () => request.signal.removeEventListener('abort', leave);
-      waiter.resolve = (a) => {
-        unlisten();
-        resolve(a);
-      };
-      waiter.reject = (e) => {
-        unlisten();
-        reject(e);
-      };
-      this.#scheduleRetry(keyId);
-    });
+    return this.#queue.enqueue(request);
   }
 
-  /** Lets the key's waiting requests try again, first come first served, until one finds no slot. */
+  /** Lets the key's waiting requests try again (a slot may have freed). */
   #wake(keyId: string): void {
-    const queue = this.#queues.get(keyId);
-    if (!queue || queue.length === 0 || (queue as Waiter[] & { busy?: boolean }).busy) return;
-    const marked = queue as Waiter[] & { busy?: boolean };
-    marked.busy = true;
-    void this.#track(
-      (async () => {
-        try {
-          while (queue.length > 0) {
-            const waiter = queue[0];
-            let admitted: Admission | null;
-            try {
-              admitted = await this.#tryReserve(waiter.request);
-            } catch (error) {
-              queue.shift();
-              waiter.reject(error);
-              continue;
-            }
-            if (!admitted) break;
-            if (queue[0] === waiter) queue.shift();
-            waiter.resolve(admitted);
-          }
-        } finally {
-          marked.busy = false;
-          if (queue.length === 0) this.#queues.delete(keyId);
-          else this.#scheduleRetry(keyId);
-        }
-      })(),
-    );
-  }
-
-  /** A fallback for wake-ups that never come (a slot freed by the reaper of another process, a lost hint). */
-  #scheduleRetry(keyId: string): void {
-    setTimeout(() => this.#wake(keyId), 250).unref();
+    this.#queue.wake(keyId);
   }
 
   // --- the day's meter ------------------------------------------------------------------------
@@ -371,7 +317,7 @@ export class Metering {
       const { state } = await this.#handler.load(stream, meterDecider, { fresh: true });
       if (!state.opened) continue;
       const closed = await this.#handler.handle(stream, { type: 'CloseMeter', nextDay: day, now: now.toISOString() }, meterDecider);
-      return balanceFrom(keyId, day, earlier, closed.state, now);
+      return balanceFrom(keyId, day, earlier, closed.state, now.getTime());
     }
     return { key_id: keyId, day, month_input_tokens: 0, month_output_tokens: 0, carried_from: null, carried_holds: [], carried_leases: [], recent_starts: [] };
   }
@@ -384,7 +330,7 @@ export class Metering {
     const stored = await this.#persist(async () => {
       const decision = await this.#handler.decide(
         reservation.stream,
-        { type: 'Settle', facts, lease: { holder: this.#holder, waiting: this.#queues.get(reservation.keyId)?.length ?? 0 }, now: now.toISOString(), ...usage },
+        { type: 'Settle', facts, lease: { holder: this.#holder, waiting: this.#queue.waiting(reservation.keyId) }, now: now.toISOString(), ...usage },
         meterDecider,
         { commandId: `settle:${reservation.requestId}`, metadata: { request_id: reservation.requestId }, lingerMs: this.#lingerMs },
       );
@@ -496,31 +442,6 @@ function nextDay(day: string): string {
   return new Date(Date.parse(`${day}T00:00:00Z`) + 86_400_000).toISOString().slice(0, 10);
 }
 
-function balanceFrom(keyId: string, day: string, earlier: string, state: MeterState, now: Date): MeterOpening {
-  const sameMonth = earlier.slice(0, 7) === day.slice(0, 7);
-  return {
-    key_id: keyId,
-    day,
-    month_input_tokens: sameMonth ? state.monthInput : 0,
-    month_output_tokens: sameMonth ? state.monthOutput : 0,
-    carried_from: earlier,
-    carried_holds: Object.entries(state.holds).map(([request_id, h]) => ({
-      request_id,
-      day: h.day,
-      input_tokens: h.input,
-      output_tokens: h.output,
-      at: h.at,
-      expires_at: h.expiresAt,
-      lease_holder: h.lease,
-    })),
-    carried_leases: Object.keys(state.leases).flatMap((holder) => {
-      const lease = standingLease(state, holder, now.getTime());
-      return lease ? [{ holder, slots: lease.slots, expires_at: lease.expiresAt }] : [];
-    }),
-    recent_starts: state.starts.since(now.getTime() - 60_000).toArray(),
-  };
-}
-
 /** The one place meter rejections become the contract's errors. */
 export function rejectionToApiError(rejection: MeterRejection): ApiError {
   switch (rejection.rejected) {
@@ -531,6 +452,7 @@ export function rejectionToApiError(rejection: MeterRejection): ApiError {
     case 'budget_exceeded':
       return apiError('budget_exceeded', rejection.message, { fields: { budget: rejection.details?.budget }, retryAfter: Number(rejection.details?.retry_after_seconds ?? 60) });
     case 'at_capacity':
+    case 'queue_full':
       return apiError('queue_full', rejection.message);
     case 'duplicate_request':
       return apiError('invalid_request', 'X-Request-Id is already in use by a running request of this key');

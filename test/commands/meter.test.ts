@@ -4,7 +4,7 @@
  */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { heldTokens, meterDecider, type MeterCommand, type MeterState } from '../../commands/meter.ts';
+import { balanceFrom, heldTokens, meterDecider, queuedRequests, type MeterCommand, type MeterState } from '../../commands/meter.ts';
 import type { KeyBudgetValues } from '../../events/key.ts';
 import {
   BudgetReserved,
@@ -13,6 +13,9 @@ import {
   MeterOpened,
   meterEvents,
   meterStream,
+  QueueEntriesRenewed,
+  QueueLeft,
+  RequestQueued,
   RequestRejected,
   ReservationExpired,
   ReservationRenewed,
@@ -48,9 +51,10 @@ const opening = (o: Partial<MeterOpening> = {}): MeterOpening => ({
   carried_holds: [],
   carried_leases: [],
   recent_starts: [],
+  carried_queue: [],
   ...o,
 });
-const opened = (o: Partial<MeterOpening> = {}, when = at('00:00:00.000', o.day ?? day)) => MeterOpened({ ...opening(o), at: when });
+const opened = (o: Partial<MeterOpening> = {}, when = at('00:00:00.000', o.day ?? day)) => MeterOpened({ ...opening(o), carried_queue: o.carried_queue ?? [], at: when });
 
 const facts = (request_id: string): RequestFactsData => ({
   request_id,
@@ -606,6 +610,180 @@ leasing.run();
 
 // ---------------------------------------------------------------------------------------------
 
+const queueing = suite('meter decider: 64 queued per key, across processes');
+const entryTtl = 30_000;
+type Queue = Extract<MeterCommand, { type: 'Queue' }>;
+const queueCmd = (id: string, o: Partial<Omit<Queue, 'type' | 'requestId'>> = {}): Queue => ({ type: 'Queue', requestId: id, holder: 'gw-a', maxQueued: 64, ttlMs: entryTtl, now: noon, ...o });
+const queued = (id: string, o: { holder?: string; now?: string; ttl?: number } = {}) => {
+  const { holder = 'gw-a', now = noon, ttl = entryTtl } = o;
+  return RequestQueued({ request_id: id, holder, at: now, expires_at: iso(ms(now) + ttl) });
+};
+/** `n` waiting requests, split between two processes, queued over the last `n` ms. */
+const waiting = (n: number, prefix = 'w') => Array.from({ length: n }, (_, i) => queued(`${prefix}${i}`, { holder: i % 2 === 0 ? 'gw-a' : 'gw-b', now: iso(t - n + i) }));
+
+queueing('a request that found no free slot waits: its entry carries its process and lapses after the TTL', () => {
+  spec.given([opened(), ...holds(16)]).when(queueCmd('q')).then([queued('q')]);
+});
+queueing('queue_full once the standing entries of every process number maxQueued', () => {
+  spec.given([opened(), ...waiting(63)]).when(queueCmd('q')).then([queued('q')]);
+  spec.given([opened(), ...waiting(64)]).when(queueCmd('q')).thenRejects('queue_full', { queued: 64 });
+  spec.given([opened(), ...waiting(64)]).when(queueCmd('q', { holder: 'gw-b' })).thenRejects('queue_full');
+  spec.given([opened(), ...waiting(2)]).when(queueCmd('q', { maxQueued: 2 })).thenRejects('queue_full');
+});
+queueing('entries that lapsed (their process died) do not count, and leave the state with the next entry', () => {
+  const dead = queued('dead', { holder: 'gw-dead', now: iso(t - entryTtl - 1) });
+  const given = [opened(), dead, ...waiting(63)];
+  assert.is(queuedRequests(foldGiven(given), t), 63);
+  spec.given(given).when(queueCmd('q')).then([queued('q')]);
+  spec.given(given).when(queueCmd('q')).thenState((state) => {
+    assert.not.ok(state.queue.dead, 'the lapsed entry is gone');
+    assert.is(queuedRequests(state, t), 64);
+  });
+});
+queueing("a waiting request's reservation takes its entry out of the queue", () => {
+  const given = [opened(), ...waiting(64)];
+  spec.given([...given, reserved({ id: 'w0' })]).when(queueCmd('q')).then([queued('q')]);
+  spec.given(given).when(reserve({ id: 'w0' })).thenState((state) => assert.not.ok(state.queue.w0));
+});
+queueing('a request that gives up leaves the queue (QueueLeft); leaving twice, or without an entry, appends nothing', () => {
+  const given = [opened(), ...waiting(64)];
+  spec.given(given).when({ type: 'LeaveQueue', requestId: 'w5', now: noon }).then([QueueLeft({ request_id: 'w5', at: noon })]);
+  spec.given([...given, QueueLeft({ request_id: 'w5', at: noon })]).when(queueCmd('q')).then([queued('q')]);
+  spec.given([...given, QueueLeft({ request_id: 'w5', at: noon })]).when({ type: 'LeaveQueue', requestId: 'w5', now: noon }).thenNothing();
+  spec.given([...given, reserved({ id: 'w5' })]).when({ type: 'LeaveQueue', requestId: 'w5', now: noon }).thenNothing();
+});
+queueing('queued again while its entry stands (its reservation was decided again and refused): nothing new', () => {
+  spec.given([opened(), queued('q', { now: at('11:59:50.000') })]).when(queueCmd('q')).thenNothing();
+  // Under another process, or while it holds a reservation, the request id is someone else's.
+  spec.given([opened(), queued('q', { holder: 'gw-b' })]).when(queueCmd('q')).thenRejects('duplicate_request');
+  spec.given([opened(), reserved({ id: 'q' })]).when(queueCmd('q')).thenRejects('duplicate_request');
+  // Its own entry lapsed (a stalled process): it queues again, if there is room.
+  const lapsed = queued('q', { now: iso(t - entryTtl - 1) });
+  spec.given([opened(), lapsed]).when(queueCmd('q')).then([queued('q')]);
+  spec.given([opened(), lapsed, ...waiting(64)]).when(queueCmd('q')).thenRejects('queue_full');
+});
+queueing('a process renews the entries it still has waiting: standing ones only, its own only, not before half the TTL', () => {
+  const older = at('11:59:40.000');
+  const given = [opened(), queued('a1', { now: older }), queued('a2', { now: older }), queued('b1', { holder: 'gw-b', now: older }), queued('gone', { now: iso(t - entryTtl - 1) })];
+  const renew = (ids: string[], now = noon): MeterCommand => ({ type: 'RenewQueued', holder: 'gw-a', requestIds: ids, ttlMs: entryTtl, now });
+  spec.given(given).when(renew(['a1', 'a2', 'b1', 'gone', 'unknown'])).then([QueueEntriesRenewed({ holder: 'gw-a', request_ids: ['a1', 'a2'], expires_at: iso(t + entryTtl), at: noon })]);
+  spec.given(given).when(renew(['a1'])).thenState((state) => assert.is(state.queue.a1.expiresAt, iso(t + entryTtl)));
+  spec.given(given).when(renew(['gone', 'b1'])).thenNothing();
+  // Renewed at the same instant it was queued: the expiry would not move.
+  spec.given([opened(), queued('a1')]).when(renew(['a1'])).thenNothing();
+});
+queueing('a closed day refuses queue commands (its queue went to the next day); an unopened one too', () => {
+  const closed = MeterClosed({ day, next_day: '2026-11-25', at: at('23:59:59.990') });
+  spec.given([opened(), queued('q'), closed]).when(queueCmd('r')).thenRejects('meter_closed');
+  spec.given([opened(), queued('q'), closed]).when({ type: 'LeaveQueue', requestId: 'q', now: noon }).thenRejects('meter_closed');
+  spec.given([opened(), queued('q'), closed]).when({ type: 'RenewQueued', holder: 'gw-a', requestIds: ['q'], ttlMs: entryTtl, now: noon }).thenRejects('meter_closed');
+  spec.given([]).when(queueCmd('q')).thenRejects('meter_not_opened');
+});
+queueing('entries carried over midnight count against the next day\'s bound, and leave it with their reservation', () => {
+  const carried = waiting(64).map((e) => ({ request_id: e.data.request_id, holder: e.data.holder, at: e.data.at, expires_at: e.data.expires_at }));
+  spec.given([opened({ carried_queue: carried })]).when(queueCmd('q')).thenRejects('queue_full');
+  spec.given([opened({ carried_queue: carried }), reserved({ id: 'w0' })]).when(queueCmd('q')).then([queued('q')]);
+});
+queueing('a MeterOpened of version 2 (no queue then) reads as carrying no queue', () => {
+  const v2 = { ...opened().data } as Record<string, unknown>;
+  delete v2.carried_queue;
+  assert.equal(meterEvents.parse({ type: 'MeterOpened', data: v2, metadata: { schema_version: 2 } } as never), opened());
+});
+queueing.run();
+
+// ---------------------------------------------------------------------------------------------
+
+const balance = suite('meter decider: the opening balance carried from the previous day');
+const prev = '2026-11-23';
+const before = (time: string) => at(time, prev);
+const midnight = at('00:00:00.000'); // the 24th's, when the 23rd is closed and its balance read
+const prevOpened = (o: Partial<MeterOpening> = {}) => opened({ day: prev, carried_from: '2026-11-20', month_input_tokens: 1000, month_output_tokens: 2000, ...o }, before('00:00:00.000'));
+const prevClosed = MeterClosed({ day: prev, next_day: day, at: midnight });
+/** The balance of `nextDay` read at `now` from the previous day's events. */
+const balanceAfter = (events: MeterEvent[], nextDay = day, now = midnight) => balanceFrom(key_id, nextDay, events[0].type === 'MeterOpened' ? events[0].data.day : prev, foldGiven(events), ms(now));
+
+balance('the same month: its tokens are carried (settled and expired), not those still held', () => {
+  const events = [
+    prevOpened(),
+    reserved({ id: 's', input: 10, applied: 50, now: before('09:00:00.000') }),
+    settled('s', 10, 30, before('09:00:05.000')),
+    reserved({ id: 'x', input: 5, applied: 20, now: before('10:00:00.000'), ttl: 1000 }),
+    ReservationExpired({ request_id: 'x', input_tokens: 5, output_tokens: 20, at: before('10:00:02.000') }),
+    reserved({ id: 'open', input: 7, applied: 70, now: before('23:00:00.000'), ttl: 7_200_000 }),
+    prevClosed,
+  ];
+  const b = balanceAfter(events);
+  assert.equal([b.key_id, b.day, b.carried_from, b.month_input_tokens, b.month_output_tokens], [key_id, day, prev, 1015, 2050]);
+  assert.equal(b.carried_holds.map((h) => h.request_id), ['open']);
+  // Given that balance, the next day opens with it, and its month counts the carried hold too.
+  spec.given([]).when({ type: 'OpenMeter', opening: b, now: midnight }).thenState((state) => {
+    assert.equal([state.monthInput, state.monthOutput], [1015, 2050]);
+    assert.equal(heldTokens(state), { input: 7, output: 70, todayInput: 0, todayOutput: 0 }, "the 23rd's open hold still counts against the month, not against the 24th");
+  });
+});
+balance('a different month: tokens start from zero; holds, standing leases, queue entries and recent starts are still carried', () => {
+  const last = '2026-11-30';
+  const first = '2026-12-01';
+  const turn = at('00:00:00.000', first);
+  const events = [
+    opened({ day: last, carried_from: '2026-11-29', month_input_tokens: 900, month_output_tokens: 900 }, at('00:00:00.000', last)),
+    reserved({ id: 's', now: at('09:00:00.000', last) }),
+    settled('s', 10, 10, at('09:00:01.000', last)),
+    SlotsLeased({ holder: 'gw-a', slots: 3, expires_at: iso(ms(turn) + 30_000), at: at('23:59:50.000', last) }),
+    reserved({ id: 'open', holder: 'gw-a', now: at('23:59:50.000', last) }),
+    queued('waits', { now: at('23:59:55.000', last) }),
+    MeterClosed({ day: last, next_day: first, at: turn }),
+  ];
+  const b = balanceAfter(events, first, turn);
+  assert.equal([b.carried_from, b.month_input_tokens, b.month_output_tokens], [last, 0, 0]);
+  assert.equal(b.carried_holds, [{ request_id: 'open', day: last, input_tokens: 10, output_tokens: 100, at: at('23:59:50.000', last), expires_at: iso(ms(at('23:59:50.000', last)) + ttlMs), lease_holder: 'gw-a' }]);
+  assert.equal(b.carried_leases, [{ holder: 'gw-a', slots: 3, expires_at: iso(ms(turn) + 30_000) }]);
+  assert.equal(b.carried_queue, [{ request_id: 'waits', holder: 'gw-a', at: at('23:59:55.000', last), expires_at: iso(ms(at('23:59:55.000', last)) + entryTtl) }]);
+  assert.equal(b.recent_starts, [ms(at('23:59:50.000', last))]);
+});
+balance('carried holds keep their own day: one carried in from two days back is carried on with it', () => {
+  const older = { ...carriedHold, request_id: 'older', day: '2026-11-22', at: at('23:59:00.000', '2026-11-22'), expires_at: at('01:00:00.000') };
+  const events = [prevOpened({ carried_holds: [older] }), reserved({ id: 'mine', now: before('23:00:00.000') }), prevClosed];
+  const b = balanceAfter(events);
+  assert.equal(b.carried_holds.map((h) => [h.request_id, h.day]), [['older', '2026-11-22'], ['mine', prev]]);
+});
+balance('leases that lapsed by the time the balance is read are dropped; standing ones are carried as they stand', () => {
+  const events = [
+    prevOpened(),
+    SlotsLeased({ holder: 'gw-lapsed', slots: 4, expires_at: before('23:59:59.000'), at: before('23:59:49.000') }),
+    SlotsLeased({ holder: 'gw-standing', slots: 2, expires_at: iso(ms(midnight) + 5_000), at: before('23:59:55.000') }),
+    SlotsLeased({ holder: 'gw-shrunk', slots: 0, expires_at: iso(ms(midnight) + 5_000), at: before('23:59:55.000') }),
+    prevClosed,
+  ];
+  assert.equal(balanceAfter(events).carried_leases, [{ holder: 'gw-standing', slots: 2, expires_at: iso(ms(midnight) + 5_000) }]);
+});
+balance('only the request starts of the last minute are carried (the rolling rate limit), oldest first', () => {
+  const events = [
+    prevOpened({ recent_starts: [ms(before('00:00:00.000')) - 10_000] }),
+    reserved({ id: 'a', now: before('23:58:59.999') }),
+    reserved({ id: 'b', now: before('23:59:00.001') }),
+    reserved({ id: 'c', now: before('23:59:59.000') }),
+    prevClosed,
+  ];
+  assert.equal(balanceAfter(events).recent_starts, [ms(before('23:59:00.001')), ms(before('23:59:59.000'))]);
+});
+balance('queue entries standing at midnight are carried; lapsed, reserved and left ones are not', () => {
+  const events = [
+    prevOpened(),
+    queued('lapsed', { holder: 'gw-dead', now: before('23:59:00.000') }),
+    queued('reserved', { now: before('23:59:50.000') }),
+    queued('left', { now: before('23:59:50.000') }),
+    queued('waits', { holder: 'gw-b', now: before('23:59:50.000') }),
+    reserved({ id: 'reserved', now: before('23:59:55.000') }),
+    QueueLeft({ request_id: 'left', at: before('23:59:56.000') }),
+    prevClosed,
+  ];
+  assert.equal(balanceAfter(events).carried_queue, [{ request_id: 'waits', holder: 'gw-b', at: before('23:59:50.000'), expires_at: iso(ms(before('23:59:50.000')) + entryTtl) }]);
+});
+balance.run();
+
+// ---------------------------------------------------------------------------------------------
+
 const storage = suite('meter decider: events as stored');
 /** A day that produces every event type, decided command after command. */
 const dayOfCommands: MeterCommand[] = [
@@ -621,8 +799,16 @@ const dayOfCommands: MeterCommand[] = [
   { ...settle('e', 10, 0, at('12:00:01.000')), lease: { holder: 'gw-a', waiting: 0 } },
   reserve({ id: 'c', budget: { monthly_token_budget: 500 }, lease: { holder: 'gw-a', ttlMs: 10_000 }, now: at('12:00:06.000') }),
   { type: 'RecordRejection', facts: facts('d'), code: 'rate_limited', status: 429, inputTokens: 3, latencyMs: 0.2, now: noon },
+  // q1 and q2 wait for a slot; both are renewed, q2 gives up.
+  { type: 'Queue', requestId: 'q1', holder: 'gw-a', maxQueued: 64, ttlMs: 30_000, now: at('12:00:07.000') },
+  { type: 'Queue', requestId: 'q2', holder: 'gw-a', maxQueued: 64, ttlMs: 30_000, now: at('12:00:07.000') },
+  { type: 'RenewQueued', holder: 'gw-a', requestIds: ['q1', 'q2'], ttlMs: 30_000, now: at('12:00:25.000') },
+  { type: 'LeaveQueue', requestId: 'q2', now: at('12:00:26.000') },
   { type: 'CloseMeter', nextDay: '2026-11-25', now: at('00:00:00.050', '2026-11-25') },
 ];
+function foldGiven(events: readonly MeterEvent[]): MeterState {
+  return foldEvents(meterDecider, meterDecider.initialState(), events);
+}
 function run(commands: readonly MeterCommand[]): { events: MeterEvent[]; state: MeterState } {
   let state = meterDecider.initialState();
   const events: MeterEvent[] = [];
