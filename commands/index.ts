@@ -2,3 +2,10 @@
 export * from './key.ts';
 export * from './meter.ts';
 export * from './spend.ts';
+export * from './carried-holds.ts';
+
+import { carriedHoldsWorkflow } from './carried-holds.ts';
+
+/** Every workflow the gateway drives (src/workflow-processor). */
+export const workflows = [carriedHoldsWorkflow] as const;
+export * from './timed-workflows.ts';

@@ -8,6 +8,7 @@ import { reject, type Decider, type Rejection } from '../src/event-sourcing/inde
 import type { KeyBudgetValues } from '../events/key.ts';
 import {
   BudgetReserved,
+  CarriedHoldEnded,
   CarriedHoldReleased,
   MeterClosed,
   MeterOpened,
@@ -179,6 +180,7 @@ export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRe
         return charge(state, event.data.request_id, event.data.input_tokens, event.data.output_tokens, { month: sameMonth(event.data.day, state.day), today: false });
       case 'MeterClosed':
         return { ...state, closed: true };
+      case 'CarriedHoldEnded':
       case 'RequestRejected':
         return state;
       case 'RequestQueued': {
@@ -228,12 +230,15 @@ export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRe
           ...command.facts,
         });
         const shrunk = command.lease && hold.lease === command.lease.holder ? shrinkLease(state, command.lease.holder, command.lease.waiting, command.now) : null;
-        return shrunk ? [settled, shrunk] : settled;
+        const ended = endedAfterClose(state, command.facts.request_id, command.inputTokens, command.outputTokens, command.now);
+        return shrunk || ended ? [settled, ...(shrunk ? [shrunk] : []), ...(ended ? [ended] : [])] : settled;
       }
       case 'Expire': {
         const hold = state.holds[command.requestId];
         if (!hold || hold.day !== state.day || Date.parse(hold.expiresAt) > Date.parse(command.now)) return [];
-        return ReservationExpired({ request_id: command.requestId, input_tokens: hold.input, output_tokens: hold.output, at: command.now });
+        const expired = ReservationExpired({ request_id: command.requestId, input_tokens: hold.input, output_tokens: hold.output, at: command.now });
+        const ended = endedAfterClose(state, command.requestId, hold.input, hold.output, command.now);
+        return ended ? [expired, ended] : expired;
       }
       case 'ReleaseCarried': {
         const hold = state.holds[command.requestId];
@@ -339,6 +344,14 @@ function shrinkLease(state: MeterState, holder: string, waiting: number, now: st
   const stillRunning = holdsUnder(state, holder) - 1; // the hold being settled is the holder's
   const slots = Math.max(1, stillRunning + waiting);
   return slots < lease.slots ? SlotsLeased({ holder, slots, expires_at: lease.expiresAt, at: now }) : null;
+}
+
+/**
+ * A hold that ends on a closed day was open when the day closed, so the next day carried it: say so,
+ * for the carried-holds workflow to release it there (and on any day carried on from there).
+ */
+function endedAfterClose(state: MeterState, requestId: string, input: number, output: number, now: string) {
+  return state.closed ? CarriedHoldEnded({ request_id: requestId, day: state.day!, input_tokens: input, output_tokens: output, at: now }) : null;
 }
 
 /** Whether a meter day falls in the month of the stream's day. */

@@ -176,6 +176,16 @@ export const CarriedHoldReleased = defineEvent(
   Type.Object({ request_id: Type.String(), day: Type.String(), input_tokens: Tokens, output_tokens: Tokens, at: Instant }, { additionalProperties: false }),
 );
 
+/**
+ * A hold still open when this day closed has ended here (settled or expired, the event before this
+ * one): the days opened from this one carried it, and must release it (the carried-holds workflow,
+ * commands/carried-holds.ts, sends them ReleaseCarried). Its tokens are what was charged here.
+ */
+export const CarriedHoldEnded = defineEvent(
+  'CarriedHoldEnded',
+  Type.Object({ request_id: Type.String(), day: Type.String(), input_tokens: Tokens, output_tokens: Tokens, at: Instant }, { additionalProperties: false }),
+);
+
 export const RequestRejected = defineEvent(
   'RequestRejected',
   Type.Object(
@@ -221,6 +231,7 @@ export const meterEvents = eventCatalogue('meter', [
   UsageSettled,
   ReservationExpired,
   CarriedHoldReleased,
+  CarriedHoldEnded,
   RequestRejected,
   RequestQueued,
   QueueEntriesRenewed,
@@ -236,6 +247,7 @@ export type MeterEvent =
   | EventOf<typeof UsageSettled>
   | EventOf<typeof ReservationExpired>
   | EventOf<typeof CarriedHoldReleased>
+  | EventOf<typeof CarriedHoldEnded>
   | EventOf<typeof RequestRejected>
   | EventOf<typeof RequestQueued>
   | EventOf<typeof QueueEntriesRenewed>
@@ -247,6 +259,11 @@ export type RequestFactsData = Pick<EventOf<typeof UsageSettled>['data'], keyof 
 
 /** `meter-<keyId>-<yyyy-mm-dd>` for the UTC day of `at`. */
 export const meterStream = (keyId: string, day: string): string => `meter-${keyId}-${day}`;
+/** The key and day of a meter stream's id (null: not a meter stream). */
+export function meterStreamParts(streamId: string): { keyId: string; day: string } | null {
+  const match = /^meter-(.+)-(\d{4}-\d{2}-\d{2})$/.exec(streamId);
+  return match ? { keyId: match[1], day: match[2] } : null;
+}
 export function utcDay(at: Date | string): string {
   if (typeof at !== 'string') return at.toISOString().slice(0, 10);
   // Only an instant written in UTC can be cut as text: 2026-11-25T01:30:00+02:00 is still the 24th in UTC.

@@ -23,6 +23,8 @@ import { ModelRegistry } from '../registry/index.ts';
 import { openEventStore, type EventStore } from '../store/index.ts';
 import { SupervisedEngine } from './reference-engines.ts';
 import { ProjectionRunner } from '../projection-runner/index.ts';
+import { WorkflowProcessor } from '../workflow-processor/index.ts';
+import { workflows } from '../../commands/index.ts';
 import { projections } from '../../projections/index.ts';
 
 export interface GatewayOptions {
@@ -144,6 +146,15 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     // The handler's cache follows the log: another process's write to a stream is read before the next decision there.
     const following = await commands.followLog((error) => logger.error({ err: (error as Error)?.message }, 'log subscription (cache freshness) failed a read; retrying'));
     stoppers.push(() => following.stop());
+    // Reactions across streams (a hold carried over midnight released on the day that carried it) follow the log too.
+    const workflowProcessor = new WorkflowProcessor({
+      store,
+      handler: commands,
+      workflows,
+      onError: (workflow, error) => logger.error({ workflow, err: (error as Error)?.message }, 'workflow batch failed; retrying'),
+    });
+    await workflowProcessor.start();
+    stoppers.push(() => workflowProcessor.stop());
     const keys = new KeyService({ handler: commands });
     await keys.start();
     stoppers.push(() => keys.stop());

@@ -13,6 +13,9 @@ import {
   type Subscription,
 } from '../store/index.ts';
 import type { Projection } from './projection.ts';
+import { CheckpointMoved, ensureCheckpoint, moveCheckpoints, readCheckpoint, readCheckpoints, setCheckpoint } from './checkpoints.ts';
+
+export { CheckpointMoved } from './checkpoints.ts';
 
 export interface ProjectionRunnerOptions {
   store: EventStore;
@@ -55,32 +58,6 @@ export interface RebuildReport {
   events: number;
   seconds: number;
   eventsPerSecond: number;
-}
-
-/** Another runner (another process, a rebuild) moved the checkpoint: reload it and go on from there. */
-export class CheckpointMoved extends Error {
-  override name = 'CheckpointMoved';
-}
-
-interface Checkpoint {
-  position: GlobalPosition;
-  updatedAt: Date;
-}
-
-/** The checkpoints of these projections, by name (a projection without a row is missing); `lock`: FOR UPDATE, in name order. */
-async function readCheckpoints(db: Queryable, names: readonly string[], lock = false): Promise<Map<string, Checkpoint>> {
-  const { rows } = await db.query<{ name: string; transaction_id: string; global_position: string | number; updated_at: Date | string }>(
-    `SELECT name, transaction_id::text AS transaction_id, global_position, updated_at FROM projection_checkpoints
-     WHERE name = ANY($1::text[])${lock ? ' ORDER BY name FOR UPDATE' : ''}`,
-    [names],
-  );
-  return new Map(
-    rows.map((r) => [r.name, { position: { transactionId: Number(r.transaction_id), position: Number(r.global_position) }, updatedAt: new Date(r.updated_at) }]),
-  );
-}
-
-async function readCheckpoint(db: Queryable, name: string, lock = false): Promise<Checkpoint | null> {
-  return (await readCheckpoints(db, [name], lock)).get(name) ?? null;
 }
 
 function quoteIdent(name: string): string {
@@ -266,11 +243,7 @@ export class ProjectionRunner {
         await tx.query(`SELECT set_config('search_path', $1, true)`, [inScratch.searchPath]);
         await projection.init(tx); // live tables that do not exist yet
         for (const table of projection.tables) await swapTable(tx, inScratch.schema, table);
-        await tx.query(
-          `INSERT INTO projection_checkpoints (name, transaction_id, global_position, updated_at) VALUES ($1, $2::text::xid8, $3, now())
-           ON CONFLICT (name) DO UPDATE SET transaction_id = excluded.transaction_id, global_position = excluded.global_position, updated_at = now()`,
-          [name, String(position.transactionId), position.position],
-        );
+        await setCheckpoint(tx, name, position);
         await tx.query(`DROP SCHEMA ${quoteIdent(inScratch.schema)} CASCADE`);
       });
       scratch = null;
@@ -295,7 +268,7 @@ export class ProjectionRunner {
   async #init(projection: Projection): Promise<void> {
     await this.#store.transaction(async (tx) => {
       await projection.init(tx);
-      await tx.query(`INSERT INTO projection_checkpoints (name) VALUES ($1) ON CONFLICT (name) DO NOTHING`, [projection.name]);
+      await ensureCheckpoint(tx, projection.name);
     });
   }
 
@@ -386,10 +359,7 @@ export class ProjectionRunner {
         }
       }
       if (advanced.length > 0) {
-        await tx.query(
-          `UPDATE projection_checkpoints SET transaction_id = $2::text::xid8, global_position = $3, updated_at = now() WHERE name = ANY($1::text[])`,
-          [advanced, String(last.transactionId), last.position],
-        );
+        await moveCheckpoints(tx, advanced, last);
       }
     });
     for (const name of names) if (comparePositions(group.positions.get(name)!, last) < 0) group.positions.set(name, last);

@@ -50,6 +50,14 @@ const eventColumns = columnsOf('data', 'metadata');
 /** The same, but an event whose metadata holds $5 under the key $4 comes without its data and metadata (null). */
 const skipped = `metadata->>$4 = $5`;
 const eventColumnsSkipping = columnsOf(`CASE WHEN ${skipped} THEN NULL ELSE data END`, `CASE WHEN ${skipped} THEN NULL ELSE metadata END`);
+/** Events of other types than $4 (and, with $5 and $6, those skipped as above) come without data and metadata. */
+const otherType = `NOT (event_type = ANY($4::text[]))`;
+const skippedToo = `metadata->>$5 = $6`;
+const eventColumnsOfTypes = columnsOf(`CASE WHEN ${otherType} THEN NULL ELSE data END`, `CASE WHEN ${otherType} THEN NULL ELSE metadata END`);
+const eventColumnsOfTypesSkipping = columnsOf(
+  `CASE WHEN ${otherType} OR ${skippedToo} THEN NULL ELSE data END`,
+  `CASE WHEN ${otherType} OR ${skippedToo} THEN NULL ELSE metadata END`,
+);
 
 /** Only rows whose transaction is older than every running one: nothing can commit before them later. */
 const visible = `transaction_id < pg_snapshot_xmin(pg_current_snapshot())`;
@@ -223,21 +231,27 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
     if (method && insideTransaction?.getStore()) throw new StoreCallInsideTransaction(method);
   };
 
-  /** `skip`: an event whose metadata holds it comes back without data and metadata (both null), for `subscribe`'s skipMetadata. */
-  async function readAllOn(db: Queryable, after: GlobalPosition, limit: number, skip?: { key: string; value: string }): Promise<RecordedEvent[]> {
-    const params = [String(after.transactionId), after.position, limit];
+  /**
+   * `skip`: an event whose metadata holds it, and with `types` one of another type, comes back without
+   * data and metadata (both null), for `subscribe`'s skipMetadata and eventTypes.
+   */
+  async function readAllOn(db: Queryable, after: GlobalPosition, limit: number, skip?: { key: string; value: string }, types?: readonly string[]): Promise<RecordedEvent[]> {
+    const params: unknown[] = [String(after.transactionId), after.position, limit];
+    const columns = types ? (skip ? eventColumnsOfTypesSkipping : eventColumnsOfTypes) : skip ? eventColumnsSkipping : eventColumns;
+    if (types) params.push(types);
+    if (skip) params.push(skip.key, skip.value);
     const { rows } = await db.query<EventRow>(
-      `SELECT ${skip ? eventColumnsSkipping : eventColumns} FROM events
+      `SELECT ${columns} FROM events
        WHERE (transaction_id, global_position) > ($1::text::xid8, $2::bigint) AND ${visible}
        ORDER BY transaction_id, global_position LIMIT $3`,
-      skip ? [...params, skip.key, skip.value] : params,
+      params,
     );
     return rows.map(toEvent);
   }
 
-  async function readAll(after: GlobalPosition, limit: number, skip?: { key: string; value: string }): Promise<RecordedEvent[]> {
+  async function readAll(after: GlobalPosition, limit: number, skip?: { key: string; value: string }, types?: readonly string[]): Promise<RecordedEvent[]> {
     ensureOpen('readAll');
-    return readAllOn(driver, after, limit, skip);
+    return readAllOn(driver, after, limit, skip, types);
   }
 
   async function head(): Promise<GlobalPosition> {
@@ -268,6 +282,7 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
     const poll = opts.pollIntervalMs ?? pollIntervalMs;
     const gatherMs = opts.gatherMs ?? 0;
     const skip = opts.skipMetadata ?? null;
+    const types = opts.eventTypes ?? null;
     const abort = new AbortController();
     let position = opts.after ?? logStart;
     let waiters: { target: GlobalPosition; resolve(): void; reject(e: unknown): void }[] = [];
@@ -287,8 +302,8 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
         let batch: RecordedEvent[];
         let pending = false;
         try {
-          batch = await readAll(position, batchSize, skip ?? undefined);
-          const handed = skip ? batch.filter((e) => e.metadata !== null) : batch;
+          batch = await readAll(position, batchSize, skip ?? undefined, types ?? undefined);
+          const handed = skip || types ? batch.filter((e) => e.metadata !== null) : batch;
           if (handed.length > 0) await opts.handle(handed);
           // Nothing readable: has something committed that an older transaction still hides?
           else pending = comparePositions(await lastCommitted(), position) > 0;

@@ -101,6 +101,12 @@ export interface SubscribeOptions {
    * other processes' writes skips its own this way, which under load is nearly all of them.
    */
   skipMetadata?: { key: string; value: string };
+  /**
+   * Only events of these types are handed to `handle`; the others are passed over like skipped ones
+   * (the position still moves past them, their data unread). For a processor that reacts to a few rare
+   * types among the log's many.
+   */
+  eventTypes?: readonly string[];
   /** Called with each batch in global order (none when every event of it was skipped); the position advances once it resolves. */
   handle(events: RecordedEvent[]): Promise<void>;
   /** Called when `handle` or a read fails; the subscription retries the same batch after a pause. */

@@ -8,6 +8,7 @@ import { balanceFrom, heldTokens, meterDecider, queuedRequests, type MeterComman
 import type { KeyBudgetValues } from '../../events/key.ts';
 import {
   BudgetReserved,
+  CarriedHoldEnded,
   CarriedHoldReleased,
   MeterClosed,
   MeterOpened,
@@ -508,8 +509,11 @@ boundaries('closing a day: the opener of the next day closes it; a reservation t
   spec.given([opened({ day: d })]).when({ type: 'CloseMeter', nextDay: next, now: at('00:00:00.050', next) }).then([closed]);
   spec.given([opened({ day: d }), closed]).when({ type: 'CloseMeter', nextDay: next, now: at('00:00:00.060', next) }).thenNothing();
   spec.given([opened({ day: d }), closed]).when(reserve({ id: 'late', now: late })).thenRejects('meter_closed');
-  // The holds of a closed day are still settled and expired there.
-  spec.given([opened({ day: d }), straddling, closed]).when(settle('mid', 10, 60, at('00:00:01.000', next))).then([settled('mid', 10, 60, at('00:00:01.000', next))]);
+  // The holds of a closed day are still settled and expired there, saying the next day carried them.
+  spec
+    .given([opened({ day: d }), straddling, closed])
+    .when(settle('mid', 10, 60, at('00:00:01.000', next)))
+    .then([settled('mid', 10, 60, at('00:00:01.000', next)), CarriedHoldEnded({ request_id: 'mid', day: d, input_tokens: 10, output_tokens: 60, at: at('00:00:01.000', next) })]);
 });
 boundaries.run();
 
@@ -805,6 +809,8 @@ const dayOfCommands: MeterCommand[] = [
   { type: 'RenewQueued', holder: 'gw-a', requestIds: ['q1', 'q2'], ttlMs: 30_000, now: at('12:00:25.000') },
   { type: 'LeaveQueue', requestId: 'q2', now: at('12:00:26.000') },
   { type: 'CloseMeter', nextDay: '2026-11-25', now: at('00:00:00.050', '2026-11-25') },
+  // c still runs at the close: it settles on the closed day, which says the next day carried it.
+  { ...settle('c', 10, 4, at('00:00:02.000', '2026-11-25')), lease: { holder: 'gw-a', waiting: 0 } },
 ];
 function foldGiven(events: readonly MeterEvent[]): MeterState {
   return foldEvents(meterDecider, meterDecider.initialState(), events);
@@ -831,9 +837,9 @@ storage('events stored as JSON and parsed back evolve to the same state', () => 
   const { events, state } = run(dayOfCommands);
   const reloaded = events.map((e) => meterEvents.parse(JSON.parse(JSON.stringify({ type: e.type, data: e.data, metadata: { schema_version: meterEvents.versionOf(e.type) } }))));
   assert.equal(foldEvents(meterDecider, meterDecider.initialState(), reloaded), state);
-  // And the figures are the ones the rules give: 7 + 10 (carried) + 10 (a) + 10 (b, expired) + 10 (e) input; b clamped by the day to 60 × 3, all charged on expiry.
-  assert.equal([state.monthInput, state.monthOutput], [47, 9 + 12 + 55 + 60 * 3]);
+  // And the figures are the ones the rules give: 7 + 10 (carried) + 10 (a) + 10 (b, expired) + 10 (e) + 10 (c) input; b clamped by the day to 60 × 3, all charged on expiry.
+  assert.equal([state.monthInput, state.monthOutput], [57, 9 + 12 + 55 + 60 * 3 + 4]);
   assert.equal(state.leases, { 'gw-a': { slots: 1, expiresAt: at('12:00:16.000') } });
-  assert.equal(Object.keys(state.holds), ['c']);
+  assert.equal(Object.keys(state.holds), []);
 });
 storage.run();
