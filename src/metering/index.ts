@@ -14,9 +14,9 @@ import type { Logger } from 'pino';
 import { apiError, ApiError } from '../errors/index.ts';
 import type { CommandHandler } from '../command-handler/index.ts';
 import type { EventStore } from '../store/index.ts';
-import { balanceFrom, meterDecider, secondsUntilUtcTurn, spendDecider, type KeyStatus, type MeterCommand, type MeterRejection } from '../../commands/index.ts';
+import { balanceFrom, meterDecider, reapHolds, secondsUntilUtcTurn, spendDecider, watchSpend, type KeyStatus, type MeterCommand, type MeterRejection } from '../../commands/index.ts';
 import { expiredHolds, spendOfDay } from '../../projections/index.ts';
-import { meterStream, spendStream, utcDay, type KeyBudgetValues, type MeterOpening, type RequestFactsData } from '../../events/index.ts';
+import { meterStream, meterStreamParts, utcDay, type KeyBudgetValues, type MeterOpening, type RequestFactsData } from '../../events/index.ts';
 import { RequestQueue } from './queue.ts';
 
 /** The key as metering needs it, read again at every (re)decision: the reservation re-check. */
@@ -337,13 +337,12 @@ export class Metering {
       // Decided, the slot is free in memory: a request waiting here takes it now, not once the lingering
       // append is stored (its reservation's append takes this one along).
       this.#wake(reservation.keyId);
+      // A hold carried into a later day is released there by the carried-holds workflow (commands/carried-holds.ts).
       await decision.durable;
-      await this.#releaseCarried(reservation.keyId, reservation.day, reservation.requestId, usage.inputTokens, usage.outputTokens, now);
     }, reservation.requestId, 'settlement');
     // Not stored: the hold stays until the reaper expires it; the budget stays safe, the usage is charged as the whole hold.
     if (!stored) this.#logger.error({ request_id: reservation.requestId }, 'settlement could not be stored; the reaper will expire the hold');
     this.#running.delete(reservation.requestId);
-    this.#wake(reservation.keyId); // again: a hold carried into today was released there only now
     if (usage.cost > 0) void this.#track(this.#checkSpend());
   }
 
@@ -367,18 +366,6 @@ export class Metering {
     }
   }
 
-  /** A hold made on an earlier day of this month was carried into today's meter: release it there too. */
-  async #releaseCarried(keyId: string, day: string, requestId: string, inputTokens: number, outputTokens: number, now: Date): Promise<void> {
-    const today = utcDay(now);
-    if (today === day) return;
-    const stream = meterStream(keyId, today);
-    const { state } = await this.#handler.load(stream, meterDecider);
-    if (!state.holds[requestId]) return;
-    await this.#handler.handle(stream, { type: 'ReleaseCarried', requestId, day, inputTokens, outputTokens, now: now.toISOString() }, meterDecider, {
-      commandId: `release:${requestId}:${today}`,
-    });
-  }
-
   /** Renews the holds of requests still running here; expires holds whose request died (anywhere). */
   async #sweep(): Promise<void> {
     const now = this.#now();
@@ -396,34 +383,33 @@ export class Metering {
     await this.#checkSpend().catch((error) => this.#logger.error({ err: String(error) }, 'spend check failed'));
   }
 
+  /** The reaper (commands/timed-workflows.ts): holds past their expiry, from the meter_holds projection, expired. */
   async #reap(now: Date): Promise<void> {
-    const rows = await expiredHolds(this.#store, now, 500);
-    for (const row of rows) {
-      if (this.#running.has(row.requestId)) continue;
-      const outcome = await this.#handler.handle(row.streamId, { type: 'Expire', requestId: row.requestId, now: now.toISOString() }, meterDecider, {
-        commandId: `expire:${row.requestId}`,
-      });
+    const expired = await expiredHolds(this.#store, now, 500);
+    for (const { stream, command, commandId } of reapHolds({ now: now.toISOString() }, { expired, runningHere: new Set(this.#running.keys()) })) {
+      const outcome = await this.#handler.handle(stream, command, meterDecider, { commandId });
       if (outcome.accepted && outcome.newEvents.length > 0) {
-        const expired = outcome.newEvents[0].data as { input_tokens: number; output_tokens: number };
-        this.#logger.warn({ request_id: row.requestId, key_id: row.keyId }, 'reservation expired: its request died with its process');
-        await this.#releaseCarried(row.keyId, row.day, row.requestId, expired.input_tokens, expired.output_tokens, now);
-        this.#wake(row.keyId);
+        const keyId = meterStreamParts(stream)!.keyId;
+        this.#logger.warn({ request_id: command.requestId, key_id: keyId }, 'reservation expired: its request died with its process');
+        this.#wake(keyId);
       }
     }
   }
 
+  /** The spend watcher (commands/timed-workflows.ts): the day's spend, from the daily_spend projection, reported to the spend decider. */
   async #checkSpend(): Promise<void> {
-    if (this.#spendCap === null) return;
     const now = this.#now();
-    const day = utcDay(now);
-    if (this.#spendCappedDay === day) return;
-    const { cost: spend } = await spendOfDay(this.#store, day);
-    if (spend < this.#spendCap) return;
-    this.#spendCappedDay = day;
-    await this.#handler.handle(spendStream(day), { type: 'ReachSpendCap', day, spend, cap: this.#spendCap, now: now.toISOString() }, spendDecider, {
-      commandId: `spend-cap:${day}`,
-    });
-    this.#logger.warn({ day, spend, cap: this.#spendCap }, 'daily GPU spend cap reached: the service answers 429 spend_cap until the next UTC day');
+    const view = { cap: this.#spendCap, reachedDay: this.#spendCappedDay, spend: 0 };
+    if (view.cap === null || view.reachedDay === utcDay(now)) return;
+    view.spend = (await spendOfDay(this.#store, utcDay(now))).cost;
+    for (const { stream, command, commandId } of watchSpend({ now: now.toISOString() }, view)) {
+      const outcome = await this.#handler.handle(stream, command, spendDecider, { commandId });
+      if (!outcome.accepted || !outcome.state.reached) continue;
+      this.#spendCappedDay = command.day;
+      if (outcome.newEvents.length > 0) {
+        this.#logger.warn({ day: command.day, spend: command.spend, cap: command.cap }, 'daily GPU spend cap reached: the service answers 429 spend_cap until the next UTC day');
+      }
+    }
   }
 
   #track<T>(work: Promise<T>): Promise<T> {
