@@ -16,7 +16,7 @@
  * original result and appends nothing twice.
  */
 import { randomUUID } from 'node:crypto';
-import { DuplicateEventId, WrongExpectedVersion, type AppendResult, type EventStore, type ExpectedVersion, type NewEvent, type RecordedEvent, type Subscription } from '../store/index.ts';
+import { DuplicateEventId, WrongExpectedVersion, type AppendResult, type EventLog, type ExpectedVersion, type NewEvent, type RecordedEvent, type Subscription } from '../store/index.ts';
 import { decisionEvents, schemaVersionKey, type Decider, type DomainEvent, type Rejection } from '../event-sourcing/index.ts';
 import { eventIdFor } from './event-ids.ts';
 
@@ -67,7 +67,8 @@ export interface CommandOptions {
 }
 
 export interface CommandHandlerOptions {
-  store: EventStore;
+  /** The event log port: appends, streams read and the log followed; no SQL needed. */
+  store: EventLog;
   /** Times one command may lose the race to another process's append before it fails (default 100). */
   maxAttempts?: number;
   /** Streams whose state is kept in memory (default 10,000; 0 keeps only streams with work under way). */
@@ -130,7 +131,7 @@ interface Slot {
 }
 
 export class CommandHandler {
-  readonly #store: EventStore;
+  readonly #store: EventLog;
   readonly #maxAttempts: number;
   readonly #cacheSize: number;
   readonly #pageSize: number;

@@ -1,10 +1,10 @@
 /**
- * Checkpoints of the log's processors (projections and workflows), one row each in
- * `projection_checkpoints`: where a processor has got to, written in the same transaction as its
- * rows. Locking a processor's row (FOR UPDATE) is its lock: runners of it in other processes wait,
- * then find the checkpoint moved and go on from there.
+ * Checkpoints of the log's processors (projections and workflows): where a processor has got to,
+ * written in the same transaction of the SQL database as its rows. The checkpoint store is also the
+ * processors' lock: locking a processor's checkpoint makes runners of it in other processes wait, then
+ * find the checkpoint moved and go on from there.
  */
-import type { GlobalPosition, Queryable } from '../store/index.ts';
+import type { EventLog, EventStore, GlobalPosition, Queryable, SqlDatabase } from '../store/index.ts';
 
 export interface Checkpoint {
   position: GlobalPosition;
@@ -14,6 +14,24 @@ export interface Checkpoint {
 /** Another runner (another process, a rebuild) moved the checkpoint: reload it and go on from there. */
 export class CheckpointMoved extends Error {
   override name = 'CheckpointMoved';
+}
+
+/**
+ * Where processors keep their checkpoints, in the SQL database. It stores positions of one kind of
+ * log: the SQL one stores the SQL log's (transactionId, position) pair; another log needs a store
+ * that knows its positions.
+ */
+export interface CheckpointStore {
+  /** The checkpoints of these processors, by name (one without a checkpoint is missing). */
+  read(db: Queryable, names: readonly string[]): Promise<Map<string, Checkpoint>>;
+  /** The lock: reads these checkpoints and holds them (in name order) until `tx` ends. */
+  lock(tx: Queryable, names: readonly string[]): Promise<Map<string, Checkpoint>>;
+  /** Creates the processor's checkpoint at the log's start, unless it has one. */
+  ensure(db: Queryable, name: string): Promise<void>;
+  /** Moves these processors' checkpoints to `position` (locked by `tx` first). */
+  move(tx: Queryable, names: readonly string[], position: GlobalPosition): Promise<void>;
+  /** Sets a processor's checkpoint, creating it if needed (a rebuild's swap). */
+  set(tx: Queryable, name: string, position: GlobalPosition): Promise<void>;
 }
 
 /** The checkpoints of these processors, by name (one without a row is missing); `lock`: FOR UPDATE, in name order. */
@@ -52,4 +70,36 @@ export async function setCheckpoint(db: Queryable, name: string, position: Globa
      ON CONFLICT (name) DO UPDATE SET transaction_id = excluded.transaction_id, global_position = excluded.global_position, updated_at = now()`,
     [name, String(position.transactionId), position.position],
   );
+}
+
+/** The SQL log's checkpoints: one row per processor in `projection_checkpoints`; the lock is the row's FOR UPDATE. */
+export const sqlCheckpoints: CheckpointStore = {
+  read: (db, names) => readCheckpoints(db, names),
+  lock: (tx, names) => readCheckpoints(tx, names, true),
+  ensure: ensureCheckpoint,
+  move: moveCheckpoints,
+  set: setCheckpoint,
+};
+
+/**
+ * What a processor reads and writes: one SQL event store for both (its transactions then append and
+ * read the log too), or a log and a SQL database apart. The checkpoints default to the SQL log's.
+ */
+export type ProcessorSources =
+  | { store: EventStore; checkpoints?: CheckpointStore }
+  | { log: EventLog; db: SqlDatabase; checkpoints?: CheckpointStore };
+
+export interface ResolvedSources {
+  log: EventLog;
+  db: SqlDatabase;
+  checkpoints: CheckpointStore;
+  /** The log and the database when they are one store: its transactions can append and read the log. */
+  store: EventStore | null;
+}
+
+export function resolveSources(sources: ProcessorSources): ResolvedSources {
+  const checkpoints = sources.checkpoints ?? sqlCheckpoints;
+  if ('store' in sources) return { log: sources.store, db: sources.store, checkpoints, store: sources.store };
+  const same = (sources.log as unknown) === sources.db ? (sources.db as EventStore) : null;
+  return { log: sources.log, db: sources.db, checkpoints, store: same };
 }

@@ -1,5 +1,16 @@
-/** Projections follow the log: the runner, the projection shape, and the `svc projections` commands. */
+/** Projections follow the log: the runner, the projection shape, the checkpoint store (shared with workflows), and the `svc projections` commands. */
 export { ProjectionRunner, CheckpointMoved, type ProjectionRunnerOptions, type ProjectionStatus, type RebuildProgress, type RebuildReport } from './runner.ts';
 export type { Projection } from './projection.ts';
-export { ensureCheckpoint, moveCheckpoints, readCheckpoint, readCheckpoints, type Checkpoint } from './checkpoints.ts';
+export {
+  ensureCheckpoint,
+  moveCheckpoints,
+  readCheckpoint,
+  readCheckpoints,
+  resolveSources,
+  sqlCheckpoints,
+  type Checkpoint,
+  type CheckpointStore,
+  type ProcessorSources,
+  type ResolvedSources,
+} from './checkpoints.ts';
 export { runProjectionsCommand, projectionsUsage, isProjectionsCommand, type ProjectionsCommandIo } from './cli.ts';

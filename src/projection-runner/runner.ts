@@ -1,24 +1,19 @@
 /**
  * The projection runner: each projection reads the global log from its checkpoint and applies
- * batches, writing its rows and its checkpoint in one transaction; catch-up first, then live.
+ * batches, writing its rows and its checkpoint in one transaction of the SQL database; catch-up
+ * first, then live. It takes the two ports apart (the event log it reads, the SQL database its rows
+ * and checkpoints live in) with a checkpoint store that is also its lock, so any log can feed it;
+ * positions are the log's, opaque here. One SQL event store can be both.
  */
-import {
-  comparePositions,
-  logStart,
-  StoreUnavailable,
-  type EventStore,
-  type GlobalPosition,
-  type Queryable,
-  type RecordedEvent,
-  type Subscription,
-} from '../store/index.ts';
+import { StoreUnavailable, type EventLog, type GlobalPosition, type Queryable, type RecordedEvent, type SqlDatabase, type StoreTransaction, type Subscription } from '../store/index.ts';
 import type { Projection } from './projection.ts';
-import { CheckpointMoved, ensureCheckpoint, moveCheckpoints, readCheckpoint, readCheckpoints, setCheckpoint } from './checkpoints.ts';
+import { CheckpointMoved, resolveSources, type CheckpointStore, type ProcessorSources, type ResolvedSources } from './checkpoints.ts';
 
 export { CheckpointMoved } from './checkpoints.ts';
 
-export interface ProjectionRunnerOptions {
-  store: EventStore;
+export type ProjectionRunnerOptions = ProcessorSources & ProjectionRunnerSettings;
+
+export interface ProjectionRunnerSettings {
   projections: readonly Projection[];
   /** Events per transaction while live (default 500). */
   batchSize?: number;
@@ -118,7 +113,10 @@ interface LiveGroup {
 }
 
 export class ProjectionRunner {
-  readonly #store: EventStore;
+  readonly #sources: ResolvedSources;
+  readonly #log: EventLog;
+  readonly #db: SqlDatabase;
+  readonly #checkpoints: CheckpointStore;
   readonly #projections: Map<string, Projection>;
   readonly #options: ProjectionRunnerOptions;
   /** Projections applied live, in registration order. */
@@ -130,7 +128,10 @@ export class ProjectionRunner {
   #started = false;
 
   constructor(options: ProjectionRunnerOptions) {
-    this.#store = options.store;
+    this.#sources = resolveSources(options);
+    this.#log = this.#sources.log;
+    this.#db = this.#sources.db;
+    this.#checkpoints = this.#sources.checkpoints;
     this.#options = options;
     this.#projections = new Map(options.projections.map((p) => [p.name, p]));
     if (this.#projections.size !== options.projections.length) throw new Error('projection names must be unique');
@@ -166,9 +167,9 @@ export class ProjectionRunner {
   async status(): Promise<ProjectionStatus[]> {
     const result: ProjectionStatus[] = [];
     for (const name of this.#projections.keys()) {
-      const checkpoint = await readCheckpoint(this.#store, name).catch(() => null);
-      const position = checkpoint?.position ?? logStart;
-      result.push({ name, position, lag: await this.#store.countAfter(position), updatedAt: checkpoint?.updatedAt ?? null, live: this.#live.has(name) });
+      const checkpoint = (await this.#checkpoints.read(this.#db, [name]).catch(() => null))?.get(name);
+      const position = checkpoint?.position ?? this.#log.start;
+      result.push({ name, position, lag: await this.#log.countAfter(position), updatedAt: checkpoint?.updatedAt ?? null, live: this.#live.has(name) });
     }
     return result;
   }
@@ -187,10 +188,10 @@ export class ProjectionRunner {
     const wasLive = this.#live.delete(name);
     if (wasLive) await this.#regroup();
     const started = performance.now();
-    const store = this.#store;
+    const [log, db, store] = [this.#log, this.#db, this.#sources.store];
     let scratch: { schema: string; searchPath: string } | null = null;
     try {
-      scratch = await store.transaction(async (tx) => {
+      scratch = await db.transaction(async (tx) => {
         const { rows } = await tx.query<{ schema: string; search_path: string }>(
           `SELECT left(current_schema() || '_rebuild_' || $1::text, 63) AS schema, current_setting('search_path') AS search_path`,
           [name],
@@ -208,19 +209,19 @@ export class ProjectionRunner {
         const relevant = wanted ? batch.filter((e) => wanted.has(e.type)) : batch;
         if (relevant.length > 0) await projection.apply(relevant, tx);
       };
-      const total = await store.countAfter(logStart);
+      const total = await log.countAfter(log.start);
       const batchSize = this.#options.rebuildBatchSize ?? 5000;
-      let position = logStart;
+      let position = log.start;
       let done = 0;
       // Batch by batch, each in its own transaction (one long transaction would hold back every reader
       // of the global log); the next batch is read while the current one is applied.
-      let next = store.readAll(position, batchSize);
+      let next = log.readAll(position, batchSize);
       for (;;) {
         const batch = await next;
         if (batch.length === 0) break;
-        next = store.readAll(batch[batch.length - 1].globalPosition, batchSize);
+        next = log.readAll(batch[batch.length - 1].globalPosition, batchSize);
         next.catch(() => {}); // awaited on the next turn; a failure there is reported then
-        await store.transaction(async (tx) => {
+        await db.transaction(async (tx) => {
           await useScratch(tx, inScratch);
           await applyInScratch(tx, batch);
         });
@@ -230,11 +231,13 @@ export class ProjectionRunner {
       }
       // The swap: with the checkpoint row locked (live runners of this projection wait), apply what
       // was committed since the last batch, copy the new rows over the live ones, move the checkpoint.
-      await store.transaction(async (tx) => {
-        await readCheckpoint(tx, name, true);
+      await db.transaction(async (tx) => {
+        await this.#checkpoints.lock(tx, [name]);
         await useScratch(tx, inScratch);
+        // The store's own reads refuse inside its transaction: the log is read on the transaction's connection then.
+        const readAll = store ? (tx as StoreTransaction).readAll : (after: GlobalPosition, limit: number) => log.readAll(after, limit);
         for (;;) {
-          const batch = await tx.readAll(position, batchSize);
+          const batch = await readAll(position, batchSize);
           if (batch.length === 0) break;
           await applyInScratch(tx, batch);
           position = batch[batch.length - 1].globalPosition;
@@ -243,7 +246,7 @@ export class ProjectionRunner {
         await tx.query(`SELECT set_config('search_path', $1, true)`, [inScratch.searchPath]);
         await projection.init(tx); // live tables that do not exist yet
         for (const table of projection.tables) await swapTable(tx, inScratch.schema, table);
-        await setCheckpoint(tx, name, position);
+        await this.#checkpoints.set(tx, name, position);
         await tx.query(`DROP SCHEMA ${quoteIdent(inScratch.schema)} CASCADE`);
       });
       scratch = null;
@@ -252,7 +255,7 @@ export class ProjectionRunner {
       return { name, events: done, seconds, eventsPerSecond: seconds > 0 ? done / seconds : 0 };
     } finally {
       // a failed rebuild leaves the live tables as they were; its scratch copies go
-      if (scratch) await store.query(`DROP SCHEMA IF EXISTS ${quoteIdent(scratch.schema)} CASCADE`).catch(() => {});
+      if (scratch) await db.query(`DROP SCHEMA IF EXISTS ${quoteIdent(scratch.schema)} CASCADE`).catch(() => {});
       if (wasLive) {
         this.#live.add(name);
         await this.#regroup();
@@ -266,9 +269,9 @@ export class ProjectionRunner {
   }
 
   async #init(projection: Projection): Promise<void> {
-    await this.#store.transaction(async (tx) => {
+    await this.#db.transaction(async (tx) => {
       await projection.init(tx);
-      await ensureCheckpoint(tx, projection.name);
+      await this.#checkpoints.ensure(tx, projection.name);
     });
   }
 
@@ -299,11 +302,12 @@ export class ProjectionRunner {
   async #startGroup(members: readonly Projection[]): Promise<LiveGroup> {
     const names = members.map((p) => p.name);
     const label = names.join(',');
-    const checkpoints = await readCheckpoints(this.#store, names);
-    const positions = new Map<string, GlobalPosition>(names.map((name) => [name, checkpoints.get(name)?.position ?? logStart]));
-    const after = [...positions.values()].reduce((a, b) => (comparePositions(a, b) <= 0 ? a : b));
+    const log = this.#log;
+    const checkpoints = await this.#checkpoints.read(this.#db, names);
+    const positions = new Map<string, GlobalPosition>(names.map((name) => [name, checkpoints.get(name)?.position ?? log.start]));
+    const after = [...positions.values()].reduce((a, b) => (log.comparePositions(a, b) <= 0 ? a : b));
     const group: LiveGroup = { members, positions, subscription: null };
-    group.subscription = this.#store.subscribe({
+    group.subscription = log.subscribe({
       after,
       batchSize: this.#options.batchSize ?? 500,
       pollIntervalMs: this.#options.pollIntervalMs,
@@ -336,20 +340,21 @@ export class ProjectionRunner {
   async #applyBatch(group: LiveGroup, batch: readonly RecordedEvent[]): Promise<void> {
     const last = batch[batch.length - 1].globalPosition;
     const names = group.members.map((p) => p.name);
-    await this.#store.transaction(async (tx) => {
-      // Locking the checkpoint rows (in one order) serializes runners of these projections across processes.
-      const stored = await readCheckpoints(tx, names, true);
+    const log = this.#log;
+    await this.#db.transaction(async (tx) => {
+      // Locking the checkpoints (in one order) serializes runners of these projections across processes.
+      const stored = await this.#checkpoints.lock(tx, names);
       for (const name of names) {
         const checkpoint = stored.get(name);
-        if (!checkpoint || comparePositions(checkpoint.position, group.positions.get(name)!) !== 0) throw new CheckpointMoved(`checkpoint of ${name} moved`);
+        if (!checkpoint || log.comparePositions(checkpoint.position, group.positions.get(name)!) !== 0) throw new CheckpointMoved(`checkpoint of ${name} moved`);
       }
       const advanced: string[] = [];
       for (const projection of group.members) {
         const from = group.positions.get(projection.name)!;
-        if (comparePositions(from, last) >= 0) continue;
+        if (log.comparePositions(from, last) >= 0) continue;
         advanced.push(projection.name);
         const wanted = projection.eventTypes ? new Set(projection.eventTypes) : null;
-        const relevant = batch.filter((e) => (wanted === null || wanted.has(e.type)) && comparePositions(e.globalPosition, from) > 0);
+        const relevant = batch.filter((e) => (wanted === null || wanted.has(e.type)) && log.comparePositions(e.globalPosition, from) > 0);
         if (relevant.length === 0) continue;
         try {
           await projection.apply(relevant, tx);
@@ -359,9 +364,9 @@ export class ProjectionRunner {
         }
       }
       if (advanced.length > 0) {
-        await moveCheckpoints(tx, advanced, last);
+        await this.#checkpoints.move(tx, advanced, last);
       }
     });
-    for (const name of names) if (comparePositions(group.positions.get(name)!, last) < 0) group.positions.set(name, last);
+    for (const name of names) if (log.comparePositions(group.positions.get(name)!, last) < 0) group.positions.set(name, last);
   }
 }

@@ -1,6 +1,8 @@
 /**
- * The event store: one port (types.ts), two adapters over one SQL schema (infra/migrations).
- * PostgreSQL when a database URL is given, otherwise the embedded PGlite under the data directory.
+ * The event store: two ports (types.ts), the event log and the SQL database where processors keep
+ * their rows, and two adapters that are both over one SQL schema (infra/migrations): PostgreSQL when
+ * a database URL is given, otherwise the embedded PGlite under the data directory. Processors and the
+ * command handler depend on the ports, not on the log being SQL.
  */
 import { acquireDataDirLock } from './data-dir-lock.ts';
 import { createPgliteDriver } from './pglite.ts';

@@ -353,6 +353,8 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
 
   const store: EventStore = {
     adapter: driver.kind,
+    start: logStart,
+    comparePositions,
 
     async append(streamId, events, expected) {
       ensureOpen('append');

@@ -1,4 +1,11 @@
-/** The event store port: what every adapter offers, whatever database sits behind it. */
+/**
+ * The store's two ports. `EventLog`: streams appended under an expected version, read one by one or
+ * forward in one global order from an opaque position, and followed live. `SqlDatabase`: where
+ * projections, checkpoints and workflow processors keep their rows, in transactions. Processors read
+ * the one and write the other, so a log that is not SQL (KurrentDB, a Kafka topic) can feed the same
+ * projections and workflows. `EventStore` is both at once: the SQL adapters (PostgreSQL, PGlite) keep
+ * the log in the same database, and their transactions can also append and read the log.
+ */
 
 /** `any`: no check; `no_stream`: the stream must be empty; `stream_exists`: it must not be; N: its version must be N. */
 export type ExpectedVersion = 'any' | 'no_stream' | 'stream_exists' | number;
@@ -12,8 +19,13 @@ export interface NewEvent<Type extends string = string, Data = unknown> {
 }
 
 /**
- * A place in the global log. Readers order and checkpoint by (transactionId, position): an event's
- * position alone is not monotonic in commit order, the pair read under the snapshot rule is.
+ * A place in the global log. Opaque outside the log that issued it: processors and the command
+ * handler only hand it back to the log (`readAll`, `subscribe`, `countAfter`), order positions with
+ * the log's `comparePositions`, start from its `start`, and keep it through a checkpoint store that
+ * knows that log. This is the SQL adapters' representation: they order and checkpoint by
+ * (transactionId, position), since an event's position alone is not monotonic in commit order and the
+ * pair read under the snapshot rule is. Another log brings its own (KurrentDB's commit/prepare pair,
+ * a Kafka offset) and a checkpoint store that stores it.
  */
 export interface GlobalPosition {
   transactionId: number;
@@ -54,8 +66,18 @@ export interface Queryable {
   query<Row = Record<string, unknown>>(sql: string, params?: unknown[]): Promise<{ rows: Row[] }>;
 }
 
-/** A transaction on the store's database: projections write their rows and checkpoints through it. */
-export interface StoreTransaction extends Queryable {
+/** A transaction on the SQL database: projections and processors write their rows and checkpoints through it. */
+export interface SqlTransaction extends Queryable {
+  /**
+   * Runs statements in order in one round trip, their parameters sent inline as quoted literals (typed
+   * as a parameter is: by its cast or its context); no rows come back. For many small writes, such as
+   * a projection's batch. A `$` in a statement must be a parameter reference.
+   */
+  queryBatch(statements: readonly BatchedStatement[]): Promise<void>;
+}
+
+/** A transaction of an `EventStore`: the log lives in the same database, so it can append and read it too. */
+export interface StoreTransaction extends SqlTransaction {
   /**
    * Appends inside this transaction. It must be the transaction's first write, or follow only this
    * transaction's other appends (see DESIGN.md): otherwise `AppendNotFirstWrite`.
@@ -63,12 +85,6 @@ export interface StoreTransaction extends Queryable {
   append(streamId: string, events: readonly NewEvent[], expected: ExpectedVersion): Promise<AppendResult>;
   /** `store.readAll` on this transaction's connection (the store's own methods refuse inside a transaction). */
   readAll(after: GlobalPosition, limit: number): Promise<RecordedEvent[]>;
-  /**
-   * Runs statements in order in one round trip, their parameters sent inline as quoted literals (typed
-   * as a parameter is: by its cast or its context); no rows come back. For many small writes, such as
-   * a projection's batch. A `$` in a statement must be a parameter reference.
-   */
-  queryBatch(statements: readonly BatchedStatement[]): Promise<void>;
 }
 
 export interface BatchedStatement {
@@ -119,8 +135,12 @@ export interface PingResult {
   error?: string;
 }
 
-export interface EventStore {
-  readonly adapter: 'postgres' | 'pglite';
+/** The event log port: streams and one global order over them. */
+export interface EventLog {
+  /** The position before the log's first event: read from here to read everything. */
+  readonly start: GlobalPosition;
+  /** The log's order of positions: negative when `a` comes before `b`, 0 when they are the same place. */
+  comparePositions(a: GlobalPosition, b: GlobalPosition): number;
   append(streamId: string, events: readonly NewEvent[], expected: ExpectedVersion): Promise<AppendResult>;
   readStream(streamId: string, options?: { fromVersion?: number; limit?: number }): Promise<StreamRead>;
   /** Each stream's current version (0: no events), read in one snapshot: which of many streams exist, in one round trip. */
@@ -140,13 +160,24 @@ export interface EventStore {
   subscribe(options: SubscribeOptions): Subscription;
   /** Registers a wake-up listener called after commits (this process's at once, others' through NOTIFY). */
   onCommit(listener: () => void): () => void;
+  close(): Promise<void>;
+}
+
+/** The SQL database port: where projections, checkpoints and processors keep their rows. */
+export interface SqlDatabase {
+  /** Runs `fn` in one READ COMMITTED transaction. */
+  transaction<T>(fn: (tx: SqlTransaction) => Promise<T>): Promise<T>;
+  query<Row = Record<string, unknown>>(sql: string, params?: unknown[]): Promise<{ rows: Row[] }>;
+  /** A cheap round trip to the database, bounded by a timeout (for /health). */
+  ping(timeoutMs?: number): Promise<PingResult>;
+}
+
+/** The log and the SQL database in one: the SQL adapters, whose transactions also append and read the log. */
+export interface EventStore extends EventLog, SqlDatabase {
+  readonly adapter: 'postgres' | 'pglite';
   /**
    * Runs `fn` in one READ COMMITTED transaction. Inside `fn`, use `tx`: the store's own methods refuse
    * with `StoreCallInsideTransaction` (on PGlite they would wait for the transaction forever).
    */
   transaction<T>(fn: (tx: StoreTransaction) => Promise<T>): Promise<T>;
-  query<Row = Record<string, unknown>>(sql: string, params?: unknown[]): Promise<{ rows: Row[] }>;
-  /** A cheap round trip to the database, bounded by a timeout (for /health). */
-  ping(timeoutMs?: number): Promise<PingResult>;
-  close(): Promise<void>;
 }

@@ -1,17 +1,28 @@
 /**
  * The workflow processor: drives each workflow from its checkpoint over the global log (catch-up,
- * then live), reading only its input types.
+ * then live), reading only its input types. It takes the two ports apart (the event log it reads and
+ * records instances on, the SQL database its checkpoints live in) with a checkpoint store that is
+ * also its lock; positions are the log's, opaque here.
  *
  * A batch: each input that matters is decided against its instance's state (read from the instance's
  * stream, then kept in memory); the commands go out through the command handler under their derived
- * ids; then one transaction records the inputs and commands on the instances' streams (under their
- * expected versions) and moves the checkpoint. A crash before that commit leaves the checkpoint and
- * the states where they were: the batch is decided again, the same commands are sent again with the
- * same ids, and the streams they went to append nothing twice. Another process driving the same
- * workflow finds the checkpoint moved and goes on from where it got to.
+ * ids; then the inputs and commands are recorded on the instances' streams (under their expected
+ * versions) and the checkpoint moves.
+ *
+ * When the log and the database are one SQL store, one transaction records and moves the checkpoint.
+ * A crash before that commit leaves the checkpoint and the states where they were: the batch is
+ * decided again, the same commands are sent again with the same ids, and the streams they went to
+ * append nothing twice. Another process driving the same workflow finds the checkpoint moved and goes
+ * on from where it got to.
+ *
+ * A log apart from the database (KurrentDB, a Kafka topic) cannot share a transaction with the
+ * checkpoint: the records (their ids derived from the input) are appended first, then the checkpoint
+ * moves. A crash between the two leaves inputs recorded past the checkpoint: an instance read from its
+ * stream knows which inputs it has recorded, and passes over them when the batch comes again (their
+ * commands were sent before they were recorded).
  */
 import type { CommandHandler } from '../command-handler/index.ts';
-import { comparePositions, logStart, type EventStore, type GlobalPosition, type NewEvent, type RecordedEvent, type Subscription } from '../store/index.ts';
+import type { EventLog, GlobalPosition, NewEvent, RecordedEvent, SqlDatabase, StoreTransaction, Subscription } from '../store/index.ts';
 import { eventIdFor } from '../command-handler/index.ts';
 import {
   messageOf,
@@ -24,12 +35,13 @@ import {
   type Workflow,
   type WorkflowInput,
 } from '../event-sourcing/index.ts';
-import { CheckpointMoved, ensureCheckpoint, moveCheckpoints, readCheckpoint, readCheckpoints } from '../projection-runner/index.ts';
+import { CheckpointMoved, resolveSources, type CheckpointStore, type ProcessorSources, type ResolvedSources } from '../projection-runner/index.ts';
 
 type AnyWorkflow = Workflow<DomainEvent, unknown, unknown>;
 
-export interface WorkflowProcessorOptions {
-  store: EventStore;
+export type WorkflowProcessorOptions = ProcessorSources & WorkflowProcessorSettings;
+
+export interface WorkflowProcessorSettings {
   handler: CommandHandler;
   workflows: readonly Workflow<any, any, any>[];
   /** Events read per batch (default 500). */
@@ -47,6 +59,8 @@ interface Instance {
   readonly stream: string;
   state: unknown;
   version: number;
+  /** With the log apart from the database: ids of the inputs this stream has recorded (those past the checkpoint are not decided again). */
+  readonly recorded: Set<string> | null;
 }
 
 interface Running {
@@ -60,14 +74,20 @@ interface Running {
 }
 
 export class WorkflowProcessor {
-  readonly #store: EventStore;
+  readonly #sources: ResolvedSources;
+  readonly #log: EventLog;
+  readonly #db: SqlDatabase;
+  readonly #checkpoints: CheckpointStore;
   readonly #handler: CommandHandler;
   readonly #options: WorkflowProcessorOptions;
   readonly #running = new Map<string, Running>();
   #started = false;
 
   constructor(options: WorkflowProcessorOptions) {
-    this.#store = options.store;
+    this.#sources = resolveSources(options);
+    this.#log = this.#sources.log;
+    this.#db = this.#sources.db;
+    this.#checkpoints = this.#sources.checkpoints;
     this.#handler = options.handler;
     this.#options = options;
     const names = new Set(options.workflows.map((w) => w.name));
@@ -79,9 +99,9 @@ export class WorkflowProcessor {
     if (this.#started) return;
     this.#started = true;
     for (const workflow of this.#options.workflows as readonly AnyWorkflow[]) {
-      const running: Running = { workflow, checkpoint: checkpointOf(workflow), position: logStart, instances: new Map(), subscription: null };
+      const running: Running = { workflow, checkpoint: checkpointOf(workflow), position: this.#log.start, instances: new Map(), subscription: null };
       this.#running.set(workflow.name, running);
-      await ensureCheckpoint(this.#store, running.checkpoint);
+      await this.#checkpoints.ensure(this.#db, running.checkpoint);
       await this.#follow(running);
     }
   }
@@ -112,10 +132,10 @@ export class WorkflowProcessor {
 
   /** (Re)starts reading from the stored checkpoint, with the instances' states read afresh. */
   async #follow(running: Running): Promise<void> {
-    const checkpoint = await readCheckpoint(this.#store, running.checkpoint);
-    running.position = checkpoint?.position ?? logStart;
+    const checkpoint = (await this.#checkpoints.read(this.#db, [running.checkpoint])).get(running.checkpoint);
+    running.position = checkpoint?.position ?? this.#log.start;
     running.instances.clear();
-    running.subscription = this.#store.subscribe({
+    running.subscription = this.#log.subscribe({
       after: running.position,
       batchSize: this.#options.batchSize ?? 500,
       pollIntervalMs: this.#options.pollIntervalMs,
@@ -139,17 +159,19 @@ export class WorkflowProcessor {
 
   async #react(running: Running, batch: readonly RecordedEvent[]): Promise<void> {
     const { workflow } = running;
-    const stored = (await readCheckpoints(this.#store, [running.checkpoint])).get(running.checkpoint);
-    if (!stored || comparePositions(stored.position, running.position) !== 0) throw new CheckpointMoved(`checkpoint of ${running.checkpoint} moved`);
+    const log = this.#log;
+    const stored = (await this.#checkpoints.read(this.#db, [running.checkpoint])).get(running.checkpoint);
+    if (!stored || log.comparePositions(stored.position, running.position) !== 0) throw new CheckpointMoved(`checkpoint of ${running.checkpoint} moved`);
     const last = batch[batch.length - 1].globalPosition;
 
     // Decide in memory, instance by instance, in log order.
     const records = new Map<Instance, { state: unknown; events: NewEvent[] }>();
     const commands: { stream: string; command: unknown; commandId: string }[] = [];
     for (const event of batch) {
-      if (comparePositions(event.globalPosition, running.position) <= 0) continue;
+      if (log.comparePositions(event.globalPosition, running.position) <= 0) continue;
       const input = { ...workflow.inputs.parse(event), id: event.id, streamId: event.streamId } as WorkflowInput<DomainEvent>;
       const instance = await this.#instance(running, workflow.instanceOf(input));
+      if (instance.recorded?.has(event.id)) continue; // recorded before a crash kept the checkpoint from moving
       const pending = records.get(instance);
       const reaction = reactTo(workflow, pending ? pending.state : instance.state, input);
       if (!reaction) continue;
@@ -166,12 +188,18 @@ export class WorkflowProcessor {
       if (!outcome.accepted) this.#options.onError?.(workflow.name, new Error(`${stream} refused ${(command as { type?: string }).type}: ${outcome.rejection.message}`));
     }
 
-    // Record and move the checkpoint, together: the appends first (they must be a transaction's first writes).
-    await this.#store.transaction(async (tx) => {
-      for (const [instance, { events }] of records) await tx.append(instance.stream, events, instance.version === 0 ? 'no_stream' : instance.version);
-      const locked = await readCheckpoints(tx, [running.checkpoint], true);
-      if (comparePositions(locked.get(running.checkpoint)?.position ?? logStart, running.position) !== 0) throw new CheckpointMoved(`checkpoint of ${running.checkpoint} moved`);
-      await moveCheckpoints(tx, [running.checkpoint], last);
+    const expected = (instance: Instance) => (instance.version === 0 ? ('no_stream' as const) : instance.version);
+    const sameStore = this.#sources.store !== null;
+    if (!sameStore) {
+      // The log apart: record first (a retry appends the same ids at the same versions: nothing twice), then move the checkpoint.
+      for (const [instance, { events }] of records) await log.append(instance.stream, events, expected(instance));
+    }
+    await this.#db.transaction(async (tx) => {
+      // One store: record and move the checkpoint together, the appends first (they must be a transaction's first writes).
+      if (sameStore) for (const [instance, { events }] of records) await (tx as StoreTransaction).append(instance.stream, events, expected(instance));
+      const locked = await this.#checkpoints.lock(tx, [running.checkpoint]);
+      if (log.comparePositions(locked.get(running.checkpoint)?.position ?? log.start, running.position) !== 0) throw new CheckpointMoved(`checkpoint of ${running.checkpoint} moved`);
+      await this.#checkpoints.move(tx, [running.checkpoint], last);
     });
     for (const [instance, { state, events }] of records) {
       instance.state = state;
@@ -185,10 +213,11 @@ export class WorkflowProcessor {
     const stream = workflowStream(running.workflow.name, id);
     let instance = running.instances.get(stream);
     if (!instance) {
-      const read = await this.#store.readStream(stream);
+      const read = await this.#log.readStream(stream);
       const messages = read.events.map((e) => messageOf(running.workflow, workflowEvents.parse(e)));
       const state = messages.reduce((folded, message) => running.workflow.evolve(folded, message), running.workflow.initialState());
-      instance = { stream, state, version: read.version };
+      const recorded = this.#sources.store ? null : new Set(read.events.map((e) => e.metadata.input_event_id as string));
+      instance = { stream, state, version: read.version, recorded };
       running.instances.set(stream, instance);
     }
     return instance;
