@@ -1,71 +1,37 @@
 /**
- * Metering: reserve before the engine runs, settle with its real usage, expire holds whose request
- * died. Decisions are the meter decider's (commands/meter.ts), made in memory through the command
- * handler; concurrent reservations on one key leave in one append. A reservation that fits in this
- * process's standing slot lease lets the engine start at once, alongside its append; one that takes
- * or grows the lease waits for the append first (see SlotsLeased in events/meter.ts).
- *
- * Per key and UTC day one meter stream, opened with the month-to-date balance of the key's previous
- * meter day (walked back within the month), so a key's load never reads more than one day.
+ * Metering, the admission service over the meter decider (commands/meter.ts): reserve before the
+ * engine runs, settle with its real usage. It loads, decides (in memory, through the command handler;
+ * concurrent reservations on one key leave in one append), and maps a rejection to the contract's
+ * error. A reservation that fits in this process's standing slot lease lets the engine start at once,
+ * alongside its append; one that takes or grows the lease waits for the append first (SlotsLeased in
+ * events/meter.ts). Beside it, each a module of its own:
+ * - queue.ts: the per-key FIFO of requests waiting for an active slot (its bound is the decider's, across processes);
+ * - rollover.ts: a key's first reservation of a UTC day opens the day's meter from the previous day's balance;
+ * - retry.ts: a settlement survives a passing store failure;
+ * - rejections.ts: the decider's rejections as the contract's errors.
+ * Reactions across streams are workflows, not steps here: a hold carried over midnight is released by
+ * commands/carried-holds.ts (driven by src/workflow-processor); the reaper and the spend watcher are
+ * the timed workflows of commands/timed-workflows.ts, ticked by this service's sweep, which also renews
+ * the holds of requests still running in this process.
  */
 import { randomUUID } from 'node:crypto';
-import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
-import { apiError, ApiError } from '../errors/index.ts';
+import { apiError } from '../errors/index.ts';
 import type { CommandHandler } from '../command-handler/index.ts';
 import type { EventStore } from '../store/index.ts';
-import { balanceFrom, meterDecider, reapHolds, secondsUntilUtcTurn, spendDecider, watchSpend, type KeyStatus, type MeterCommand, type MeterRejection } from '../../commands/index.ts';
-import { expiredHolds, spendOfDay } from '../../projections/index.ts';
-import { meterStream, meterStreamParts, utcDay, type KeyBudgetValues, type MeterOpening, type RequestFactsData } from '../../events/index.ts';
+import { meterDecider, secondsUntilUtcTurn } from '../../commands/index.ts';
+import { meterStream, meterStreamParts, utcDay, type RequestFactsData } from '../../events/index.ts';
 import { RequestQueue } from './queue.ts';
+import { Sweeper } from './sweeper.ts';
+import { DayRollover } from './rollover.ts';
+import { persist } from './retry.ts';
+import { rejectionToApiError } from './rejections.ts';
 
-/** The key as metering needs it, read again at every (re)decision: the reservation re-check. */
-export interface MeteredKey {
-  keyId: string;
-  status: KeyStatus;
-  budgets: KeyBudgetValues;
-}
+export { rejectionToApiError } from './rejections.ts';
 
-export interface AdmitRequest {
-  key: () => Promise<MeteredKey>;
-  /** The key's id (the queue it waits in). */
-  keyId: string;
-  facts: RequestFactsData;
-  inputTokens: number;
-  maxTokens: number;
-  maxTokensRequested: number | null;
-  choices: number;
-  limits: { maxActive: number; maxQueued: number; perMinute: number };
-  /** The client left: a waiting request leaves the queue. */
-  signal: AbortSignal;
-}
+import type { AdmitRequest, Admission, Reservation, Usage } from './types.ts';
 
-export interface Reservation {
-  readonly requestId: string;
-  readonly keyId: string;
-  /** The meter day (and stream) the hold is on. */
-  readonly day: string;
-  readonly stream: string;
-  readonly maxTokens: number;
-  /** The budget that lowered max_tokens, or null. */
-  readonly clampedBy: string | null;
-}
-
-export interface Admission extends Reservation {
-  /**
-   * True when the reservation fits in this process's standing slot lease: the engine may be called
-   * now, alongside the append (no byte may reach the client before `durable` resolves). False: call
-   * it once `durable` resolves.
-   */
-  readonly startNow: boolean;
-  /** Aborted when this reservation was decided again and came out otherwise: cancel an engine call started on it. */
-  readonly voided: AbortSignal;
-  /** The reservation as stored: this one, or the one decided again on fresh state (rejects with an ApiError). */
-  readonly durable: Promise<Reservation>;
-}
-
-/** What a settlement records besides the request's facts: the meter decider's Settle command, less its envelope. */
-export type Usage = Omit<Extract<MeterCommand, { type: 'Settle' }>, 'type' | 'facts' | 'now'>;
+export type { AdmitRequest, Admission, MeteredKey, Reservation, Usage } from './types.ts';
 
 /** The usage of a request answered before it reached the engine (its reservation was not confirmed). */
 const notRun: Usage = { inputTokens: 0, outputTokens: 0, status: 503, latencyMs: 0, gpuSeconds: 0, cost: 0, disconnected: false };
@@ -97,10 +63,8 @@ export interface MeteringOptions {
 
 export class Metering {
   readonly #handler: CommandHandler;
-  readonly #store: EventStore;
   readonly #logger: Logger;
   readonly #ttlMs: number;
-  readonly #spendCap: number | null;
   readonly #sweepMs: number;
   readonly #leaseTtlMs: number;
   readonly #lingerMs: number;
@@ -111,9 +75,9 @@ export class Metering {
   readonly #queue: RequestQueue<AdmitRequest, Admission>;
   /** Holds of requests running in this process: renewed while they run. */
   readonly #running = new Map<string, Reservation & { expiresAt: number }>();
-  readonly #opening = new Map<string, Promise<void>>();
+  readonly #rollover: DayRollover;
   readonly #background = new Set<Promise<unknown>>();
-  #spendCappedDay: string | null = null;
+  readonly #sweeper: Sweeper;
   #timer: NodeJS.Timeout | null = null;
   /** Aborted by stop(): writes being tried again give up. */
   readonly #stopping = new AbortController();
@@ -121,14 +85,23 @@ export class Metering {
 
   constructor(options: MeteringOptions) {
     this.#handler = options.handler;
-    this.#store = options.store;
     this.#logger = options.logger;
     this.#ttlMs = options.reservationTtlMs;
-    this.#spendCap = options.dailySpendCap;
     this.#sweepMs = options.sweepIntervalMs ?? Math.min(15_000, Math.max(50, Math.floor(options.reservationTtlMs / 4)));
     this.#lingerMs = options.settleLingerMs ?? 5;
     this.#leaseTtlMs = options.slotLeaseTtlMs ?? Math.min(60_000, options.reservationTtlMs);
     this.#now = options.now ?? (() => new Date());
+    this.#rollover = new DayRollover(options.handler, options.store);
+    this.#sweeper = new Sweeper({
+      handler: options.handler,
+      store: options.store,
+      logger: options.logger,
+      ttlMs: this.#ttlMs,
+      spendCap: options.dailySpendCap,
+      running: this.#running,
+      now: this.#now,
+      freed: (keyId) => this.#wake(keyId),
+    });
     this.#queue = new RequestQueue<AdmitRequest, Admission>({
       handler: this.#handler,
       logger: this.#logger,
@@ -144,12 +117,12 @@ export class Metering {
   /** Starts the reaper, the renewals and the spend check, and wakes waiting requests on other processes' meter writes. */
   start(): void {
     this.#unlisten = this.#handler.onForeignEvent((event) => {
-      if (event.type === 'SpendCapReached') this.#spendCappedDay = (event.data as { day: string }).day;
-      const match = /^meter-(.+)-\d{4}-\d{2}-\d{2}$/.exec(event.streamId);
-      if (match) this.#wake(match[1]);
+      if (event.type === 'SpendCapReached') this.#sweeper.spendCappedDay = (event.data as { day: string }).day;
+      const meter = meterStreamParts(event.streamId);
+      if (meter) this.#wake(meter.keyId);
     });
     const tick = () => {
-      this.#track(this.#sweep()).finally(() => {
+      this.#track(this.#sweeper.sweep()).finally(() => {
         if (this.#timer) this.#timer = setTimeout(tick, this.#sweepMs).unref();
       });
     };
@@ -173,7 +146,7 @@ export class Metering {
    */
   async admit(request: AdmitRequest): Promise<Admission> {
     const now = this.#now();
-    if (this.#spendCappedDay === utcDay(now)) {
+    if (this.#sweeper.spendCappedDay === utcDay(now)) {
       throw apiError('spend_cap', 'the service has reached its daily GPU spend cap; it resumes at the next UTC day', { retryAfter: secondsUntilUtcTurn(now.getTime(), 'day') });
     }
     if (this.#queue.waiting(request.keyId) === 0) {
@@ -213,7 +186,7 @@ export class Metering {
     const day = nextDayOf ? nextDay(nextDayOf) : utcDay(now);
     const keyId = request.keyId;
     const stream = meterStream(keyId, day);
-    await this.#ensureOpened(keyId, day, now);
+    await this.#rollover.ensureOpened(keyId, day, now);
     const current = await request.key(); // the reservation re-check: the key as it is now
     const decision = await this.#handler.decide(
       stream,
@@ -284,50 +257,12 @@ export class Metering {
     this.#queue.wake(keyId);
   }
 
-  // --- the day's meter ------------------------------------------------------------------------
-
-  #ensureOpened(keyId: string, day: string, now: Date): Promise<void> {
-    const stream = meterStream(keyId, day);
-    let opening = this.#opening.get(stream);
-    if (!opening) {
-      opening = (async () => {
-        const { state } = await this.#handler.load(stream, meterDecider);
-        if (state.opened) return;
-        const balance = await this.#openingBalance(keyId, day, now);
-        await this.#handler.handle(stream, { type: 'OpenMeter', opening: balance, now: now.toISOString() }, meterDecider);
-      })().finally(() => this.#opening.delete(stream));
-      this.#opening.set(stream, opening);
-    }
-    return opening;
-  }
-
-  /**
-   * The opening balance: from the key's latest meter day of the last 31, which is closed first (so no
-   * reservation can land there unseen once its balance is read). Another month's day carries only
-   * its running holds and recent starts (they take active slots and count against the rate), not its tokens.
-   * Which of the 31 days have a meter is one read; only those are loaded, latest first.
-   */
-  async #openingBalance(keyId: string, day: string, now: Date): Promise<MeterOpening> {
-    const date = Date.parse(`${day}T00:00:00Z`);
-    const earlierDays = Array.from({ length: 31 }, (_, i) => new Date(date - (i + 1) * 86_400_000).toISOString().slice(0, 10));
-    const versions = await this.#store.streamVersions(earlierDays.map((d) => meterStream(keyId, d)));
-    for (const earlier of earlierDays) {
-      const stream = meterStream(keyId, earlier);
-      if (!versions.get(stream)) continue;
-      const { state } = await this.#handler.load(stream, meterDecider, { fresh: true });
-      if (!state.opened) continue;
-      const closed = await this.#handler.handle(stream, { type: 'CloseMeter', nextDay: day, now: now.toISOString() }, meterDecider);
-      return balanceFrom(keyId, day, earlier, closed.state, now.getTime());
-    }
-    return { key_id: keyId, day, month_input_tokens: 0, month_output_tokens: 0, carried_from: null, carried_holds: [], carried_leases: [], recent_starts: [] };
-  }
-
   // --- settling, expiring ---------------------------------------------------------------------
 
   async #settle(reservation: Reservation, facts: RequestFactsData, usage: Usage): Promise<void> {
     const now = this.#now();
     // The hold stays renewed while the settlement is tried again: the real usage is known here.
-    const stored = await this.#persist(async () => {
+    const stored = await persist(async () => {
       const decision = await this.#handler.decide(
         reservation.stream,
         { type: 'Settle', facts, lease: { holder: this.#holder, waiting: this.#queue.waiting(reservation.keyId) }, now: now.toISOString(), ...usage },
@@ -339,77 +274,15 @@ export class Metering {
       this.#wake(reservation.keyId);
       // A hold carried into a later day is released there by the carried-holds workflow (commands/carried-holds.ts).
       await decision.durable;
-    }, reservation.requestId, 'settlement');
+    }, {
+      giveUpAfterMs: this.#ttlMs / 2,
+      signal: this.#stopping.signal,
+      onRetry: (error) => this.#logger.warn({ err: String(error), request_id: reservation.requestId }, 'settlement could not be stored yet; trying again'),
+    });
     // Not stored: the hold stays until the reaper expires it; the budget stays safe, the usage is charged as the whole hold.
     if (!stored) this.#logger.error({ request_id: reservation.requestId }, 'settlement could not be stored; the reaper will expire the hold');
     this.#running.delete(reservation.requestId);
-    if (usage.cost > 0) void this.#track(this.#checkSpend());
-  }
-
-  /**
-   * Runs a meter write that must survive a passing store failure: tried again with the same command
-   * ids (so it is stored at most once) after 0.25, 0.5, 1, ... s, until it is stored, half the hold's
-   * TTL has passed, or the process stops. True once stored.
-   */
-  async #persist(write: () => Promise<unknown>, requestId: string, what: string): Promise<boolean> {
-    const giveUpAt = Date.now() + this.#ttlMs / 2;
-    for (let pause = 250; ; pause *= 2) {
-      try {
-        await write();
-        return true;
-      } catch (error) {
-        if (this.#stopping.signal.aborted || Date.now() + pause > giveUpAt) return false;
-        this.#logger.warn({ err: String(error), request_id: requestId }, `${what} could not be stored yet; trying again`);
-        const stopped = await sleep(pause, false, { signal: this.#stopping.signal }).catch(() => true);
-        if (stopped) return false;
-      }
-    }
-  }
-
-  /** Renews the holds of requests still running here; expires holds whose request died (anywhere). */
-  async #sweep(): Promise<void> {
-    const now = this.#now();
-    for (const running of this.#running.values()) {
-      if (running.expiresAt - now.getTime() > this.#ttlMs / 2) continue;
-      const expiresAt = now.getTime() + this.#ttlMs;
-      try {
-        await this.#handler.handle(running.stream, { type: 'Renew', requestId: running.requestId, expiresAt: new Date(expiresAt).toISOString(), now: now.toISOString() }, meterDecider);
-        running.expiresAt = expiresAt;
-      } catch (error) {
-        this.#logger.error({ err: String(error), request_id: running.requestId }, 'renewing a hold failed');
-      }
-    }
-    await this.#reap(now).catch((error) => this.#logger.error({ err: String(error) }, 'reaper pass failed'));
-    await this.#checkSpend().catch((error) => this.#logger.error({ err: String(error) }, 'spend check failed'));
-  }
-
-  /** The reaper (commands/timed-workflows.ts): holds past their expiry, from the meter_holds projection, expired. */
-  async #reap(now: Date): Promise<void> {
-    const expired = await expiredHolds(this.#store, now, 500);
-    for (const { stream, command, commandId } of reapHolds({ now: now.toISOString() }, { expired, runningHere: new Set(this.#running.keys()) })) {
-      const outcome = await this.#handler.handle(stream, command, meterDecider, { commandId });
-      if (outcome.accepted && outcome.newEvents.length > 0) {
-        const keyId = meterStreamParts(stream)!.keyId;
-        this.#logger.warn({ request_id: command.requestId, key_id: keyId }, 'reservation expired: its request died with its process');
-        this.#wake(keyId);
-      }
-    }
-  }
-
-  /** The spend watcher (commands/timed-workflows.ts): the day's spend, from the daily_spend projection, reported to the spend decider. */
-  async #checkSpend(): Promise<void> {
-    const now = this.#now();
-    const view = { cap: this.#spendCap, reachedDay: this.#spendCappedDay, spend: 0 };
-    if (view.cap === null || view.reachedDay === utcDay(now)) return;
-    view.spend = (await spendOfDay(this.#store, utcDay(now))).cost;
-    for (const { stream, command, commandId } of watchSpend({ now: now.toISOString() }, view)) {
-      const outcome = await this.#handler.handle(stream, command, spendDecider, { commandId });
-      if (!outcome.accepted || !outcome.state.reached) continue;
-      this.#spendCappedDay = command.day;
-      if (outcome.newEvents.length > 0) {
-        this.#logger.warn({ day: command.day, spend: command.spend, cap: command.cap }, 'daily GPU spend cap reached: the service answers 429 spend_cap until the next UTC day');
-      }
-    }
+    if (usage.cost > 0) void this.#track(this.#sweeper.checkSpend());
   }
 
   #track<T>(work: Promise<T>): Promise<T> {
@@ -427,24 +300,3 @@ function reservationFrom(keyId: string, day: string, stream: string, events: rea
 function nextDay(day: string): string {
   return new Date(Date.parse(`${day}T00:00:00Z`) + 86_400_000).toISOString().slice(0, 10);
 }
-
-/** The one place meter rejections become the contract's errors. */
-export function rejectionToApiError(rejection: MeterRejection): ApiError {
-  switch (rejection.rejected) {
-    case 'key_inactive':
-      return apiError('invalid_api_key', `the API key is ${String(rejection.details?.status ?? 'not active')}`, { status: 403 });
-    case 'rate_limited':
-      return apiError('rate_limited', rejection.message, { retryAfter: Number(rejection.details?.retry_after_seconds ?? 1) });
-    case 'budget_exceeded':
-      return apiError('budget_exceeded', rejection.message, { fields: { budget: rejection.details?.budget }, retryAfter: Number(rejection.details?.retry_after_seconds ?? 60) });
-    case 'at_capacity':
-    case 'queue_full':
-      return apiError('queue_full', rejection.message);
-    case 'duplicate_request':
-      return apiError('invalid_request', 'X-Request-Id is already in use by a running request of this key');
-    case 'meter_not_opened':
-    case 'meter_closed':
-      return new ApiError('internal_error', 'internal error');
-  }
-}
-

@@ -1,0 +1,61 @@
+/**
+ * The day rollover: a key's first reservation of a UTC day opens that day's meter with the
+ * month-to-date balance of its latest earlier meter day (of the last 31), closing that day first so
+ * that no reservation can land there unseen once its balance is read (commands/meter.ts balanceFrom).
+ *
+ * It runs on the request path, before the day's first reservation, not in a processor: a reservation
+ * cannot wait for one. Its steps are idempotent commands in order (close D, then open D + 1 from D's
+ * closed state): a process that dies between them leaves D closed, and the next reservation opens
+ * D + 1 from it. A hold of D that ends after the close is the carried-holds workflow's to release.
+ */
+import type { CommandHandler } from '../command-handler/index.ts';
+import type { EventStore } from '../store/index.ts';
+import { balanceFrom, meterDecider } from '../../commands/index.ts';
+import { meterStream, type MeterOpening } from '../../events/index.ts';
+
+export class DayRollover {
+  readonly #handler: CommandHandler;
+  readonly #store: EventStore;
+  /** Openings under way, by stream: concurrent first reservations of a day wait for one opening. */
+  readonly #opening = new Map<string, Promise<void>>();
+
+  constructor(handler: CommandHandler, store: EventStore) {
+    this.#handler = handler;
+    this.#store = store;
+  }
+
+  /** Resolves once the key's meter for `day` is open. */
+  ensureOpened(keyId: string, day: string, now: Date): Promise<void> {
+    const stream = meterStream(keyId, day);
+    let opening = this.#opening.get(stream);
+    if (!opening) {
+      opening = (async () => {
+        const { state } = await this.#handler.load(stream, meterDecider);
+        if (state.opened) return;
+        const balance = await this.#openingBalance(keyId, day, now);
+        await this.#handler.handle(stream, { type: 'OpenMeter', opening: balance, now: now.toISOString() }, meterDecider);
+      })().finally(() => this.#opening.delete(stream));
+      this.#opening.set(stream, opening);
+    }
+    return opening;
+  }
+
+  /**
+   * The opening balance: from the key's latest meter day of the last 31, closed first. Which of the 31
+   * days have a meter is one read; only those are loaded, latest first.
+   */
+  async #openingBalance(keyId: string, day: string, now: Date): Promise<MeterOpening> {
+    const date = Date.parse(`${day}T00:00:00Z`);
+    const earlierDays = Array.from({ length: 31 }, (_, i) => new Date(date - (i + 1) * 86_400_000).toISOString().slice(0, 10));
+    const versions = await this.#store.streamVersions(earlierDays.map((d) => meterStream(keyId, d)));
+    for (const earlier of earlierDays) {
+      const stream = meterStream(keyId, earlier);
+      if (!versions.get(stream)) continue;
+      const { state } = await this.#handler.load(stream, meterDecider, { fresh: true });
+      if (!state.opened) continue;
+      const closed = await this.#handler.handle(stream, { type: 'CloseMeter', nextDay: day, now: now.toISOString() }, meterDecider);
+      return balanceFrom(keyId, day, earlier, closed.state, now.getTime());
+    }
+    return { key_id: keyId, day, month_input_tokens: 0, month_output_tokens: 0, carried_from: null, carried_holds: [], carried_leases: [], recent_starts: [] };
+  }
+}

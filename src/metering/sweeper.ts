@@ -1,0 +1,89 @@
+/**
+ * The metering service's sweep, on a timer: it renews the holds of requests still running in this
+ * process (their liveness is this process's to tell), and ticks the timed workflows of
+ * commands/timed-workflows.ts: the reaper (holds past their expiry, from the meter_holds projection,
+ * expired on their own day's stream) and the spend watcher (the day's spend, from the daily_spend
+ * projection, reported to the spend decider, whose rule reaches the cap). Their commands carry ids
+ * derived from what they act on, so a sweep that died half-way is simply done again at the next tick.
+ */
+import type { Logger } from 'pino';
+import type { CommandHandler } from '../command-handler/index.ts';
+import type { EventStore } from '../store/index.ts';
+import { meterDecider, reapHolds, spendDecider, watchSpend } from '../../commands/index.ts';
+import { expiredHolds, spendOfDay } from '../../projections/index.ts';
+import { meterStreamParts, utcDay } from '../../events/index.ts';
+import type { Reservation } from './types.ts';
+
+export interface SweeperOptions {
+  handler: CommandHandler;
+  store: EventStore;
+  logger: Logger;
+  ttlMs: number;
+  spendCap: number | null;
+  /** Holds of requests running in this process, with when each expires as last renewed. */
+  running: Map<string, Reservation & { expiresAt: number }>;
+  now: () => Date;
+  /** A key's hold was expired: its waiting requests may find a slot. */
+  freed(keyId: string): void;
+}
+
+export class Sweeper {
+  readonly #o: SweeperOptions;
+  /** The UTC day whose spend cap is known reached (this process's check, or another's SpendCapReached). */
+  spendCappedDay: string | null = null;
+
+  constructor(options: SweeperOptions) {
+    this.#o = options;
+  }
+
+  async sweep(): Promise<void> {
+    const { logger } = this.#o;
+    const now = this.#o.now();
+    await this.#renew(now);
+    await this.#reap(now).catch((error) => logger.error({ err: String(error) }, 'reaper pass failed'));
+    await this.checkSpend().catch((error) => logger.error({ err: String(error) }, 'spend check failed'));
+  }
+
+  /** The holds of requests running here, in the second half of their time, renewed for a whole TTL. */
+  async #renew(now: Date): Promise<void> {
+    const { handler, ttlMs, running, logger } = this.#o;
+    for (const hold of running.values()) {
+      if (hold.expiresAt - now.getTime() > ttlMs / 2) continue;
+      const expiresAt = now.getTime() + ttlMs;
+      try {
+        await handler.handle(hold.stream, { type: 'Renew', requestId: hold.requestId, expiresAt: new Date(expiresAt).toISOString(), now: now.toISOString() }, meterDecider);
+        hold.expiresAt = expiresAt;
+      } catch (error) {
+        logger.error({ err: String(error), request_id: hold.requestId }, 'renewing a hold failed');
+      }
+    }
+  }
+
+  async #reap(now: Date): Promise<void> {
+    const { handler, store, running, logger } = this.#o;
+    const expired = await expiredHolds(store, now, 500);
+    for (const { stream, command, commandId } of reapHolds({ now: now.toISOString() }, { expired, runningHere: new Set(running.keys()) })) {
+      const outcome = await handler.handle(stream, command, meterDecider, { commandId });
+      if (outcome.accepted && outcome.newEvents.length > 0) {
+        const keyId = meterStreamParts(stream)!.keyId;
+        logger.warn({ request_id: command.requestId, key_id: keyId }, 'reservation expired: its request died with its process');
+        this.#o.freed(keyId);
+      }
+    }
+  }
+
+  /** Reports the day's spend; also run after a settlement that cost something. */
+  async checkSpend(): Promise<void> {
+    const { handler, store, spendCap, logger } = this.#o;
+    const now = this.#o.now();
+    const view = { cap: spendCap, reachedDay: this.spendCappedDay, spend: 0 };
+    if (view.cap === null || view.reachedDay === utcDay(now)) return;
+    view.spend = (await spendOfDay(store, utcDay(now))).cost;
+    for (const { stream, command, commandId } of watchSpend({ now: now.toISOString() }, view)) {
+      const outcome = await handler.handle(stream, command, spendDecider, { commandId });
+      if (!outcome.accepted || !outcome.state.reached) continue;
+      this.spendCappedDay = command.day;
+      if (outcome.newEvents.length > 0) logger.warn({ day: command.day, spend: command.spend, cap: command.cap }, 'daily GPU spend cap reached: the service answers 429 spend_cap until the next UTC day');
+    }
+  }
+}
