@@ -8,13 +8,20 @@ interface CatalogueEntry {
   type: string;
   /** `Retry-After` seconds for retryable errors; a caller may override per error. */
   retryAfter?: number;
-  /** `X-Should-Retry: false` for errors a retry cannot fix. */
+  /** `X-Should-Retry: false` for errors a retry cannot fix (a 429 also gets it when its wait is too long, see below). */
   noRetry?: boolean;
   /** Upstream errors mirror their code in `X-Svc-Upstream-Error-Kind`. */
   upstream?: boolean;
   /** Other statuses the contract gives this code in named situations (a caller picks one with `status`). */
   otherStatuses?: readonly number[];
 }
+
+/**
+ * A 429 whose `Retry-After` is longer than this also says `X-Should-Retry: false`: SDKs (openai's among
+ * them) sleep whatever `Retry-After` says before retrying, and a month's reset is not worth a client's
+ * sleep. `Retry-After` stays, so a client that schedules its own retry still knows when.
+ */
+const longestClientWaitSeconds = 60;
 
 export const errorCatalogue = {
   // 408 and 431 when Node's HTTP parser refuses the request before any route sees it (too slow, headers too large).
@@ -88,7 +95,7 @@ export class ApiError extends Error {
     this.headers = { ...options.headers };
     const retryAfter = options.retryAfter ?? entry.retryAfter;
     if (retryAfter !== undefined) this.headers['retry-after'] = String(retryAfter);
-    if (entry.noRetry) this.headers['x-should-retry'] = 'false';
+    if (entry.noRetry || (this.status === 429 && retryAfter !== undefined && retryAfter > longestClientWaitSeconds)) this.headers['x-should-retry'] = 'false';
     if (entry.upstream) this.headers['x-svc-upstream-error-kind'] = code;
   }
 
