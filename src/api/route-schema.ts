@@ -94,7 +94,7 @@ const errorHeaders = {
   ...upstreamHeaders,
   'X-Svc-Upstream-Error-Kind': Type.String({ description: 'On upstream-error 4xx/5xx; mirrors error.code.' }),
   'Retry-After': Type.Integer({ description: 'Seconds to wait; on retryable 429, 502 and 503.' }),
-  'X-Should-Retry': Type.String({ description: '"false" on responses a retry cannot fix (413, 400 deadline_infeasible, 504).' }),
+  'X-Should-Retry': Type.String({ description: '"false" on responses a retry cannot fix (413, 400 deadline_infeasible, 504) and on a 429 whose Retry-After is over 60 seconds.' }),
 };
 
 interface OkOptions {
