@@ -18,7 +18,8 @@ import { carriedHoldsWorkflow } from '../../commands/carried-holds.ts';
 import { activeSlots, balanceFrom, meterDecider } from '../../commands/meter.ts';
 import { meterStream } from '../../events/meter.ts';
 import { workflowStream } from '../../src/event-sourcing/index.ts';
-import type { EventStore } from '../../src/store/index.ts';
+import type { EventLog, EventStore } from '../../src/store/index.ts';
+import type { ProcessorSources } from '../../src/projection-runner/index.ts';
 import { adaptersUnderTest } from '../store/adapters.ts';
 import { admitRequest } from '../support/admit-request.ts';
 import { within } from '../support/within.ts';
@@ -30,11 +31,11 @@ const D1 = '2026-11-25';
 const usage = { inputTokens: 5, outputTokens: 9, status: 200, latencyMs: 1, gpuSeconds: 0, cost: 0, disconnected: false };
 
 /** One gateway process's metering parts on the shared store, on a clock the test moves. */
-function gatewayProcess(store: EventStore, clock: { now: Date }, processorStore: EventStore = store, handlerOf?: (h: CommandHandler) => CommandHandler) {
+function gatewayProcess(store: EventStore, clock: { now: Date }, sources: ProcessorSources = { store }, handlerOf?: (h: CommandHandler) => CommandHandler) {
   const handler = new CommandHandler({ store });
   const metering = new Metering({ handler, store, logger: pino({ level: 'silent' }), reservationTtlMs: ttlMs, dailySpendCap: null, now: () => clock.now });
   const errors: unknown[] = [];
-  const processor = new WorkflowProcessor({ store: processorStore, handler: handlerOf ? handlerOf(handler) : handler, workflows: [carriedHoldsWorkflow], pollIntervalMs: 100, onError: (_w, e) => errors.push(e) });
+  const processor = new WorkflowProcessor({ ...sources, handler: handlerOf ? handlerOf(handler) : handler, workflows: [carriedHoldsWorkflow], pollIntervalMs: 100, onError: (_w, e) => errors.push(e) });
   return { handler, metering, processor, errors };
 }
 
@@ -150,13 +151,13 @@ for (const adapter of adaptersUnderTest()) {
       const dying = gatewayProcess(
         store,
         clock,
-        new Proxy(store, {
+        { store: new Proxy(store, {
           get(target, property, receiver) {
             if (property === 'transaction' && crash === 'after the commands, before the commit') return async () => Promise.reject(new Error('killed before the commit'));
             const value = Reflect.get(target, property, receiver);
             return typeof value === 'function' ? value.bind(target) : value;
           },
-        }),
+        }) },
         (handler) =>
           new Proxy(handler, {
             get(target, property, receiver) {
@@ -191,6 +192,46 @@ for (const adapter of adaptersUnderTest()) {
       assert.equal(next.errors, []);
     });
   }
+
+  // A log apart from the database (here the same store seen as two objects) cannot record and move the
+  // checkpoint in one transaction: the processor records first, so a death between the two leaves
+  // inputs recorded past the checkpoint, and the next one must pass over them.
+  it('a log apart from the database, a processor that dies after recording, before moving the checkpoint: the next one passes over what it recorded', async ({ store }) => {
+    const keyId = randomUUID().slice(0, 12);
+    const clock = { now: new Date(`${D}T23:59:50Z`) };
+    const gateway = gatewayProcess(store, clock);
+    const x = admitRequest(keyId);
+    const z = admitRequest(keyId);
+    const xAdmission = await admitted(gateway.metering, x);
+    const zAdmission = await admitted(gateway.metering, z);
+    clock.now = new Date(`${D1}T00:00:10Z`);
+    const y = admitRequest(keyId);
+    await gateway.metering.settle(await admitted(gateway.metering, y), y.facts, usage);
+    await gateway.metering.settle(xAdmission, x.facts, usage);
+    await gateway.metering.settle(zAdmission, z.facts, usage);
+
+    const logApart = (): EventLog => ({ ...store });
+    const recordedTypes = async () => (await store.readStream(workflowStream(carriedHoldsWorkflow.name, keyId))).events.map((e) => e.type);
+    const expected = ['WorkflowInputRecorded', 'WorkflowInputRecorded', 'WorkflowCommandSent', 'WorkflowInputRecorded', 'WorkflowCommandSent'];
+    const dying = gatewayProcess(store, clock, {
+      log: logApart(),
+      db: { ...store, transaction: () => Promise.reject(new Error('killed before the checkpoint moved')) },
+    });
+    await dying.processor.start();
+    await until('the processor dying', async () => dying.errors.length > 0, 10_000, 20);
+    await dying.processor.stop();
+    assert.equal(await recordedTypes(), expected, 'recorded before it died');
+
+    const next = gatewayProcess(store, clock, { log: logApart(), db: store });
+    await next.processor.start();
+    await within(10_000, next.processor.caughtUp(), 'the next processor catching up');
+    assert.equal(Object.keys((await meterOf(store, keyId, D1)).holds), [], 'both carried holds released');
+    assert.is(await releasesOn(store, keyId, D1), 2, 'each released once');
+    assert.equal(await recordedTypes(), expected, 'nothing recorded twice');
+    await next.processor.stop();
+    await gateway.metering.stop();
+    assert.equal(next.errors, []);
+  });
 
   it.run();
 }
