@@ -52,6 +52,9 @@ export interface WorkflowProcessorSettings {
   onError?(workflow: string, error: unknown): void;
 }
 
+/** Instances' states kept in memory per workflow (one per key for the carried-holds workflow). */
+const cachedInstances = 10_000;
+
 /** The checkpoint name of a workflow (beside the projections' in the same table). */
 export const checkpointOf = (workflow: { name: string }): string => `workflow:${workflow.name}`;
 
@@ -212,13 +215,18 @@ export class WorkflowProcessor {
   async #instance(running: Running, id: string): Promise<Instance> {
     const stream = workflowStream(running.workflow.name, id);
     let instance = running.instances.get(stream);
-    if (!instance) {
+    if (instance) {
+      running.instances.delete(stream); // most recently used last: the first ones are evicted
+      running.instances.set(stream, instance);
+    } else {
       const read = await this.#log.readStream(stream);
       const messages = read.events.map((e) => messageOf(running.workflow, workflowEvents.parse(e)));
       const state = messages.reduce((folded, message) => running.workflow.evolve(folded, message), running.workflow.initialState());
       const recorded = this.#sources.store ? null : new Set(read.events.map((e) => e.metadata.input_event_id as string));
       instance = { stream, state, version: read.version, recorded };
       running.instances.set(stream, instance);
+      // Bounded: an evicted instance is read from its stream again when an input for it comes.
+      if (running.instances.size > cachedInstances) running.instances.delete(running.instances.keys().next().value!);
     }
     return instance;
   }
