@@ -97,3 +97,34 @@ export class StoreCallInsideTransaction extends Error {
     super(`store.${method} was called inside store.transaction: use the transaction's own query/append/readAll (the transaction holds the embedded store's only connection, and on PostgreSQL the call would run outside the transaction)`);
   }
 }
+
+/**
+ * An append refused before it reached the database: its stream id or an event's type holds a character
+ * a `text` column cannot keep (U+0000, which PostgreSQL refuses, or a lone UTF-16 surrogate, which the
+ * driver would store as U+FFFD). Only this append fails; nothing of it is sent.
+ */
+export class InvalidEvent extends TypeError {
+  override name = 'InvalidEvent';
+  constructor(
+    readonly streamId: string,
+    readonly field: 'stream_id' | 'event_type',
+  ) {
+    super(`append to stream ${JSON.stringify(streamId)}: the ${field === 'stream_id' ? 'stream id' : 'event type'} holds U+0000 or a lone surrogate, which the store cannot keep`);
+  }
+}
+
+/**
+ * The database refused to store an append's values (PostgreSQL's 22P05, 22021 or 22P02: a character
+ * or a value its types cannot hold). The store escapes what `jsonb` refuses and checks stream ids and
+ * types before they are sent, so this is a fault of the store, not of the caller's strings.
+ */
+export class EventNotStorable extends Error {
+  override name = 'EventNotStorable';
+  constructor(
+    readonly streamId: string,
+    readonly sqlState: string,
+    options?: { cause?: unknown },
+  ) {
+    super(`append to stream ${JSON.stringify(streamId)}: the database refused its values (${sqlState}): ${(options?.cause as Error | undefined)?.message ?? ''}`, options);
+  }
+}

@@ -5,12 +5,15 @@
  * waits on another batch's row lock.
  */
 import { StoreUnavailable } from './errors.ts';
+import type { EncodedEvents } from './event-encoding.ts';
 import type { AppendResult, ExpectedVersion, NewEvent } from './types.ts';
 
 export interface PendingAppend {
   streamId: string;
   events: readonly NewEvent[];
   expected: ExpectedVersion;
+  /** The events' data and metadata, serialized when the append was made (so a value JSON cannot hold fails its caller alone). */
+  encoded: EncodedEvents;
 }
 
 export type AppendOutcome = { ok: AppendResult } | { error: Error };

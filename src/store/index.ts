@@ -20,6 +20,8 @@ export {
   AppendNotFirstWrite,
   StoreCallInsideTransaction,
   TransactionRolledBack,
+  InvalidEvent,
+  EventNotStorable,
 } from './errors.ts';
 export { comparePositions, formatPosition } from './position.ts';
 

@@ -3,7 +3,8 @@
  * (infra/migrations), one append function, one reading rule for the global log.
  */
 import { AsyncLocalStorage } from 'node:async_hooks';
-import { AppendNotFirstWrite, DuplicateEventId, StoreCallInsideTransaction, StoreClosed, WrongExpectedVersion } from './errors.ts';
+import { AppendNotFirstWrite, DuplicateEventId, EventNotStorable, InvalidEvent, StoreCallInsideTransaction, StoreClosed, WrongExpectedVersion } from './errors.ts';
+import { decodeEscaped, encodeEvents, isEscaped, storableText } from './event-encoding.ts';
 import type { PreparedQueryable, SqlDriver } from './driver.ts';
 import { GroupCommitter, type BatchOutcome, type PendingAppend } from './group-commit.ts';
 import { comparePositions } from './position.ts';
@@ -96,11 +97,13 @@ function pause(ms: number, signal: AbortSignal): Promise<void> {
 }
 
 function toEvent(row: EventRow): RecordedEvent {
+  // An event stored escaped (a string jsonb refuses) is restored; the others are handed over as read.
+  const { data, metadata } = isEscaped(row.metadata) ? decodeEscaped(row.data, row.metadata) : row;
   return {
     id: row.event_id,
     type: row.event_type,
-    data: row.data,
-    metadata: row.metadata,
+    data,
+    metadata,
     streamId: row.stream_id,
     streamVersion: Number(row.stream_version),
     globalPosition: { transactionId: Number(row.tx), position: Number(row.global_position) },
@@ -108,8 +111,13 @@ function toEvent(row: EventRow): RecordedEvent {
   };
 }
 
+/**
+ * Refuses, before anything is queued, what would fail in the database: an append that reached a
+ * group-commit batch and failed there would cost every other append of the batch a retry.
+ */
 function validateAppend(streamId: string, events: readonly NewEvent[], expected: ExpectedVersion): void {
   if (typeof streamId !== 'string' || streamId.length === 0) throw new TypeError('append: stream id must be a non-empty string');
+  if (!storableText(streamId)) throw new InvalidEvent(streamId, 'stream_id');
   if (!Array.isArray(events) || events.length === 0) throw new TypeError(`append to ${streamId}: at least one event is needed`);
   if (typeof expected === 'number' ? !Number.isSafeInteger(expected) || expected < 0 : !['any', 'no_stream', 'stream_exists'].includes(expected)) {
     throw new TypeError(`append to ${streamId}: invalid expected version ${String(expected)}`);
@@ -122,6 +130,9 @@ function validateAppend(streamId: string, events: readonly NewEvent[], expected:
       ids.add(event.id.toLowerCase());
     }
     if (typeof event.type !== 'string' || event.type.length === 0) throw new TypeError(`append to ${streamId}: event type must be a non-empty string`);
+    if (!storableText(event.type)) throw new InvalidEvent(streamId, 'event_type');
+    const metadata: unknown = event.metadata;
+    if (metadata != null && (typeof metadata !== 'object' || Array.isArray(metadata))) throw new TypeError(`append to ${streamId}: event metadata must be an object`);
   }
 }
 
@@ -136,8 +147,8 @@ function batchParams(batch: readonly PendingAppend[]): unknown[] {
   const evOrd: number[] = [];
   const ids: string[] = [];
   const types: string[] = [];
-  const data: unknown[] = [];
-  const meta: unknown[] = [];
+  const data: string[] = [];
+  const meta: string[] = [];
   batch.forEach((append, i) => {
     streams.push(append.streamId);
     expected.push(typeof append.expected === 'number' ? append.expected : expectedCode[append.expected]);
@@ -147,11 +158,12 @@ function batchParams(batch: readonly PendingAppend[]): unknown[] {
       evOrd.push(j + 1);
       ids.push(event.id);
       types.push(event.type);
-      data.push(event.data ?? null);
-      meta.push(event.metadata ?? {});
     });
+    // serialized (and escaped where needed) once, when the append was made
+    data.push(append.encoded.data);
+    meta.push(append.encoded.metadata);
   });
-  return [streams, expected, counts, evAppend, evOrd, ids, types, JSON.stringify(data), JSON.stringify(meta)];
+  return [streams, expected, counts, evAppend, evOrd, ids, types, `[${data.join(',')}]`, `[${meta.join(',')}]`];
 }
 
 function toOutcome(append: PendingAppend, row: BatchRow): BatchOutcome {
@@ -177,6 +189,9 @@ function toOutcome(append: PendingAppend, row: BatchRow): BatchOutcome {
   }
 }
 
+/** untranslatable_character (`\u0000` in jsonb), character_not_in_repertoire (NUL in text), invalid_text_representation. */
+const refusedValueCodes = new Set(['22P05', '22021', '22P02']);
+
 const appendBatchSql = `SELECT idx, outcome, version, last_position, last_tx
   FROM svc_append_batch($1::text[], $2::bigint[], $3::int[], $4::int[], $5::int[], $6::uuid[], $7::text[], $8::jsonb, $9::jsonb)`;
 
@@ -188,6 +203,8 @@ async function runBatch(db: PreparedQueryable, batch: readonly PendingAppend[]):
   } catch (error) {
     const code = (error as { code?: string }).code;
     if (code === 'SVA01' || code === 'SVA02') throw new AppendNotFirstWrite(batch[0].streamId, code === 'SVA01' ? 'wrote_first' : 'newer_writer');
+    // A value the database's types refuse: typed, and (retried alone by the group commit) failing only its own append.
+    if (code !== undefined && refusedValueCodes.has(code)) throw new EventNotStorable(batch.length === 1 ? batch[0].streamId : '(batch)', code, { cause: error });
     throw error;
   }
   return batch.map((append, i) => toOutcome(append, rows[i]));
@@ -359,7 +376,7 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
     async append(streamId, events, expected) {
       ensureOpen('append');
       validateAppend(streamId, events, expected);
-      return committer.append({ streamId, events, expected });
+      return committer.append({ streamId, events, expected, encoded: encodeEvents(events) });
     },
 
     async readStream(streamId, { fromVersion = 1, limit } = {}) {
@@ -428,8 +445,9 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
           readAll: (after, limit) => readAllOn(tx, after, limit),
           async append(streamId, events, expected): Promise<AppendResult> {
             validateAppend(streamId, events, expected);
+            const encoded = encodeEvents(events);
             for (;;) {
-              const [outcome] = await runBatch(tx, [{ streamId, events, expected }]);
+              const [outcome] = await runBatch(tx, [{ streamId, events, expected, encoded }]);
               if ('retry' in outcome) continue; // another process's append to this stream went first; `any` goes on top
               if ('error' in outcome) throw outcome.error;
               appended ||= !outcome.ok.idempotent;

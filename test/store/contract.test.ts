@@ -12,6 +12,7 @@ import * as assert from 'uvu/assert';
 import {
   AppendNotFirstWrite,
   DuplicateEventId,
+  InvalidEvent,
   StoreCallInsideTransaction,
   StoreUnavailable,
   TransactionRolledBack,
@@ -885,6 +886,123 @@ for (const adapter of adaptersUnderTest()) {
     } finally {
       await through.close();
       await proxy.close();
+    }
+  });
+
+  it('an event whose strings jsonb refuses (U+0000, lone surrogates, the escape character, in values and keys) shares a group commit with ordinary appends, none of which fails, and reads back byte for byte everywhere', async ({ store }) => {
+    const batchErrors: unknown[] = [];
+    const writer = await adapter.open({ onBatchError: (error) => batchErrors.push(error) });
+    try {
+      const start = await settledHead(writer);
+      const strings = ['x\u0000y', '\u0000', '\ud800', 'a\udc00b', '\udbff\u0000\udfff', '\uE000', '\uE0000000', '\uE000escaped', '\\u0000', '\\\u0000', '\\ud800', '😀 שלום \u202e end', 'ünïcødé', '\u0001\u001f'];
+      const hostileData = {
+        user: 'x\u0000y',
+        nested: { '\u0000key': ['\ud800', { '\uE000': '\udfff', deeper: strings }], ok: 1.5, nothing: null },
+        ...Object.fromEntries(strings.map((text, i) => [`${text}#${i}`, text])),
+      };
+      const hostileMetadata = { request_id: 'r-\u0000', '\ud83d': 'lone high as a key', 'emoji 😀': '\uE000', nested: { s: strings }, ['__proto__']: 'x\u0000' };
+      const hostile = [
+        event('Hostile', hostileData, hostileMetadata),
+        event('Hostile', { plain: 'no escaping needed, but the caller uses the mark as a key' }, { '\uE000escaped': 1, other: '\uE000' }),
+        event('Hostile', ['\u0000', { '': '\ud800' }], {}),
+        event('Plain', { esc: '\uE0000000 kept as sent in an unmarked event', emoji: '😀' }),
+      ];
+      const hostileStreams = hostile.map(() => uniqueStream('hostile'));
+      const ordinaryStreams = Array.from({ length: 24 }, () => uniqueStream('ordinary'));
+      // all queued in one turn: they leave together in one or two group-commit batches
+      const appends = [
+        ...ordinaryStreams.slice(0, 12).map((s, i) => writer.append(s, [event('Ordinary', { i })], 'no_stream')),
+        ...hostile.map((e, i) => writer.append(hostileStreams[i], [e], 'no_stream')),
+        ...ordinaryStreams.slice(12).map((s, i) => writer.append(s, [event('Ordinary', { i: i + 12 })], 'no_stream')),
+      ];
+      const results = await Promise.allSettled(appends);
+      assert.equal(results.filter((r) => r.status === 'rejected'), [], 'no append fails');
+      assert.equal(batchErrors, [], 'no batch failed (so none was retried append by append)');
+      // and inside a transaction
+      const txStream = uniqueStream('hostile');
+      const txEvent = event('Hostile', { in: 'a transaction', s: strings }, { s: '\u0000' });
+      await writer.transaction((tx) => tx.append(txStream, [txEvent], 'no_stream'));
+
+      const expected = new Map([...hostile, txEvent].map((e) => [e.id, { data: e.data, metadata: e.metadata ?? {} }]));
+      const same = (read: RecordedEvent[], how: string) => {
+        const found = read.filter((e) => expected.has(e.id));
+        assert.is(found.length, expected.size, `${how}: every event read`);
+        for (const e of found) assert.equal({ data: e.data, metadata: e.metadata }, expected.get(e.id), `${how}: ${e.id} byte for byte`);
+      };
+      const streamReads = await Promise.all([...hostileStreams, txStream].map((s) => writer.readStream(s)));
+      same(streamReads.flatMap((r) => r.events), 'readStream');
+      same(await readEverythingAfter(writer, start), 'readAll');
+      same(await writer.transaction((tx) => tx.readAll(start, 1000)), 'a transaction\'s readAll');
+      const handed: RecordedEvent[] = [];
+      const subscription = writer.subscribe({ after: start, handle: async (events) => void handed.push(...events) });
+      await within(waitLimitMs, subscription.caughtUp(), 'the subscription catches up');
+      await subscription.stop();
+      same(handed, 'a subscription');
+      // a skipping subscription reads the marked events' metadata as any other's
+      const typed: RecordedEvent[] = [];
+      const typedSubscription = writer.subscribe({ after: start, eventTypes: ['Hostile'], handle: async (events) => void typed.push(...events) });
+      await within(waitLimitMs, typedSubscription.caughtUp(), 'the typed subscription catches up');
+      await typedSubscription.stop();
+      assert.is(typed.filter((e) => expected.has(e.id)).length, 4);
+      assert.ok(typed.every((e) => e.type === 'Hostile'));
+      for (const e of typed.filter((t) => expected.has(t.id))) assert.equal({ data: e.data, metadata: e.metadata }, expected.get(e.id));
+      // the rows as SQL sees them: marked events only (data readers of the table, such as an analyst, see the escaped form)
+      const { rows } = await writer.query<{ event_id: string; marked: boolean }>(
+        `SELECT event_id::text, metadata ? (U&'\\E000' || 'escaped') AS marked FROM events WHERE event_id = ANY($1::uuid[])`,
+        [hostile.map((e) => e.id)],
+      );
+      assert.equal(new Map(rows.map((r) => [r.event_id, r.marked])), new Map(hostile.map((e, i) => [e.id, i < 3])));
+    } finally {
+      await writer.close();
+    }
+  });
+
+  it('a stream id or event type with U+0000 or a lone surrogate is refused with InvalidEvent, alone, before it reaches a batch', async () => {
+    const batchErrors: unknown[] = [];
+    const writer = await adapter.open({ onBatchError: (error) => batchErrors.push(error) });
+    try {
+      const bad: [string, string, 'stream_id' | 'event_type'][] = [
+        [`bad-\u0000-${randomUUID()}`, 'T', 'stream_id'],
+        [`bad-\ud800-${randomUUID()}`, 'T', 'stream_id'],
+        [uniqueStream(), 'T\u0000', 'event_type'],
+        [uniqueStream(), '\udc00T', 'event_type'],
+      ];
+      const ordinary = Array.from({ length: 8 }, () => uniqueStream());
+      const settled = await Promise.allSettled([
+        ...ordinary.slice(0, 4).map((s) => writer.append(s, [event()], 'no_stream')),
+        ...bad.map(([stream, type]) => writer.append(stream, [event(type)], 'any')),
+        ...ordinary.slice(4).map((s) => writer.append(s, [event()], 'no_stream')),
+      ]);
+      assert.ok(settled.slice(0, 4).concat(settled.slice(8)).every((r) => r.status === 'fulfilled'), 'the ordinary appends succeed');
+      settled.slice(4, 8).forEach((r, i) => {
+        assert.is(r.status, 'rejected');
+        const error = (r as PromiseRejectedResult).reason;
+        assert.instance(error, InvalidEvent);
+        assert.is((error as InvalidEvent).field, bad[i][2]);
+      });
+      assert.equal(batchErrors, []);
+      await rejectsWith(writer.transaction((tx) => tx.append(`t-\u0000`, [event()], 'any')), InvalidEvent);
+      const { rows } = await writer.query<{ n: string | number }>(`SELECT count(*) AS n FROM events WHERE stream_id LIKE 'bad-%'`);
+      assert.is(Number(rows[0].n), 0);
+    } finally {
+      await writer.close();
+    }
+  });
+
+  it('a value JSON cannot hold (a BigInt) fails its own append at once, not its batch', async () => {
+    const batchErrors: unknown[] = [];
+    const writer = await adapter.open({ onBatchError: (error) => batchErrors.push(error) });
+    try {
+      const settled = await Promise.allSettled([
+        writer.append(uniqueStream(), [event()], 'no_stream'),
+        writer.append(uniqueStream(), [event('T', { n: 1n })], 'no_stream'),
+        writer.append(uniqueStream(), [event()], 'no_stream'),
+      ]);
+      assert.equal(settled.map((r) => r.status), ['fulfilled', 'rejected', 'fulfilled']);
+      assert.instance((settled[1] as PromiseRejectedResult).reason, TypeError);
+      assert.equal(batchErrors, []);
+    } finally {
+      await writer.close();
     }
   });
 

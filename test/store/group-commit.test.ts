@@ -10,6 +10,7 @@ const append = (streamId: string, events = 1): PendingAppend => ({
   streamId,
   events: Array.from({ length: events }, (_, i) => ({ id: `${streamId}-${i}`, type: 'T', data: {} })),
   expected: 'any',
+  encoded: { data: '', metadata: '' },
 });
 
 /** A fake database: records batches; each batch completes when the test says so. */
