@@ -3,16 +3,24 @@
  * the model's price. Pure: the route passes in what the relay saw, the request's shape and the clock.
  */
 
-/** Where a settlement's token counts come from. */
-export type BillingBasisName =
-  /** The engine's own usage object (a body or usage frame that came through whole). */
-  | 'engine_usage'
-  /** A stream that broke off: the prompt plus one output token per content frame relayed. */
-  | 'relayed_frames'
-  /** A non-streaming body that broke off: it cannot say how far generation got, so the whole hold. */
-  | 'whole_hold'
-  /** The engine never answered (an error before its response): no tokens. */
-  | 'not_run';
+import type { BillingBasisName } from '../events/meter.ts';
+
+/**
+ * Where a settlement's token counts come from: `engine_usage` (the engine's own usage object, a body
+ * or usage frame that came through whole), `relayed_frames` (a stream that broke off: the prompt plus
+ * one output token per content frame relayed), `whole_hold` (a non-streaming body that broke off: it
+ * cannot say how far generation got), `not_run` (the engine never answered: no tokens).
+ */
+export type { BillingBasisName };
+
+/** An amount of the configured currency unit in integer micro-units (the configuration's prices and cap are decimals). */
+export const toMicros = (amount: number): number => Math.round(amount * 1e6);
+
+/**
+ * The exact charge of `gpuSeconds` at `priceMicros` per GPU-second: rounded once, half up, to a
+ * micro-unit. An auditor recomputes it from the two numbers a settlement records.
+ */
+export const chargeMicros = (gpuSeconds: number, priceMicros: number): number => Math.floor(gpuSeconds * priceMicros + 0.5);
 
 /** What the usage relay learnt on the way through (src/api/usage-relay.ts, RelayedUsage). */
 export interface RelayedOutcome {
@@ -37,7 +45,10 @@ export interface BillingBasis {
   /** True when the client left before the end (billed for what was generated). */
   readonly disconnected: boolean;
   readonly gpuSeconds: number;
-  readonly cost: number;
+  /** The model's price per GPU-second applied, in micro-units. */
+  readonly pricePerGpuSecondMicros: number;
+  /** gpuSeconds × the price, in micro-units (chargeMicros). */
+  readonly costMicros: number;
 }
 
 /**
@@ -46,7 +57,8 @@ export interface BillingBasis {
  * GPU seconds are billed on every basis: the backend was held for them either way.
  */
 export function billingBasis(relayed: RelayedOutcome | null, request: BilledRequest, gpu: { seconds: number; costPerSecond: number }): BillingBasis {
-  const priced = { gpuSeconds: gpu.seconds, cost: gpu.seconds * gpu.costPerSecond };
+  const price = toMicros(gpu.costPerSecond);
+  const priced = { gpuSeconds: gpu.seconds, pricePerGpuSecondMicros: price, costMicros: chargeMicros(gpu.seconds, price) };
   if (relayed === null) return { basis: 'not_run', inputTokens: 0, outputTokens: 0, disconnected: false, ...priced };
   const disconnected = !relayed.completed;
   if (relayed.usage) {

@@ -17,11 +17,13 @@ import {
   QueueLeft,
   RequestQueued,
   RequestRejected,
+  LateUsageRecorded,
   ReservationExpired,
   ReservationRenewed,
   SlotLeaseRenewed,
   SlotsLeased,
   UsageSettled,
+  type BillingBasisName,
   type MeterEvent,
   type MeterOpening,
   type RequestFactsData,
@@ -73,6 +75,11 @@ export interface MeterState {
   readonly leases: Readonly<Record<string, Lease>>;
   /** Requests waiting for a slot, by request id; one whose process stopped renewing it (lapsed) counts for nothing. */
   readonly queue: Readonly<Record<string, QueueEntry>>;
+  /**
+   * Request ids whose hold expired on this stream and whose settlement has not come: one that comes
+   * late is recorded (LateUsageRecorded), once. Expiries are rare (a dead or starved process), so this stays small.
+   */
+  readonly expired: readonly string[];
 }
 
 export type BudgetName = 'monthly_token_budget' | 'daily_token_budget' | 'monthly_input_token_budget' | 'monthly_output_token_budget';
@@ -90,7 +97,8 @@ export type MeterCommand =
       choices: number;
       budgets: KeyBudgetValues;
       keyStatus: KeyStatus;
-      limits: { maxActive: number; perMinute: number };
+      /** maxQueued, when given, is recorded with the reservation (the queue bound is applied by Queue). */
+      limits: { maxActive: number; perMinute: number; maxQueued?: number };
       ttlMs: number;
       /** Reserve within this process's slot lease, taking or growing it when it has no room (absent: a slot of its own). */
       lease?: { holder: string; ttlMs: number };
@@ -105,7 +113,11 @@ export type MeterCommand =
       status: number;
       latencyMs: number;
       gpuSeconds: number;
-      cost: number;
+      /** The charge in micro-units (commands/billing.ts, chargeMicros) and the price per GPU-second it applied (null: nothing was priced). */
+      costMicros: number;
+      pricePerGpuSecondMicros: number | null;
+      /** What the token counts rest on (commands/billing.ts). */
+      basis: BillingBasisName;
       disconnected: boolean;
       /** The settling process, and how many more of the key's requests it has waiting: its lease shrinks to what it still needs. */
       lease?: { holder: string; waiting: number };
@@ -114,7 +126,18 @@ export type MeterCommand =
   | { type: 'CloseMeter'; nextDay: string; now: string }
   | { type: 'Expire'; requestId: string; now: string }
   | { type: 'ReleaseCarried'; requestId: string; day: string; inputTokens: number; outputTokens: number; now: string }
-  | { type: 'RecordRejection'; facts: RequestFactsData; code: string; status: number; inputTokens: number; latencyMs: number; now: string }
+  | {
+      type: 'RecordRejection';
+      facts: RequestFactsData;
+      code: string;
+      status: number;
+      inputTokens: number;
+      latencyMs: number;
+      /** The budget or limit that refused (null: another refusal), and the Retry-After given (null: none). */
+      refusedBy: string | null;
+      retryAfterSeconds: number | null;
+      now: string;
+    }
   /** A request refused `at_capacity` waits for a slot, in the holder's queue, if the key's queue has room. */
   | { type: 'Queue'; requestId: string; holder: string; maxQueued: number; ttlMs: number; now: string }
   /** The holder's requests still waiting: their entries stand another TTL. */
@@ -129,7 +152,7 @@ const budgetNames: readonly BudgetName[] = ['monthly_token_budget', 'daily_token
 
 export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRejection> = {
   events: meterEvents,
-  initialState: () => ({ opened: false, closed: false, day: null, monthInput: 0, monthOutput: 0, todayInput: 0, todayOutput: 0, holds: {}, starts: StartWindow.empty, leases: {}, queue: {} }),
+  initialState: () => ({ opened: false, closed: false, day: null, monthInput: 0, monthOutput: 0, todayInput: 0, todayOutput: 0, holds: {}, starts: StartWindow.empty, leases: {}, queue: {}, expired: [] }),
   evolve(state, event) {
     switch (event.type) {
       case 'MeterOpened': {
@@ -152,6 +175,7 @@ export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRe
           starts: StartWindow.of(d.recent_starts),
           leases,
           queue: Object.fromEntries(d.carried_queue.map((q) => [q.request_id, { holder: q.holder, at: q.at, expiresAt: q.expires_at }])),
+          expired: [],
         };
       }
       case 'BudgetReserved': {
@@ -160,7 +184,9 @@ export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRe
         const hold: Hold = { input: d.input_tokens, output: d.output_tokens, day: state.day ?? utcDay(d.at), at: d.at, expiresAt: d.expires_at, lease: d.lease_holder };
         // A waiting request's reservation takes it out of the queue.
         const queue = state.queue[d.request_id] ? withoutEntry(state.queue, d.request_id) : state.queue;
-        return { ...state, holds: { ...state.holds, [d.request_id]: hold }, starts: state.starts.since(at - minuteMs).with(at), queue };
+        // A request id reused after its hold expired: a settlement under it now settles the new hold.
+        const expired = state.expired.includes(d.request_id) ? state.expired.filter((id) => id !== d.request_id) : state.expired;
+        return { ...state, holds: { ...state.holds, [d.request_id]: hold }, starts: state.starts.since(at - minuteMs).with(at), queue, expired };
       }
       case 'SlotsLeased':
         return { ...state, leases: { ...state.leases, [event.data.holder]: { slots: event.data.slots, expiresAt: event.data.expires_at } } };
@@ -173,8 +199,14 @@ export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRe
         return hold ? { ...state, holds: { ...state.holds, [event.data.request_id]: { ...hold, expiresAt: event.data.expires_at } } } : state;
       }
       case 'UsageSettled':
-      case 'ReservationExpired':
         return charge(state, event.data.request_id, event.data.input_tokens, event.data.output_tokens, { month: true, today: true });
+      case 'ReservationExpired': {
+        const charged = charge(state, event.data.request_id, event.data.input_tokens, event.data.output_tokens, { month: true, today: true });
+        return { ...charged, expired: [...state.expired, event.data.request_id] };
+      }
+      case 'LateUsageRecorded':
+        // Charges nothing: the expiry charged the whole hold.
+        return { ...state, expired: state.expired.filter((id) => id !== event.data.request_id) };
       case 'CarriedHoldReleased':
         // Charged on its own day's stream already; it counts in this month only if that day is in it.
         return charge(state, event.data.request_id, event.data.input_tokens, event.data.output_tokens, { month: sameMonth(event.data.day, state.day), today: false });
@@ -215,20 +247,13 @@ export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRe
       }
       case 'Settle': {
         const hold = state.holds[command.facts.request_id];
-        // Settled or expired already (a resend, or a request that outlived its hold): nothing more to charge.
-        if (!hold || hold.day !== state.day) return [];
-        // The facts spread last: V8 builds `{ ...a, x, y }` property by property, several times slower.
-        const settled = UsageSettled({
-          input_tokens: command.inputTokens,
-          output_tokens: command.outputTokens,
-          status: command.status,
-          latency_ms: command.latencyMs,
-          gpu_seconds: command.gpuSeconds,
-          cost: command.cost,
-          disconnected: command.disconnected,
-          at: command.now,
-          ...command.facts,
-        });
+        if (!hold || hold.day !== state.day) {
+          // A request that outlived its hold: its real usage is recorded next to what the expiry charged, once.
+          if (!hold && state.expired.includes(command.facts.request_id)) return LateUsageRecorded(settlementFacts(command));
+          // Settled already (a resend), or a hold carried from another day (settled there): nothing to charge here.
+          return [];
+        }
+        const settled = UsageSettled(settlementFacts(command));
         const shrunk = command.lease && hold.lease === command.lease.holder ? shrinkLease(state, command.lease.holder, command.lease.waiting, command.now) : null;
         const ended = endedAfterClose(state, command.facts.request_id, command.inputTokens, command.outputTokens, command.now);
         return shrunk || ended ? [settled, ...(shrunk ? [shrunk] : []), ...(ended ? [ended] : [])] : settled;
@@ -264,7 +289,16 @@ export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRe
         if (state.closed) return reject('meter_closed', `meter day ${state.day} is closed: its queue was carried into the next day`);
         return state.queue[command.requestId] ? QueueLeft({ request_id: command.requestId, at: command.now }) : [];
       case 'RecordRejection':
-        return RequestRejected({ code: command.code, status: command.status, input_tokens: command.inputTokens, latency_ms: command.latencyMs, at: command.now, ...command.facts });
+        return RequestRejected({
+          code: command.code,
+          status: command.status,
+          input_tokens: command.inputTokens,
+          latency_ms: command.latencyMs,
+          at: command.now,
+          refused_by: command.refusedBy,
+          retry_after_seconds: command.retryAfterSeconds,
+          ...command.facts,
+        });
       default: {
         const unhandled: never = command;
         throw new Error(`unknown meter command ${JSON.stringify(unhandled)}`);
@@ -272,6 +306,25 @@ export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRe
     }
   },
 };
+
+/** What a settlement records: the engine's usage, the GPU time, its price and exact charge, the basis. */
+function settlementFacts(command: Extract<MeterCommand, { type: 'Settle' }>) {
+  // The facts spread last: V8 builds `{ ...a, x, y }` property by property, several times slower.
+  return {
+    input_tokens: command.inputTokens,
+    output_tokens: command.outputTokens,
+    status: command.status,
+    latency_ms: command.latencyMs,
+    gpu_seconds: command.gpuSeconds,
+    cost: command.costMicros / 1e6,
+    disconnected: command.disconnected,
+    at: command.now,
+    cost_micros: command.costMicros,
+    price_per_gpu_second_micros: command.pricePerGpuSecondMicros,
+    basis: command.basis,
+    ...command.facts,
+  };
+}
 
 /**
  * The balance day `day` opens with, taken from the key's previous meter day `earlier` (closed, so
@@ -521,7 +574,14 @@ function reserve(command: Extract<MeterCommand, { type: 'Reserve' }>, state: Met
     at: command.now,
     expires_at: new Date(now + command.ttlMs).toISOString(),
     lease_holder: holder,
-    ...command.facts, // last: see Settle
+    budgets: {
+      monthly_token_budget: command.budgets.monthly_token_budget,
+      daily_token_budget: command.budgets.daily_token_budget,
+      monthly_input_token_budget: command.budgets.monthly_input_token_budget,
+      monthly_output_token_budget: command.budgets.monthly_output_token_budget,
+    },
+    limits: { max_active: command.limits.maxActive, per_minute: command.limits.perMinute, max_queued: command.limits.maxQueued ?? null },
+    ...command.facts, // last: see settlementFacts
   });
   return leased ? [leased, reserved] : reserved;
 }

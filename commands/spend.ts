@@ -2,10 +2,12 @@
  * The spend decider: the service's daily GPU spend cap, reached at most once per UTC day (stream
  * `spend-<yyyy-mm-dd>`). The rule is here: a day's spend at or over the cap reaches it; under it, or
  * with no cap, nothing happens. The spend itself is read from the daily_spend projection and passed in.
+ * Both are integer micro-units of the configured currency unit, so the comparison is exact.
  */
 import type { Decider } from '../src/event-sourcing/index.ts';
 import { SpendCapReached, spendEvents, type SpendEvent } from '../events/spend.ts';
 
+/** `spend` and `cap` in integer micro-units (daily_spend.cost_micros; SVC_DAILY_SPEND_CAP × 1e6, rounded). */
 export type SpendCommand = { type: 'CheckSpend'; day: string; spend: number; cap: number | null; now: string };
 
 export const spendDecider: Decider<{ reached: boolean }, SpendCommand, SpendEvent> = {
@@ -14,6 +16,7 @@ export const spendDecider: Decider<{ reached: boolean }, SpendCommand, SpendEven
   evolve: () => ({ reached: true }),
   decide(command, state) {
     if (state.reached || command.cap === null || command.spend < command.cap) return [];
-    return SpendCapReached({ day: command.day, spend: command.spend, cap: command.cap, at: command.now });
+    if (!Number.isSafeInteger(command.spend) || !Number.isSafeInteger(command.cap)) throw new RangeError('CheckSpend takes the spend and the cap in integer micro-units');
+    return SpendCapReached({ day: command.day, spend: command.spend / 1e6, cap: command.cap / 1e6, at: command.now, spend_micros: command.spend, cap_micros: command.cap });
   },
 };

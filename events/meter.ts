@@ -94,6 +94,22 @@ const RequestFacts = {
   workload: Nullable(Type.Union([Type.Literal('interactive'), Type.Literal('batch')])),
 };
 
+/** The four token budgets a reservation was decided under (null: unlimited). */
+const DecidedBudgets = Type.Object(
+  {
+    monthly_token_budget: Nullable(Tokens),
+    daily_token_budget: Nullable(Tokens),
+    monthly_input_token_budget: Nullable(Tokens),
+    monthly_output_token_budget: Nullable(Tokens),
+  },
+  { additionalProperties: false },
+);
+/** The per-key limits a reservation was decided under: active slots, request starts per minute, queued requests. */
+const DecidedLimits = Type.Object(
+  { max_active: Type.Integer({ minimum: 0 }), per_minute: Type.Integer({ minimum: 0 }), /** null: not given to the decision. */ max_queued: Nullable(Type.Integer({ minimum: 0 })) },
+  { additionalProperties: false },
+);
+
 export const BudgetReserved = defineEvent(
   'BudgetReserved',
   Type.Object(
@@ -112,10 +128,21 @@ export const BudgetReserved = defineEvent(
       expires_at: Instant,
       /** The gateway process whose slot lease the request runs under (null: it takes a slot of its own). */
       lease_holder: Nullable(Type.String()),
+      /** The key's token budgets the reservation was decided under (a null budget: unlimited; null: unknown, written before they were recorded). */
+      budgets: Nullable(DecidedBudgets),
+      /** The per-key limits it was decided under (null: unknown, written before they were recorded). */
+      limits: Nullable(DecidedLimits),
     },
     { additionalProperties: false },
   ),
-  { version: 2, upcasters: { 1: (data) => ({ ...(data as object), lease_holder: null }) } },
+  {
+    version: 3,
+    upcasters: {
+      1: (data) => ({ ...(data as object), lease_holder: null }),
+      // Version 2 did not record what it was decided under: unknown, not unlimited.
+      2: (data) => ({ ...(data as object), budgets: null, limits: null }),
+    },
+  },
 );
 
 /**
@@ -136,25 +163,47 @@ export const ReservationRenewed = defineEvent(
   Type.Object({ request_id: Type.String(), expires_at: Instant, at: Instant }, { additionalProperties: false }),
 );
 
-export const UsageSettled = defineEvent(
-  'UsageSettled',
-  Type.Object(
-    {
-      ...RequestFacts,
-      input_tokens: Tokens,
-      output_tokens: Tokens,
-      status: Type.Integer(),
-      latency_ms: Type.Number({ minimum: 0 }),
-      /** Backend time billed for the request and its price (cost per GPU-second from the configuration). */
-      gpu_seconds: Type.Number({ minimum: 0 }),
-      cost: Type.Number({ minimum: 0 }),
-      /** True when the client left before the end (billed for what was generated). */
-      disconnected: Type.Boolean(),
-      at: Instant,
-    },
-    { additionalProperties: false },
-  ),
-);
+/** Where a settlement's token counts come from (commands/billing.ts). */
+export const BillingBasisSchema = Type.Union([Type.Literal('engine_usage'), Type.Literal('relayed_frames'), Type.Literal('whole_hold'), Type.Literal('not_run')]);
+const Micros = Type.Integer({ minimum: 0, description: 'integer micro-units (millionths) of the configured currency unit' });
+
+/** What a settlement records (UsageSettled, and LateUsageRecorded when it came after its hold expired). */
+const SettlementFacts = {
+  ...RequestFacts,
+  input_tokens: Tokens,
+  output_tokens: Tokens,
+  status: Type.Integer(),
+  latency_ms: Type.Number({ minimum: 0 }),
+  /** Backend time billed for the request (the engine call's wall time). */
+  gpu_seconds: Type.Number({ minimum: 0 }),
+  /** cost_micros / 1e6, for readers of the release before micro-units (version 1 of UsageSettled); never summed: money is `cost_micros`. */
+  cost: Type.Number({ minimum: 0 }),
+  /** True when the client left before the end (billed for what was generated). */
+  disconnected: Type.Boolean(),
+  at: Instant,
+  /** The charge, exactly: round half up of gpu_seconds × price_per_gpu_second_micros, once, at settlement. */
+  cost_micros: Micros,
+  /** The model's price per GPU-second applied, in micro-units (null: settled before prices were recorded). */
+  price_per_gpu_second_micros: Nullable(Micros),
+  /** What the token counts rest on (null: settled before the basis was recorded). */
+  basis: Nullable(BillingBasisSchema),
+};
+
+export const UsageSettled = defineEvent('UsageSettled', Type.Object(SettlementFacts, { additionalProperties: false }), {
+  version: 2,
+  upcasters: {
+    // Version 1 stored the cost as a float and neither the price nor the basis: both unknown.
+    1: (data) => ({ ...(data as object), cost_micros: Math.round((data as { cost: number }).cost * 1e6), price_per_gpu_second_micros: null, basis: null }),
+  },
+});
+
+/**
+ * A settlement that came after its hold had expired on this stream (its process fell more than half a
+ * TTL behind on renewals, or its store was down): the real usage, recorded next to what the expiry
+ * charged. It charges no tokens (the expiry charged the whole hold, never less than this), but its
+ * GPU time was spent: it counts in the day's spend.
+ */
+export const LateUsageRecorded = defineEvent('LateUsageRecorded', Type.Object(SettlementFacts, { additionalProperties: false }));
 
 export const ReservationExpired = defineEvent(
   'ReservationExpired',
@@ -189,9 +238,22 @@ export const CarriedHoldEnded = defineEvent(
 export const RequestRejected = defineEvent(
   'RequestRejected',
   Type.Object(
-    { ...RequestFacts, code: Type.String(), status: Type.Integer(), input_tokens: Tokens, latency_ms: Type.Number({ minimum: 0 }), at: Instant },
+    {
+      ...RequestFacts,
+      code: Type.String(),
+      status: Type.Integer(),
+      input_tokens: Tokens,
+      latency_ms: Type.Number({ minimum: 0 }),
+      at: Instant,
+      /** The budget (`monthly_token_budget`, ...) or limit (`per_minute`, `max_queued`, `spend_cap`) that refused; null for any other refusal. */
+      refused_by: Nullable(Type.String()),
+      /** The Retry-After the client was given, in seconds (null: none). */
+      retry_after_seconds: Nullable(Type.Integer({ minimum: 0 })),
+    },
     { additionalProperties: false },
   ),
+  // Version 1 did not record what refused: unknown.
+  { version: 2, upcasters: { 1: (data) => ({ ...(data as object), refused_by: null, retry_after_seconds: null }) } },
 );
 
 /**
@@ -229,6 +291,7 @@ export const meterEvents = eventCatalogue('meter', [
   SlotLeaseRenewed,
   ReservationRenewed,
   UsageSettled,
+  LateUsageRecorded,
   ReservationExpired,
   CarriedHoldReleased,
   CarriedHoldEnded,
@@ -245,6 +308,7 @@ export type MeterEvent =
   | EventOf<typeof BudgetReserved>
   | EventOf<typeof ReservationRenewed>
   | EventOf<typeof UsageSettled>
+  | EventOf<typeof LateUsageRecorded>
   | EventOf<typeof ReservationExpired>
   | EventOf<typeof CarriedHoldReleased>
   | EventOf<typeof CarriedHoldEnded>
@@ -256,6 +320,8 @@ type MeterOpenedData = EventOf<typeof MeterOpened>['data'];
 /** The balance a meter day opens with (no queue carried when absent). */
 export type MeterOpening = Omit<MeterOpenedData, 'at' | 'carried_queue'> & { carried_queue?: MeterOpenedData['carried_queue'] };
 export type RequestFactsData = Pick<EventOf<typeof UsageSettled>['data'], keyof typeof RequestFacts>;
+export type BillingBasisName = EventOf<typeof UsageSettled>['data']['basis'] & string;
+export type DecidedBudgetsData = NonNullable<EventOf<typeof BudgetReserved>['data']['budgets']>;
 
 /** `meter-<keyId>-<yyyy-mm-dd>` for the UTC day of `at`. */
 export const meterStream = (keyId: string, day: string): string => `meter-${keyId}-${day}`;

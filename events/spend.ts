@@ -1,18 +1,33 @@
 /** Stream `spend-<yyyy-mm-dd>`: the service's daily GPU spend cap, reached at most once a day. */
 import { defineEvent, eventCatalogue, Type, type EventOf } from '../src/event-sourcing/index.ts';
 
+const Micros = Type.Integer({ minimum: 0, description: 'integer micro-units (millionths) of the configured currency unit' });
+
 export const SpendCapReached = defineEvent(
   'SpendCapReached',
   Type.Object(
     {
       day: Type.String({ pattern: '^\\d{4}-\\d{2}-\\d{2}$' }),
-      /** The day's spend (from the daily_spend projection) when the cap was found reached, and the cap. */
+      /** spend_micros / 1e6 and cap_micros / 1e6, for readers of the release before micro-units (version 1). */
       spend: Type.Number({ minimum: 0 }),
       cap: Type.Number({ minimum: 0 }),
       at: Type.String({ pattern: '^\\d{4}-\\d{2}-\\d{2}T' }),
+      /** The day's spend (from the daily_spend projection) when the cap was found reached, and the cap, exactly. */
+      spend_micros: Micros,
+      cap_micros: Micros,
     },
     { additionalProperties: false },
   ),
+  {
+    version: 2,
+    upcasters: {
+      // Version 1 compared floats: its figures, to the micro-unit.
+      1: (data) => {
+        const v1 = data as { spend: number; cap: number };
+        return { ...v1, spend_micros: Math.round(v1.spend * 1e6), cap_micros: Math.round(v1.cap * 1e6) };
+      },
+    },
+  },
 );
 
 export const spendEvents = eventCatalogue('spend', [SpendCapReached]);

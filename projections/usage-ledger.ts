@@ -2,7 +2,10 @@
  * `usage_ledger`: one row per request that ended: settled, expired (its process died and the reaper
  * charged the whole hold) or rejected after authentication. Metadata only, never a prompt or a
  * completion. An expiry carries no request facts of its own, so the reservation's facts wait in
- * `usage_ledger_pending` until the request ends.
+ * `usage_ledger_pending` until the request ends. A settlement that came after its hold expired
+ * (LateUsageRecorded) completes the expiry's row: the charged tokens stay the expiry's, the real
+ * usage goes to `late_input_tokens`/`late_output_tokens`, and the GPU time and its cost are filled in.
+ * Money is exact: `cost_micros` (integer micro-units) and `cost` (the same as numeric(20, 6)).
  */
 import { defineBatchProjection, type Recorded } from '../src/event-sourcing/index.ts';
 import { meterEvents, type MeterEvent, type RequestFactsData } from '../events/meter.ts';
@@ -25,6 +28,11 @@ function factsColumns(facts: RequestFactsData): LedgerRow {
   };
 }
 
+/** Micro-units as an exact decimal string for a numeric(20, 6) column. */
+export function microsToDecimal(micros: number): string {
+  return `${Math.trunc(micros / 1e6)}.${String(micros % 1e6).padStart(6, '0')}`;
+}
+
 /** The measured part of a request that ended with its facts (settled or rejected). */
 interface Outcome {
   input_tokens: number;
@@ -32,7 +40,10 @@ interface Outcome {
   status: number;
   latency_ms: number;
   gpu_seconds: number;
-  cost: number;
+  cost: string;
+  cost_micros: number;
+  price_per_gpu_second_micros: number | null;
+  basis: string | null;
   outcome: 'settled' | 'rejected';
   code: string | null;
   disconnected: boolean;
@@ -64,7 +75,10 @@ function rowOf(event: Recorded<MeterEvent>): LedgerRow {
         status: d.status,
         latency_ms: d.latency_ms,
         gpu_seconds: d.gpu_seconds,
-        cost: d.cost,
+        cost: microsToDecimal(d.cost_micros),
+        cost_micros: d.cost_micros,
+        price_per_gpu_second_micros: d.price_per_gpu_second_micros,
+        basis: d.basis,
         outcome: 'settled',
         code: null,
         disconnected: d.disconnected,
@@ -86,12 +100,36 @@ function rowOf(event: Recorded<MeterEvent>): LedgerRow {
         status: d.status,
         latency_ms: d.latency_ms,
         gpu_seconds: 0,
-        cost: 0,
+        cost: microsToDecimal(0),
+        cost_micros: 0,
+        price_per_gpu_second_micros: null,
+        basis: null,
         outcome: 'rejected',
         code: d.code,
         disconnected: false,
         at: d.at,
       });
+    }
+    case 'LateUsageRecorded': {
+      // What the expiry's row lacked: the real usage (apart from the tokens charged), the GPU time and its cost.
+      const d = event.data;
+      const { keyId, day } = meterDayOf(event.streamId);
+      return {
+        request_id: d.request_id,
+        key_id: keyId,
+        day,
+        status: d.status,
+        latency_ms: d.latency_ms,
+        gpu_seconds: d.gpu_seconds,
+        cost: microsToDecimal(d.cost_micros),
+        cost_micros: d.cost_micros,
+        price_per_gpu_second_micros: d.price_per_gpu_second_micros,
+        basis: d.basis,
+        disconnected: d.disconnected,
+        late_input_tokens: d.input_tokens,
+        late_output_tokens: d.output_tokens,
+        late_at: d.at,
+      };
     }
     default:
       throw new Error(`usage_ledger does not read ${event.type}`);
@@ -102,7 +140,7 @@ export const usageLedgerProjection = defineBatchProjection<MeterEvent>({
   name: 'usage_ledger',
   tables: ['usage_ledger', pending, guardTable('usage_ledger')],
   events: [meterEvents],
-  eventTypes: ['BudgetReserved', 'UsageSettled', 'ReservationExpired', 'RequestRejected'],
+  eventTypes: ['BudgetReserved', 'UsageSettled', 'ReservationExpired', 'RequestRejected', 'LateUsageRecorded'],
   async init(db) {
     await db.query(`CREATE TABLE IF NOT EXISTS usage_ledger (
       request_id text PRIMARY KEY,
@@ -119,12 +157,27 @@ export const usageLedgerProjection = defineBatchProjection<MeterEvent>({
       status integer,
       latency_ms double precision,
       gpu_seconds double precision,
-      cost double precision,
+      cost numeric(20, 6),
       outcome text NOT NULL CHECK (outcome IN ('settled', 'expired', 'rejected')),
       code text,
       disconnected boolean,
       day date NOT NULL,
-      at timestamptz NOT NULL)`);
+      at timestamptz NOT NULL,
+      cost_micros bigint,
+      price_per_gpu_second_micros bigint,
+      basis text,
+      late_input_tokens bigint,
+      late_output_tokens bigint,
+      late_at timestamptz)`);
+    // A table written before money was exact (cost a float): the new columns, its costs to the micro-unit (as the upcaster reads the events).
+    await db.query(`DO $$ BEGIN
+      IF NOT EXISTS (SELECT FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = 'usage_ledger' AND column_name = 'cost_micros') THEN
+        ALTER TABLE usage_ledger ADD COLUMN cost_micros bigint, ADD COLUMN price_per_gpu_second_micros bigint, ADD COLUMN basis text,
+          ADD COLUMN late_input_tokens bigint, ADD COLUMN late_output_tokens bigint, ADD COLUMN late_at timestamptz;
+        UPDATE usage_ledger SET cost_micros = floor(cost * 1e6 + 0.5) WHERE cost IS NOT NULL;
+        ALTER TABLE usage_ledger ALTER COLUMN cost TYPE numeric(20, 6) USING cost_micros / 1000000.0;
+      END IF;
+    END $$`);
     await db.query(`CREATE INDEX IF NOT EXISTS usage_ledger_day_key ON usage_ledger (day, key_id)`);
     await db.query(`CREATE TABLE IF NOT EXISTS ${pending} (
       stream_id text COLLATE "C" NOT NULL, request_id text NOT NULL, facts jsonb NOT NULL, PRIMARY KEY (stream_id, request_id))`);
@@ -156,11 +209,23 @@ export const usageLedgerProjection = defineBatchProjection<MeterEvent>({
        LEFT JOIN fresh y ON f.type = 'ReservationExpired' AND y.pos = f.paired
        CROSS JOIN LATERAL json_populate_record(NULL::usage_ledger,
          CASE WHEN f.type = 'ReservationExpired' THEN (coalesce(x.facts, y.row::jsonb, '{}'::jsonb) || f.row::jsonb)::json ELSE f.row END) r
-       WHERE f.type <> 'BudgetReserved'
+       WHERE f.type NOT IN ('BudgetReserved', 'LateUsageRecorded')
        ORDER BY f.pos
        ON CONFLICT (request_id) DO NOTHING`,
       [batch],
     );
+    // A late settlement completes its expiry's row (inserted by the statement above when in the same batch), once.
+    if (events.some((e) => e.type === 'LateUsageRecorded')) {
+      await db.query(
+        `WITH ${fresh}
+         UPDATE usage_ledger l SET status = r.status, latency_ms = r.latency_ms, gpu_seconds = r.gpu_seconds, cost = r.cost, cost_micros = r.cost_micros,
+           price_per_gpu_second_micros = r.price_per_gpu_second_micros, basis = r.basis, disconnected = r.disconnected,
+           late_input_tokens = r.late_input_tokens, late_output_tokens = r.late_output_tokens, late_at = r.late_at
+         FROM fresh f CROSS JOIN LATERAL json_populate_record(NULL::usage_ledger, f.row) r
+         WHERE f.type = 'LateUsageRecorded' AND l.request_id = f.request_id AND l.key_id = r.key_id AND l.outcome = 'expired' AND l.late_at IS NULL`,
+        [batch],
+      );
+    }
     await db.query(
       `WITH ${fresh}
        INSERT INTO ${pending} (stream_id, request_id, facts)

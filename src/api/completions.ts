@@ -8,7 +8,7 @@ import { apiError, ApiError } from '../errors/index.ts';
 import type { EngineClient, EngineResponse } from '../engine-client/index.ts';
 import type { CompletionContext, PreparedCompletion } from '../completion-request/index.ts';
 import { CompletionRequest, completionRequestError, lowerMaxTokens, prepareValidCompletion } from '../completion-request/index.ts';
-import type { Admission, MeteredKey, Metering, Reservation } from '../metering/index.ts';
+import { refusalOf, type Admission, type MeteredKey, type Metering, type Reservation } from '../metering/index.ts';
 import type { RequestFactsData } from '../../events/index.ts';
 import { billingBasis } from '../../commands/billing.ts';
 import { apiKeySecurity, compileRouteSchema, errorResponses, okResponse } from './route-schema.ts';
@@ -106,7 +106,7 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     // Every request refused after authentication is recorded (metadata only), then answered.
     const refused = (error: unknown, model: string | null, user: string | null, inputTokens: number): unknown => {
       if (key && metering && error instanceof ApiError) {
-        metering.meter.recordRejection(key.keyId, facts(model, user), error.code, error.status, inputTokens, performance.now() - started);
+        metering.meter.recordRejection(key.keyId, facts(model, user), error.code, error.status, inputTokens, performance.now() - started, refusalOf(error));
       }
       return error;
     };
@@ -194,7 +194,9 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
         status,
         latencyMs: performance.now() - started,
         gpuSeconds: billed.gpuSeconds,
-        cost: billed.cost,
+        costMicros: billed.costMicros,
+        pricePerGpuSecondMicros: billed.pricePerGpuSecondMicros,
+        basis: billed.basis,
         disconnected: billed.disconnected,
       });
     };

@@ -27,14 +27,14 @@ import { DayRollover } from './rollover.ts';
 import { persist } from './retry.ts';
 import { rejectionToApiError } from './rejections.ts';
 
-export { rejectionToApiError } from './rejections.ts';
+export { refusalOf, rejectionToApiError } from './rejections.ts';
 
-import type { AdmitRequest, Admission, Reservation, Usage } from './types.ts';
+import { noRefusal, type AdmitRequest, type Admission, type Refusal, type Reservation, type Usage } from './types.ts';
 
-export type { AdmitRequest, Admission, MeteredKey, Reservation, Usage } from './types.ts';
+export type { AdmitRequest, Admission, MeteredKey, Refusal, Reservation, Usage } from './types.ts';
 
 /** The usage of a request answered before it reached the engine (its reservation was not confirmed). */
-const notRun: Usage = { inputTokens: 0, outputTokens: 0, status: 503, latencyMs: 0, gpuSeconds: 0, cost: 0, disconnected: false };
+const notRun: Usage = { inputTokens: 0, outputTokens: 0, status: 503, latencyMs: 0, gpuSeconds: 0, costMicros: 0, pricePerGpuSecondMicros: null, basis: 'not_run', disconnected: false };
 
 export interface MeteringOptions {
   handler: CommandHandler;
@@ -161,12 +161,16 @@ export class Metering {
     return this.#track(this.#settle(reservation, facts, usage));
   }
 
-  /** Records a request refused after authentication (metadata only). Not awaited by the response. */
-  recordRejection(keyId: string, facts: RequestFactsData, code: string, status: number, inputTokens: number, latencyMs: number): void {
+  /**
+   * Records a request refused after authentication (metadata only), with the budget or limit that
+   * refused it and the Retry-After it was given (`refusal`, see rejections.ts). Not awaited by the response.
+   */
+  recordRejection(keyId: string, facts: RequestFactsData, code: string, status: number, inputTokens: number, latencyMs: number, refusal: Refusal = noRefusal): void {
     const now = this.#now();
+    const command = { type: 'RecordRejection' as const, facts, code, status, inputTokens, latencyMs, refusedBy: refusal.refusedBy, retryAfterSeconds: refusal.retryAfterSeconds, now: now.toISOString() };
     void this.#track(
       this.#handler
-        .handle(meterStream(keyId, utcDay(now)), { type: 'RecordRejection', facts, code, status, inputTokens, latencyMs, now: now.toISOString() }, meterDecider, {
+        .handle(meterStream(keyId, utcDay(now)), command, meterDecider, {
           commandId: `rejected:${facts.request_id}`,
           metadata: { request_id: facts.request_id },
           lingerMs: this.#lingerMs,
@@ -199,7 +203,7 @@ export class Metering {
         choices: request.choices,
         budgets: current.budgets,
         keyStatus: current.status,
-        limits: { maxActive: request.limits.maxActive, perMinute: request.limits.perMinute },
+        limits: { maxActive: request.limits.maxActive, perMinute: request.limits.perMinute, maxQueued: request.limits.maxQueued },
         ttlMs: this.#ttlMs,
         lease: { holder: this.#holder, ttlMs: this.#leaseTtlMs },
         now: now.toISOString(),
@@ -282,7 +286,7 @@ export class Metering {
     // Not stored: the hold stays until the reaper expires it; the budget stays safe, the usage is charged as the whole hold.
     if (!stored) this.#logger.error({ request_id: reservation.requestId }, 'settlement could not be stored; the reaper will expire the hold');
     this.#running.delete(reservation.requestId);
-    if (usage.cost > 0) void this.#track(this.#sweeper.checkSpend());
+    if (usage.costMicros > 0) void this.#track(this.#sweeper.checkSpend());
   }
 
   #track<T>(work: Promise<T>): Promise<T> {

@@ -10,6 +10,7 @@ import type { Logger } from 'pino';
 import type { CommandHandler } from '../command-handler/index.ts';
 import type { EventStore } from '../store/index.ts';
 import { meterDecider, reapHolds, spendDecider, watchSpend } from '../../commands/index.ts';
+import { toMicros } from '../../commands/billing.ts';
 import { expiredHolds, spendOfDay } from '../../projections/index.ts';
 import { meterStreamParts, utcDay } from '../../events/index.ts';
 import type { Reservation } from './types.ts';
@@ -76,9 +77,10 @@ export class Sweeper {
   async checkSpend(): Promise<void> {
     const { handler, store, spendCap, logger } = this.#o;
     const now = this.#o.now();
-    const view = { cap: spendCap, reachedDay: this.spendCappedDay, spend: 0 };
+    // In integer micro-units, like daily_spend's cost_micros: the cap is met exactly, not by a float sum.
+    const view = { cap: spendCap === null ? null : toMicros(spendCap), reachedDay: this.spendCappedDay, spend: 0 };
     if (view.cap === null || view.reachedDay === utcDay(now)) return;
-    view.spend = (await spendOfDay(store, utcDay(now))).cost;
+    view.spend = (await spendOfDay(store, utcDay(now))).costMicros;
     for (const { stream, command, commandId } of watchSpend({ now: now.toISOString() }, view)) {
       const outcome = await handler.handle(stream, command, spendDecider, { commandId });
       if (!outcome.accepted || !outcome.state.reached) continue;

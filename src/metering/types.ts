@@ -49,3 +49,10 @@ export interface Admission extends Reservation {
 
 /** What a settlement records besides the request's facts: the meter decider's Settle command, less its envelope. */
 export type Usage = Omit<Extract<MeterCommand, { type: 'Settle' }>, 'type' | 'facts' | 'now'>;
+
+/** What refused a request after authentication, for its record (RequestRejected.refused_by, retry_after_seconds). */
+export interface Refusal {
+  readonly refusedBy: string | null;
+  readonly retryAfterSeconds: number | null;
+}
+export const noRefusal: Refusal = { refusedBy: null, retryAfterSeconds: null };

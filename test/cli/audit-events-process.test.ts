@@ -57,7 +57,7 @@ test('svc audit usage and svc events read/tail as processes: DataDirLocked while
   assert.is(read.code, 0, read.stderr);
   assert.equal(
     read.stdout.trim().split('\n').map((l) => JSON.parse(l).type),
-    ['MeterOpened', 'BudgetReserved', 'UsageSettled', 'BudgetReserved', 'RequestRejected', 'ReservationExpired'],
+    ['MeterOpened', 'BudgetReserved', 'UsageSettled', 'BudgetReserved', 'RequestRejected', 'ReservationExpired', 'LateUsageRecorded'],
   );
 
   const tail = await svc(['events', 'tail', '--from', 'start', '--json'], { lines: 5 });

@@ -61,7 +61,7 @@ for (const adapter of adaptersUnderTest()) {
       [stream, 3, 'UsageSettled'],
     ]);
     assert.equal(events[2].data.output_tokens, 3);
-    assert.is(events[1].metadata.schema_version, 2); // BudgetReserved is at version 2 (it names its slot lease)
+    assert.is(events[1].metadata.schema_version, 3); // BudgetReserved is at version 3 (it records its budgets and limits)
     assert.ok(!Number.isNaN(Date.parse(events[0].recorded_at)));
     assert.match(events[0].global_position, /^\d+\/\d+$/);
   });

@@ -5,14 +5,14 @@
  */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { billingBasis, type BilledRequest, type BillingBasis, type RelayedOutcome } from '../../commands/billing.ts';
+import { billingBasis, chargeMicros, toMicros, type BilledRequest, type BillingBasis, type RelayedOutcome } from '../../commands/billing.ts';
 
 /** Two prompts of 12 tokens in all, n = 3, max_tokens 50 after any clamp: a hold of 2 × 3 × 50 = 300 output tokens. */
 const request = (stream: boolean): BilledRequest => ({ stream, promptTokens: 12, promptCount: 2, n: 3, maxTokens: 50 });
 const gpu = { seconds: 2.5, costPerSecond: 0.004 };
 const engineUsage = { prompt_tokens: 11, completion_tokens: 42 };
 
-const cases: { name: string; relayed: RelayedOutcome | null; stream: boolean; expected: Omit<BillingBasis, 'gpuSeconds' | 'cost'> }[] = [
+const cases: { name: string; relayed: RelayedOutcome | null; stream: boolean; expected: Omit<BillingBasis, 'gpuSeconds' | 'costMicros' | 'pricePerGpuSecondMicros'> }[] = [
   {
     name: 'a body that came through whole: the engine usage',
     relayed: { usage: engineUsage, contentFrames: 0, completed: true },
@@ -73,14 +73,26 @@ const it = suite('billing basis');
 for (const c of cases) {
   it(c.name, () => {
     const billed = billingBasis(c.relayed, request(c.stream), gpu);
-    assert.equal(billed, { ...c.expected, gpuSeconds: 2.5, cost: 2.5 * 0.004 });
+    assert.equal(billed, { ...c.expected, gpuSeconds: 2.5, pricePerGpuSecondMicros: 4000, costMicros: 10_000 });
   });
 }
-it('cost is GPU seconds times the price per second, on every basis', () => {
+it('cost is GPU seconds times the price per second, in integer micro-units, on every basis', () => {
   for (const relayed of [null, { usage: null, contentFrames: 3, completed: false }, { usage: engineUsage, contentFrames: 0, completed: true }]) {
-    assert.is(billingBasis(relayed, request(true), { seconds: 0, costPerSecond: 0.004 }).cost, 0);
-    assert.is(billingBasis(relayed, request(true), { seconds: 10, costPerSecond: 0.25 }).cost, 2.5);
-    assert.is(billingBasis(relayed, request(true), { seconds: 10, costPerSecond: 0 }).cost, 0);
+    assert.is(billingBasis(relayed, request(true), { seconds: 0, costPerSecond: 0.004 }).costMicros, 0);
+    assert.is(billingBasis(relayed, request(true), { seconds: 10, costPerSecond: 0.25 }).costMicros, 2_500_000);
+    assert.is(billingBasis(relayed, request(true), { seconds: 10, costPerSecond: 0 }).costMicros, 0);
+    assert.is(billingBasis(relayed, request(true), { seconds: 10, costPerSecond: 0.25 }).pricePerGpuSecondMicros, 250_000);
   }
+});
+it('the price is taken to the micro-unit and the charge rounded once, half up', () => {
+  assert.is(toMicros(0.0000025), 3); // 2.5 micro-units: half up
+  assert.is(toMicros(0.1 + 0.2), 300_000); // no float residue reaches the price
+  assert.is(chargeMicros(0.5, 3), 2); // 1.5 -> 2
+  assert.is(chargeMicros(0.25, 2), 1); // 0.5 -> 1
+  assert.is(chargeMicros(0.2499, 2), 0);
+  assert.is(chargeMicros(1.2345678, 1_000_000), 1_234_568);
+  const billed = billingBasis(null, request(false), { seconds: 0.3333333, costPerSecond: 0.0123456789 });
+  assert.equal([billed.pricePerGpuSecondMicros, billed.costMicros], [12_346, 4115]);
+  assert.ok(Number.isInteger(billed.costMicros));
 });
 it.run();

@@ -10,6 +10,7 @@ import {
   BudgetReserved,
   CarriedHoldEnded,
   CarriedHoldReleased,
+  LateUsageRecorded,
   MeterClosed,
   MeterOpened,
   meterEvents,
@@ -89,9 +90,21 @@ const reserve = (o: Partial<Omit<Reserve, 'type'>> & { id?: string; budget?: Par
 
 /** The event a Reserve of these figures appends. */
 const reserved = (
-  o: { id?: string; input?: number; applied?: number; requested?: number | null; choices?: number; clampedBy?: string | null; now?: string; ttl?: number; holder?: string | null } = {},
+  o: {
+    id?: string;
+    input?: number;
+    applied?: number;
+    requested?: number | null;
+    choices?: number;
+    clampedBy?: string | null;
+    now?: string;
+    ttl?: number;
+    holder?: string | null;
+    budget?: Partial<KeyBudgetValues>;
+  } = {},
 ) => {
-  const { id = 'r1', input = 10, applied = 100, requested = 100, choices = 1, clampedBy = null, now = noon, ttl = ttlMs, holder = null } = o;
+  const { id = 'r1', input = 10, applied = 100, requested = 100, choices = 1, clampedBy = null, now = noon, ttl = ttlMs, holder = null, budget = {} } = o;
+  const { monthly_harvest_jobs: _jobs, ...budgets } = { ...unlimited, ...budget };
   return BudgetReserved({
     ...facts(id),
     input_tokens: input,
@@ -103,6 +116,8 @@ const reserved = (
     at: now,
     expires_at: iso(ms(now) + ttl),
     lease_holder: holder,
+    budgets,
+    limits: { max_active: limits.maxActive, per_minute: limits.perMinute, max_queued: null },
   });
 };
 
@@ -115,12 +130,14 @@ const settle = (id: string, input: number, output: number, now = at('12:00:30.00
   status: 200,
   latencyMs: 30_000,
   gpuSeconds: 1.5,
-  cost: 0.003,
+  costMicros: 3000,
+  pricePerGpuSecondMicros: 2000,
+  basis: 'engine_usage',
   disconnected: false,
   now,
 });
 const settled = (id: string, input: number, output: number, now = at('12:00:30.000')) =>
-  UsageSettled({ ...facts(id), input_tokens: input, output_tokens: output, status: 200, latency_ms: 30_000, gpu_seconds: 1.5, cost: 0.003, disconnected: false, at: now });
+  UsageSettled({ ...facts(id), input_tokens: input, output_tokens: output, status: 200, latency_ms: 30_000, gpu_seconds: 1.5, cost: 0.003, disconnected: false, at: now, cost_micros: 3000, price_per_gpu_second_micros: 2000, basis: 'engine_usage' });
 
 /** A hold made earlier today and settled with this many tokens: today's (and the month's) usage. */
 const usedToday = (id: string, input: number, output: number): MeterEvent[] => [
@@ -165,11 +182,11 @@ const budgets = suite('meter decider: budgets at their boundaries');
 budgets('monthly total: the month-to-date plus prompt plus max_tokens exactly at the budget fits unclamped', () => {
   // 900 used + 10 prompt + 90 output = 1000.
   const given = [opened({ month_input_tokens: 400, month_output_tokens: 500 })];
-  spec.given(given).when(reserve({ maxTokens: 90, maxTokensRequested: 90, budget: { monthly_token_budget: 1000 } })).then([reserved({ applied: 90, requested: 90 })]);
+  spec.given(given).when(reserve({ maxTokens: 90, maxTokensRequested: 90, budget: { monthly_token_budget: 1000 } })).then([reserved({ budget: { monthly_token_budget: 1000 },  applied: 90, requested: 90 })]);
 });
 budgets('monthly total: one token over is clamped to fit, naming the budget', () => {
   const given = [opened({ month_input_tokens: 400, month_output_tokens: 500 })];
-  spec.given(given).when(reserve({ maxTokens: 91, maxTokensRequested: 91, budget: { monthly_token_budget: 1000 } })).then([reserved({ applied: 90, requested: 91, clampedBy: 'monthly_token_budget' })]);
+  spec.given(given).when(reserve({ maxTokens: 91, maxTokensRequested: 91, budget: { monthly_token_budget: 1000 } })).then([reserved({ budget: { monthly_token_budget: 1000 },  applied: 90, requested: 91, clampedBy: 'monthly_token_budget' })]);
 });
 budgets('monthly total: with several choices the room is divided, rounding down', () => {
   // Room 90 for 4 choices: 22 each (88 held), never 23 (92 > 90).
@@ -177,9 +194,9 @@ budgets('monthly total: with several choices the room is divided, rounding down'
   spec
     .given(given)
     .when(reserve({ maxTokens: 100, choices: 4, budget: { monthly_token_budget: 1000 } }))
-    .then([reserved({ applied: 22, choices: 4, clampedBy: 'monthly_token_budget' })]);
+    .then([reserved({ budget: { monthly_token_budget: 1000 }, applied: 22, choices: 4, clampedBy: 'monthly_token_budget' })]);
   // Exactly one token per choice fits.
-  spec.given([opened({ month_input_tokens: 986 })]).when(reserve({ choices: 4, budget: { monthly_token_budget: 1000 } })).then([reserved({ applied: 1, choices: 4, clampedBy: 'monthly_token_budget' })]);
+  spec.given([opened({ month_input_tokens: 986 })]).when(reserve({ choices: 4, budget: { monthly_token_budget: 1000 } })).then([reserved({ budget: { monthly_token_budget: 1000 },  applied: 1, choices: 4, clampedBy: 'monthly_token_budget' })]);
 });
 budgets('monthly total: when not even one token per choice fits, budget_exceeded names it', () => {
   spec.given([opened({ month_input_tokens: 990 })]).when(reserve({ budget: { monthly_token_budget: 1000 } })).thenRejects('budget_exceeded', { budget: 'monthly_token_budget' });
@@ -187,7 +204,7 @@ budgets('monthly total: when not even one token per choice fits, budget_exceeded
   spec.given([opened({ month_output_tokens: 1000 })]).when(reserve({ inputTokens: 0, budget: { monthly_token_budget: 1000 } })).thenRejects('budget_exceeded', { budget: 'monthly_token_budget' });
   spec.given([opened()]).when(reserve({ inputTokens: 0, budget: { monthly_token_budget: 0 } })).thenRejects('budget_exceeded', { budget: 'monthly_token_budget' });
   // One token left fits a one-token answer.
-  spec.given([opened({ month_input_tokens: 989 })]).when(reserve({ budget: { monthly_token_budget: 1000 } })).then([reserved({ applied: 1, clampedBy: 'monthly_token_budget' })]);
+  spec.given([opened({ month_input_tokens: 989 })]).when(reserve({ budget: { monthly_token_budget: 1000 } })).then([reserved({ budget: { monthly_token_budget: 1000 },  applied: 1, clampedBy: 'monthly_token_budget' })]);
 });
 budgets('monthly total: usage beyond the budget (a lowered budget) rejects, it never goes negative-positive', () => {
   spec.given([opened({ month_input_tokens: 5000 })]).when(reserve({ budget: { monthly_token_budget: 1000 } })).thenRejects('budget_exceeded', { budget: 'monthly_token_budget' });
@@ -196,27 +213,27 @@ budgets('monthly total: usage beyond the budget (a lowered budget) rejects, it n
 budgets('daily: only this UTC day counts, not the month-to-date it opened with', () => {
   // 60 used today, 10 prompt, 30 output = 100; the 9000 of earlier days do not count against the day.
   const given = [opened({ month_input_tokens: 9000 }), ...usedToday('earlier', 20, 40)];
-  spec.given(given).when(reserve({ maxTokens: 30, maxTokensRequested: 30, budget: { daily_token_budget: 100 } })).then([reserved({ applied: 30, requested: 30 })]);
-  spec.given(given).when(reserve({ maxTokens: 31, maxTokensRequested: 31, budget: { daily_token_budget: 100 } })).then([reserved({ applied: 30, requested: 31, clampedBy: 'daily_token_budget' })]);
-  spec.given(given).when(reserve({ maxTokens: 31, choices: 7, budget: { daily_token_budget: 100 } })).then([reserved({ applied: 4, requested: 100, choices: 7, clampedBy: 'daily_token_budget' })]);
+  spec.given(given).when(reserve({ maxTokens: 30, maxTokensRequested: 30, budget: { daily_token_budget: 100 } })).then([reserved({ budget: { daily_token_budget: 100 },  applied: 30, requested: 30 })]);
+  spec.given(given).when(reserve({ maxTokens: 31, maxTokensRequested: 31, budget: { daily_token_budget: 100 } })).then([reserved({ budget: { daily_token_budget: 100 },  applied: 30, requested: 31, clampedBy: 'daily_token_budget' })]);
+  spec.given(given).when(reserve({ maxTokens: 31, choices: 7, budget: { daily_token_budget: 100 } })).then([reserved({ budget: { daily_token_budget: 100 },  applied: 4, requested: 100, choices: 7, clampedBy: 'daily_token_budget' })]);
   spec.given(given).when(reserve({ inputTokens: 40, budget: { daily_token_budget: 100 } })).thenRejects('budget_exceeded', { budget: 'daily_token_budget' });
   spec.given(given).when(reserve({ inputTokens: 36, choices: 5, budget: { daily_token_budget: 100 } })).thenRejects('budget_exceeded', { budget: 'daily_token_budget' });
 });
 
 budgets('monthly input: all or nothing, lowering max_tokens cannot help', () => {
   const given = [opened({ month_input_tokens: 90, month_output_tokens: 5000 })];
-  spec.given(given).when(reserve({ inputTokens: 10, maxTokens: 1000, maxTokensRequested: 1000, budget: { monthly_input_token_budget: 100 } })).then([reserved({ input: 10, applied: 1000, requested: 1000 })]);
+  spec.given(given).when(reserve({ inputTokens: 10, maxTokens: 1000, maxTokensRequested: 1000, budget: { monthly_input_token_budget: 100 } })).then([reserved({ budget: { monthly_input_token_budget: 100 },  input: 10, applied: 1000, requested: 1000 })]);
   spec.given(given).when(reserve({ inputTokens: 11, budget: { monthly_input_token_budget: 100 } })).thenRejects('budget_exceeded', { budget: 'monthly_input_token_budget' });
   spec.given([opened()]).when(reserve({ inputTokens: 1, budget: { monthly_input_token_budget: 0 } })).thenRejects('budget_exceeded', { budget: 'monthly_input_token_budget' });
   // A prompt of 0 tokens fits a spent input budget exactly.
-  spec.given([opened({ month_input_tokens: 100 })]).when(reserve({ inputTokens: 0, budget: { monthly_input_token_budget: 100 } })).then([reserved({ input: 0 })]);
+  spec.given([opened({ month_input_tokens: 100 })]).when(reserve({ inputTokens: 0, budget: { monthly_input_token_budget: 100 } })).then([reserved({ budget: { monthly_input_token_budget: 100 },  input: 0 })]);
 });
 
 budgets('monthly output: max_tokens × choices at the boundary; the prompt does not count', () => {
   const given = [opened({ month_input_tokens: 5000, month_output_tokens: 90 })];
-  spec.given(given).when(reserve({ inputTokens: 500, maxTokens: 10, maxTokensRequested: 10, budget: { monthly_output_token_budget: 100 } })).then([reserved({ input: 500, applied: 10, requested: 10 })]);
-  spec.given(given).when(reserve({ inputTokens: 500, maxTokens: 11, maxTokensRequested: 11, budget: { monthly_output_token_budget: 100 } })).then([reserved({ input: 500, applied: 10, requested: 11, clampedBy: 'monthly_output_token_budget' })]);
-  spec.given(given).when(reserve({ maxTokens: 11, choices: 3, budget: { monthly_output_token_budget: 100 } })).then([reserved({ applied: 3, requested: 100, choices: 3, clampedBy: 'monthly_output_token_budget' })]);
+  spec.given(given).when(reserve({ inputTokens: 500, maxTokens: 10, maxTokensRequested: 10, budget: { monthly_output_token_budget: 100 } })).then([reserved({ budget: { monthly_output_token_budget: 100 },  input: 500, applied: 10, requested: 10 })]);
+  spec.given(given).when(reserve({ inputTokens: 500, maxTokens: 11, maxTokensRequested: 11, budget: { monthly_output_token_budget: 100 } })).then([reserved({ budget: { monthly_output_token_budget: 100 },  input: 500, applied: 10, requested: 11, clampedBy: 'monthly_output_token_budget' })]);
+  spec.given(given).when(reserve({ maxTokens: 11, choices: 3, budget: { monthly_output_token_budget: 100 } })).then([reserved({ budget: { monthly_output_token_budget: 100 },  applied: 3, requested: 100, choices: 3, clampedBy: 'monthly_output_token_budget' })]);
   spec.given(given).when(reserve({ choices: 11, budget: { monthly_output_token_budget: 100 } })).thenRejects('budget_exceeded', { budget: 'monthly_output_token_budget' });
   spec.given([opened({ month_output_tokens: 100 })]).when(reserve({ budget: { monthly_output_token_budget: 100 } })).thenRejects('budget_exceeded', { budget: 'monthly_output_token_budget' });
 });
@@ -225,38 +242,38 @@ budgets('several budgets: the tightest one clamps and is named', () => {
   const given = [opened({ month_input_tokens: 100 }), ...usedToday('earlier', 10, 10)];
   // Month room: 1000 - 120 - 10 = 870; day room: 100 - 20 - 10 = 70; output room: 50.
   const all = { monthly_token_budget: 1000, daily_token_budget: 100, monthly_output_token_budget: 60 };
-  spec.given(given).when(reserve({ budget: all })).then([reserved({ applied: 50, clampedBy: 'monthly_output_token_budget' })]);
-  spec.given(given).when(reserve({ budget: { ...all, monthly_output_token_budget: null } })).then([reserved({ applied: 70, clampedBy: 'daily_token_budget' })]);
-  spec.given(given).when(reserve({ maxTokens: 40, maxTokensRequested: 40, budget: all })).then([reserved({ applied: 40, requested: 40 })]);
+  spec.given(given).when(reserve({ budget: all })).then([reserved({ budget: all, applied: 50, clampedBy: 'monthly_output_token_budget' })]);
+  spec.given(given).when(reserve({ budget: { ...all, monthly_output_token_budget: null } })).then([reserved({ budget: { ...all, monthly_output_token_budget: null },  applied: 70, clampedBy: 'daily_token_budget' })]);
+  spec.given(given).when(reserve({ maxTokens: 40, maxTokensRequested: 40, budget: all })).then([reserved({ budget: all, applied: 40, requested: 40 })]);
 });
 
 budgets('open holds count against every budget: two reservations in a row', () => {
   const budget = { monthly_token_budget: 100 };
-  const first = reserved({ id: 'r1', input: 10, applied: 40, requested: 40 });
+  const first = reserved({ id: 'r1', input: 10, applied: 40, requested: 40, budget });
   spec.given([opened()]).when(reserve({ id: 'r1', maxTokens: 40, maxTokensRequested: 40, budget })).then([first]);
   // 50 held: the second has room for 100 - 50 - 10 = 40.
-  spec.given([opened(), first]).when(reserve({ id: 'r2', maxTokens: 50, maxTokensRequested: 50, budget })).then([reserved({ id: 'r2', applied: 40, requested: 50, clampedBy: 'monthly_token_budget' })]);
+  spec.given([opened(), first]).when(reserve({ id: 'r2', maxTokens: 50, maxTokensRequested: 50, budget })).then([reserved({ id: 'r2', applied: 40, requested: 50, clampedBy: 'monthly_token_budget', budget })]);
   spec.given([opened(), first, reserved({ id: 'r2', applied: 40 })]).when(reserve({ id: 'r3', budget })).thenRejects('budget_exceeded', { budget: 'monthly_token_budget' });
   // Holds count against the day, the input and the output budgets too.
   spec.given([opened(), first]).when(reserve({ id: 'r2', budget: { daily_token_budget: 60 } })).thenRejects('budget_exceeded', { budget: 'daily_token_budget' });
   spec.given([opened(), first]).when(reserve({ id: 'r2', inputTokens: 11, budget: { monthly_input_token_budget: 20 } })).thenRejects('budget_exceeded', { budget: 'monthly_input_token_budget' });
-  spec.given([opened(), first]).when(reserve({ id: 'r2', budget: { monthly_output_token_budget: 41 } })).then([reserved({ id: 'r2', applied: 1, clampedBy: 'monthly_output_token_budget' })]);
+  spec.given([opened(), first]).when(reserve({ id: 'r2', budget: { monthly_output_token_budget: 41 } })).then([reserved({ budget: { monthly_output_token_budget: 41 },  id: 'r2', applied: 1, clampedBy: 'monthly_output_token_budget' })]);
 });
 
 budgets('a settlement replaces the hold with the real usage, freeing the rest', () => {
   const budget = { monthly_token_budget: 100 };
   const given = [opened(), reserved({ id: 'r1', input: 10, applied: 80 }), settled('r1', 10, 20)];
   // 30 charged, nothing held: 100 - 30 - 10 = 60.
-  spec.given(given).when(reserve({ id: 'r2', budget })).then([reserved({ id: 'r2', applied: 60, clampedBy: 'monthly_token_budget' })]);
+  spec.given(given).when(reserve({ id: 'r2', budget })).then([reserved({ id: 'r2', applied: 60, clampedBy: 'monthly_token_budget', budget })]);
 });
 
 const carriedHold = { request_id: 'late', day: '2026-11-23', input_tokens: 10, output_tokens: 40, at: at('23:59:59.900', '2026-11-23'), expires_at: at('00:09:59.900'), lease_holder: null };
 budgets('holds carried over midnight count against the month but not against the day', () => {
   const given = [opened({ carried_holds: [carriedHold] })];
-  spec.given(given).when(reserve({ budget: { monthly_token_budget: 100 } })).then([reserved({ applied: 40, clampedBy: 'monthly_token_budget' })]);
-  spec.given(given).when(reserve({ budget: { daily_token_budget: 100 } })).then([reserved({ applied: 90, clampedBy: 'daily_token_budget' })]);
+  spec.given(given).when(reserve({ budget: { monthly_token_budget: 100 } })).then([reserved({ budget: { monthly_token_budget: 100 },  applied: 40, clampedBy: 'monthly_token_budget' })]);
+  spec.given(given).when(reserve({ budget: { daily_token_budget: 100 } })).then([reserved({ budget: { daily_token_budget: 100 },  applied: 90, clampedBy: 'daily_token_budget' })]);
   spec.given(given).when(reserve({ inputTokens: 91, budget: { monthly_input_token_budget: 100 } })).thenRejects('budget_exceeded', { budget: 'monthly_input_token_budget' });
-  spec.given(given).when(reserve({ budget: { monthly_output_token_budget: 100 } })).then([reserved({ applied: 60, clampedBy: 'monthly_output_token_budget' })]);
+  spec.given(given).when(reserve({ budget: { monthly_output_token_budget: 100 } })).then([reserved({ budget: { monthly_output_token_budget: 100 },  applied: 60, clampedBy: 'monthly_output_token_budget' })]);
 });
 budgets('Retry-After of budget_exceeded: 1 s while a hold on that budget is open, else the seconds until its period turns', () => {
   // Noon, 2026-11-24: the day turns in 12 h, the month on 2026-12-01 (6.5 days).
@@ -328,7 +345,7 @@ rate('the rate limit holds across midnight through recent_starts', () => {
 });
 rate('a rejected request does not count as a start', () => {
   spec.given([opened()]).when(reserve({ budget: { monthly_token_budget: 0 } })).thenRejects('budget_exceeded');
-  spec.given([opened()]).when({ type: 'RecordRejection', facts: facts('r0'), code: 'budget_exceeded', status: 429, inputTokens: 10, latencyMs: 1, now: noon }).thenState((state) => assert.equal(state.starts.toArray(), []));
+  spec.given([opened()]).when({ type: 'RecordRejection', facts: facts('r0'), code: 'budget_exceeded', status: 429, inputTokens: 10, latencyMs: 1, refusedBy: 'monthly_token_budget', retryAfterSeconds: 60, now: noon }).thenState((state) => assert.equal(state.starts.toArray(), []));
 });
 rate.run();
 
@@ -357,7 +374,7 @@ active('a request id that already holds a reservation cannot reserve again (it w
   spec.given([opened(), r1]).when(reserve({ id: 'r1', budget })).thenRejects('duplicate_request', { request_id: 'r1' });
   spec.given([opened(), ...holds(15), reserved({ id: 'x' })]).when(reserve({ id: 'x' })).thenRejects('duplicate_request');
   // Once settled, the id is free again: the new hold counts in full.
-  spec.given([opened(), r1, settled('r1', 10, 20)]).when(reserve({ id: 'r1', budget })).then([reserved({ id: 'r1', applied: 100 })]);
+  spec.given([opened(), r1, settled('r1', 10, 20)]).when(reserve({ id: 'r1', budget })).then([reserved({ id: 'r1', applied: 100, budget })]);
   // A hold carried from yesterday under the same id is still running.
   spec.given([opened({ carried_holds: [carriedHold] })]).when(reserve({ id: 'late' })).thenRejects('duplicate_request');
 });
@@ -380,10 +397,27 @@ settling('a disconnected client is billed for what was generated', () => {
   const command = { ...settle('r1', 10, 4), disconnected: true, status: 499 };
   spec.given([opened(), r1]).when(command).then([UsageSettled({ ...settled('r1', 10, 4).data, disconnected: true, status: 499 })]);
 });
-settling('settling an unknown, an already settled or an expired request appends nothing', () => {
+settling('settling an unknown or an already settled request appends nothing', () => {
   spec.given([opened()]).when(settle('nope', 1, 1)).thenNothing();
   spec.given([opened(), r1, settled('r1', 10, 5)]).when(settle('r1', 10, 5)).thenNothing();
-  spec.given([opened(), r1, ReservationExpired({ request_id: 'r1', input_tokens: 10, output_tokens: 100, at: expiresAt })]).when(settle('r1', 10, 5)).thenNothing();
+});
+settling('a settlement after its hold expired is recorded beside the expiry, once, and charges nothing more', () => {
+  const expired = ReservationExpired({ request_id: 'r1', input_tokens: 10, output_tokens: 100, at: expiresAt });
+  const late = settle('r1', 10, 5, iso(ms(expiresAt) + 1_000));
+  const recorded = LateUsageRecorded({ ...settled('r1', 10, 5, late.now).data });
+  spec.given([opened(), r1, expired]).when(late).then([recorded]);
+  spec.given([opened(), r1, expired]).when(late).thenState((state) => {
+    // The whole hold stays charged (the expiry's), the real usage is only recorded.
+    assert.equal([state.monthInput, state.monthOutput, state.todayInput, state.todayOutput], [10, 100, 10, 100]);
+    assert.equal(state.expired, []);
+  });
+  // Sent again: recorded once.
+  spec.given([opened(), r1, expired, recorded]).when(late).thenNothing();
+  // On a closed day too, without CarriedHoldEnded (the expiry said it).
+  spec.given([opened(), r1, MeterClosed({ day, next_day: '2026-11-25', at: at('00:00:00.100', '2026-11-25') }), expired]).when(late).then([recorded]);
+  // The id reused for a new hold: a settlement settles that hold.
+  const again = reserved({ id: 'r1', now: iso(ms(expiresAt) + 500) });
+  spec.given([opened(), r1, expired, again]).when(late).then([settled('r1', 10, 5, late.now)]);
 });
 settling('expiry happens only once expires_at <= now and charges the whole hold', () => {
   const expire = (now: string): MeterCommand => ({ type: 'Expire', requestId: 'r1', now });
@@ -432,11 +466,11 @@ const nextOpened = opened({ day: next, carried_from: d, month_input_tokens: 500,
 
 boundaries('a MeterOpened on the 1st of the month starts the month from zero', () => {
   const first = opened({ day: '2026-12-01', carried_from: null, month_input_tokens: 0, month_output_tokens: 0 }, '2026-12-01T00:00:00.000Z');
-  spec.given([first]).when(reserve({ maxTokens: 990, maxTokensRequested: 990, now: '2026-12-01T00:00:01.000Z', budget: { monthly_token_budget: 1000 } })).then([reserved({ applied: 990, requested: 990, now: '2026-12-01T00:00:01.000Z' })]);
+  spec.given([first]).when(reserve({ maxTokens: 990, maxTokensRequested: 990, now: '2026-12-01T00:00:01.000Z', budget: { monthly_token_budget: 1000 } })).then([reserved({ budget: { monthly_token_budget: 1000 },  applied: 990, requested: 990, now: '2026-12-01T00:00:01.000Z' })]);
 });
 boundaries('a day opened mid-month carries the month-to-date, and starts its day at zero', () => {
   const mid = opened({ month_input_tokens: 400, month_output_tokens: 500 });
-  spec.given([mid]).when(reserve({ budget: { monthly_token_budget: 1000, daily_token_budget: 1000 } })).then([reserved({ applied: 90, clampedBy: 'monthly_token_budget' })]);
+  spec.given([mid]).when(reserve({ budget: { monthly_token_budget: 1000, daily_token_budget: 1000 } })).then([reserved({ budget: { monthly_token_budget: 1000, daily_token_budget: 1000 },  applied: 90, clampedBy: 'monthly_token_budget' })]);
   spec.given([mid]).when(reserve()).thenState((state) => assert.equal([state.day, state.monthInput, state.monthOutput, state.todayInput, state.todayOutput], [d, 400, 500, 0, 0]));
 });
 boundaries('a reservation at 23:59:59.9 on day D settles after midnight on day D\'s stream', () => {
@@ -470,7 +504,7 @@ boundaries('day D+1 carries the straddling hold and releases it with CarriedHold
 boundaries('day D+1 counts the carried hold against the month while it is open, not against the day', () => {
   // Month: 1000 budget, 1000 used + 110 held: nothing fits. Day: nothing used today.
   spec.given([nextOpened]).when(reserve({ now: at('00:00:01.000', next), budget: { monthly_token_budget: 1100 } })).thenRejects('budget_exceeded', { budget: 'monthly_token_budget' });
-  spec.given([nextOpened]).when(reserve({ now: at('00:00:01.000', next), budget: { daily_token_budget: 110 } })).then([reserved({ applied: 100, now: at('00:00:01.000', next) })]);
+  spec.given([nextOpened]).when(reserve({ now: at('00:00:01.000', next), budget: { daily_token_budget: 110 } })).then([reserved({ budget: { daily_token_budget: 110 },  applied: 100, now: at('00:00:01.000', next) })]);
 });
 boundaries('a hold carried over the month boundary charges its own month, not the new one', () => {
   const oct31 = '2026-10-31';
@@ -479,7 +513,7 @@ boundaries('a hold carried over the month boundary charges its own month, not th
   const nov1 = opened({ day: '2026-11-01', carried_from: null, carried_holds: [hold] }, '2026-11-01T00:00:00.000Z');
   const now = '2026-11-01T00:00:10.000Z';
   // October's hold is October's: November's budget is whole while it runs (it still takes an active slot).
-  spec.given([nov1]).when(reserve({ now, budget: { monthly_token_budget: 110, monthly_input_token_budget: 10, monthly_output_token_budget: 100 } })).then([reserved({ now })]);
+  spec.given([nov1]).when(reserve({ now, budget: { monthly_token_budget: 110, monthly_input_token_budget: 10, monthly_output_token_budget: 100 } })).then([reserved({ budget: { monthly_token_budget: 110, monthly_input_token_budget: 10, monthly_output_token_budget: 100 },  now })]);
   const released = CarriedHoldReleased({ request_id: 'oct', day: oct31, input_tokens: 10, output_tokens: 60, at: now });
   spec.given([nov1]).when({ type: 'ReleaseCarried', requestId: 'oct', day: oct31, inputTokens: 10, outputTokens: 60, now }).then([released]);
   spec.given([nov1, released]).when(reserve({ now })).thenState((state) => assert.equal([state.monthInput, state.monthOutput], [0, 0]));
@@ -518,15 +552,33 @@ boundaries('closing a day: the opener of the next day closes it; a reservation t
 boundaries.run();
 
 const records = suite('meter decider: rejections recorded, metadata only');
-records('a rejected request is recorded with its metadata, and changes nothing', () => {
-  const command: MeterCommand = { type: 'RecordRejection', facts: facts('r9'), code: 'budget_exceeded', status: 429, inputTokens: 12, latencyMs: 0.4, now: noon };
-  spec.given([opened()]).when(command).then([RequestRejected({ ...facts('r9'), code: 'budget_exceeded', status: 429, input_tokens: 12, latency_ms: 0.4, at: noon })]);
+records('a rejected request is recorded with its metadata, what refused it and the retry time, and changes nothing', () => {
+  const command: MeterCommand = {
+    type: 'RecordRejection',
+    facts: facts('r9'),
+    code: 'budget_exceeded',
+    status: 429,
+    inputTokens: 12,
+    latencyMs: 0.4,
+    refusedBy: 'daily_token_budget',
+    retryAfterSeconds: 43_200,
+    now: noon,
+  };
+  spec
+    .given([opened()])
+    .when(command)
+    .then([RequestRejected({ ...facts('r9'), code: 'budget_exceeded', status: 429, input_tokens: 12, latency_ms: 0.4, at: noon, refused_by: 'daily_token_budget', retry_after_seconds: 43_200 })]);
+  const invalid: MeterCommand = { ...command, code: 'invalid_request', status: 400, refusedBy: null, retryAfterSeconds: null };
+  spec
+    .given([opened()])
+    .when(invalid)
+    .then([RequestRejected({ ...facts('r9'), code: 'invalid_request', status: 400, input_tokens: 12, latency_ms: 0.4, at: noon, refused_by: null, retry_after_seconds: null })]);
   spec.given([opened(), r1]).when(command).thenState((state) => {
     assert.equal(state, foldEvents(meterDecider, meterDecider.initialState(), [opened(), r1]));
   });
 });
 records('no event of the meter catalogue can carry a prompt or a completion', () => {
-  const withPrompt = { ...RequestRejected({ ...facts('r9'), code: 'rate_limited', status: 429, input_tokens: 1, latency_ms: 1, at: noon }) };
+  const withPrompt = { ...RequestRejected({ ...facts('r9'), code: 'rate_limited', status: 429, input_tokens: 1, latency_ms: 1, at: noon, refused_by: 'per_minute', retry_after_seconds: 3 }) };
   assert.throws(() => meterEvents.check({ type: 'RequestRejected', data: { ...withPrompt.data, prompt: 'secret marker' } }));
   assert.throws(() => meterEvents.check({ type: 'UsageSettled', data: { ...settled('r1', 1, 1).data, completion: 'secret marker' } }));
   assert.throws(() => meterEvents.check({ type: 'BudgetReserved', data: { ...r1.data, prompt: 'secret marker' } }));
@@ -608,7 +660,24 @@ leasing('events written before leases existed (version 1) read as holds that tak
   ];
   const [openedV2, reservedV2] = stored.map((e) => meterEvents.parse(e as never));
   assert.equal(openedV2, opened({ carried_holds: [carriedHold] }));
-  assert.equal(reservedV2, r1);
+  assert.equal(reservedV2, { ...r1, data: { ...r1.data, budgets: null, limits: null } });
+});
+leasing('events written before budgets, prices and refusals were recorded read with them unknown (null), money in micro-units', () => {
+  const v2Reserved = { ...r1.data } as Record<string, unknown>;
+  delete v2Reserved.budgets;
+  delete v2Reserved.limits;
+  assert.equal(meterEvents.parse({ type: 'BudgetReserved', data: v2Reserved, metadata: { schema_version: 2 } }).data, { ...r1.data, budgets: null, limits: null });
+  const { cost_micros: _m, price_per_gpu_second_micros: _p, basis: _b, ...v1Settled } = settled('r1', 10, 5).data;
+  assert.equal(meterEvents.parse({ type: 'UsageSettled', data: { ...v1Settled, cost: 0.1 + 0.2 }, metadata: {} }).data, {
+    ...v1Settled,
+    cost: 0.1 + 0.2,
+    cost_micros: 300_000,
+    price_per_gpu_second_micros: null,
+    basis: null,
+  });
+  const rejected = RequestRejected({ ...facts('r9'), code: 'queue_full', status: 429, input_tokens: 1, latency_ms: 1, at: noon, refused_by: 'max_queued', retry_after_seconds: 1 }).data;
+  const { refused_by: _r, retry_after_seconds: _s, ...v1Rejected } = rejected;
+  assert.equal(meterEvents.parse({ type: 'RequestRejected', data: v1Rejected, metadata: {} }).data, { ...v1Rejected, refused_by: null, retry_after_seconds: null });
 });
 leasing.run();
 
@@ -798,11 +867,13 @@ const dayOfCommands: MeterCommand[] = [
   { type: 'Renew', requestId: 'b', expiresAt: at('12:20:00.000'), now: at('12:05:00.000') },
   settle('a', 10, 55),
   { type: 'Expire', requestId: 'b', now: at('12:20:00.000') },
+  // b's process was alive after all: its settlement comes late and is recorded beside the expiry, charging nothing.
+  settle('b', 10, 7, at('12:20:30.000')),
   // e takes a slot lease and settles inside it (nothing used but its prompt); c renews the lease in its second half.
   reserve({ id: 'e', budget: { monthly_token_budget: 500 }, lease: { holder: 'gw-a', ttlMs: 10_000 } }),
   { ...settle('e', 10, 0, at('12:00:01.000')), lease: { holder: 'gw-a', waiting: 0 } },
   reserve({ id: 'c', budget: { monthly_token_budget: 500 }, lease: { holder: 'gw-a', ttlMs: 10_000 }, now: at('12:00:06.000') }),
-  { type: 'RecordRejection', facts: facts('d'), code: 'rate_limited', status: 429, inputTokens: 3, latencyMs: 0.2, now: noon },
+  { type: 'RecordRejection', facts: facts('d'), code: 'rate_limited', status: 429, inputTokens: 3, latencyMs: 0.2, refusedBy: 'per_minute', retryAfterSeconds: 2, now: noon },
   // q1 and q2 wait for a slot; both are renewed, q2 gives up.
   { type: 'Queue', requestId: 'q1', holder: 'gw-a', maxQueued: 64, ttlMs: 30_000, now: at('12:00:07.000') },
   { type: 'Queue', requestId: 'q2', holder: 'gw-a', maxQueued: 64, ttlMs: 30_000, now: at('12:00:07.000') },

@@ -1,33 +1,41 @@
-/** The spend decider, given / when / then: the daily cap's threshold is its rule. */
+/** The spend decider, given / when / then: the daily cap's threshold is its rule, in integer micro-units. */
 import { suite } from 'uvu';
+import * as assert from 'uvu/assert';
 import { spendDecider } from '../../commands/spend.ts';
-import { SpendCapReached } from '../../events/spend.ts';
+import { SpendCapReached, spendEvents } from '../../events/spend.ts';
 import { deciderSpecification } from '../support/decider-specification.ts';
 
 const it = suite('spend decider');
 const spec = deciderSpecification(spendDecider);
 const day = '2026-11-26';
 const now = `${day}T12:00:00.000Z`;
+/** Spend and cap in micro-units. */
 const check = (spend: number, cap: number | null) => ({ type: 'CheckSpend' as const, day, spend, cap, now });
+const reached = (spend: number, cap: number) => SpendCapReached({ day, spend: spend / 1e6, cap: cap / 1e6, at: now, spend_micros: spend, cap_micros: cap });
 
-it('a spend under the cap reaches nothing', () => {
-  spec.given([]).when(check(99.99, 100)).thenNothing();
+it('a spend under the cap reaches nothing, by one micro-unit', () => {
+  spec.given([]).when(check(99_999_999, 100_000_000)).thenNothing();
 });
 
 it('a spend at the cap reaches it', () => {
-  spec.given([]).when(check(100, 100)).then([SpendCapReached({ day, spend: 100, cap: 100, at: now })]);
+  spec.given([]).when(check(100_000_000, 100_000_000)).then([reached(100_000_000, 100_000_000)]);
 });
 
 it('a spend over the cap reaches it, recording the spend and the cap it was decided under', () => {
-  spec.given([]).when(check(130.5, 100)).then([SpendCapReached({ day, spend: 130.5, cap: 100, at: now })]);
+  spec.given([]).when(check(130_500_000, 100_000_000)).then([reached(130_500_000, 100_000_000)]);
 });
 
 it('with no cap, no spend reaches anything', () => {
-  spec.given([]).when(check(1e9, null)).thenNothing();
+  spec.given([]).when(check(1e15, null)).thenNothing();
 });
 
 it('the cap is reached once a day: a second report over it appends nothing', () => {
-  spec.given([SpendCapReached({ day, spend: 100, cap: 100, at: now })]).when(check(150, 100)).thenNothing();
+  spec.given([reached(100_000_000, 100_000_000)]).when(check(150_000_000, 100_000_000)).thenNothing();
+});
+
+it('a version-1 SpendCapReached (floats) reads with its figures to the micro-unit', () => {
+  const v1 = spendEvents.parse({ type: 'SpendCapReached', data: { day, spend: 0.30000000000000004, cap: 0.3, at: now }, metadata: {} });
+  assert.equal(v1.data, { day, spend: 0.30000000000000004, cap: 0.3, at: now, spend_micros: 300_000, cap_micros: 300_000 });
 });
 
 it.run();

@@ -33,7 +33,7 @@ async function served(metering: Metering, keyId: string, output: number): Promis
   const req = request(keyId);
   const admission = await metering.admit(req);
   await admission.durable;
-  await metering.settle(admission, req.facts, { inputTokens: 5, outputTokens: output, status: 200, latencyMs: 1, gpuSeconds: 0, cost: 0, disconnected: false });
+  await metering.settle(admission, req.facts, { inputTokens: 5, outputTokens: output, status: 200, latencyMs: 1, gpuSeconds: 0, costMicros: 0, pricePerGpuSecondMicros: 0, basis: 'engine_usage' as const, disconnected: false });
 }
 
 it('opens with the latest earlier day of the month (days apart), closes it and carries an open hold', async ({ store }) => {

@@ -48,7 +48,7 @@ async function within<T>(ms: number, work: Promise<T>): Promise<T> {
     clearTimeout(timer);
   }
 }
-const usage = { inputTokens: 5, outputTokens: 3, status: 200, latencyMs: 1, gpuSeconds: 0, cost: 0, disconnected: false };
+const usage = { inputTokens: 5, outputTokens: 3, status: 200, latencyMs: 1, gpuSeconds: 0, costMicros: 0, pricePerGpuSecondMicros: 0, basis: 'engine_usage' as const, disconnected: false };
 
 async function meterOf(store: EventStore, keyId: string): Promise<MeterEvent[]> {
   return (await store.readStream(meterStream(keyId, utcDay(new Date())))).events.map((e) => meterEvents.parse(e));

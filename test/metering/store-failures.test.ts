@@ -81,7 +81,7 @@ it('a settlement the store refused is tried again and stored with the real usage
   const req = request(keyId);
   const admission = await metering.admit(req);
   await admission.durable;
-  await metering.settle(admission, req.facts, { inputTokens: 5, outputTokens: 42, status: 200, latencyMs: 3, gpuSeconds: 0.01, cost: 0, disconnected: false });
+  await metering.settle(admission, req.facts, { inputTokens: 5, outputTokens: 42, status: 200, latencyMs: 3, gpuSeconds: 0.01, costMicros: 0, pricePerGpuSecondMicros: 0, basis: 'engine_usage' as const, disconnected: false });
   const events = await meterOf(store, keyId);
   assert.equal(events.map((e) => e.type), ['MeterOpened', 'SlotsLeased', 'BudgetReserved', 'UsageSettled']);
   const settled = events[3];

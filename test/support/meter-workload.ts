@@ -75,8 +75,10 @@ export class MeterDriver {
     });
   }
 
+  /** `cost` in currency units (recorded in micro-units); no price is recorded. */
   async settle(day: string, requestId: string, inputTokens: number, outputTokens: number, now: string, gpuSeconds = 0.25, cost = 0.5): Promise<void> {
-    await this.#run(day, { type: 'Settle', facts: this.facts(requestId), inputTokens, outputTokens, status: 200, latencyMs: 12.5, gpuSeconds, cost, disconnected: false, now });
+    const priced = { costMicros: Math.round(cost * 1e6), pricePerGpuSecondMicros: null, basis: 'engine_usage' as const };
+    await this.#run(day, { type: 'Settle', facts: this.facts(requestId), inputTokens, outputTokens, status: 200, latencyMs: 12.5, gpuSeconds, ...priced, disconnected: false, now });
   }
 
   async expire(day: string, requestId: string, now: string): Promise<void> {
@@ -92,7 +94,7 @@ export class MeterDriver {
   }
 
   async reject(day: string, requestId: string, code: string, status: number, inputTokens: number, now: string): Promise<void> {
-    await this.#run(day, { type: 'RecordRejection', facts: this.facts(requestId), code, status, inputTokens, latencyMs: 0.4, now });
+    await this.#run(day, { type: 'RecordRejection', facts: this.facts(requestId), code, status, inputTokens, latencyMs: 0.4, refusedBy: null, retryAfterSeconds: null, now });
   }
 
   async #run(day: string, command: MeterCommand): Promise<void> {
@@ -120,6 +122,8 @@ export async function mixedWorkloadPhase1(store: EventStore, keys = { a: newKeyI
   await a.reserve('2026-11-29', `${a.keyId}-r2`, 5, 10, '2026-11-29T10:01:00.000Z');
   await a.reject('2026-11-29', `${a.keyId}-r3`, 'budget_exceeded', 429, 7, '2026-11-29T10:02:00.000Z');
   await a.expire('2026-11-29', `${a.keyId}-r2`, '2026-11-29T10:03:00.000Z');
+  // r2's process was alive after all: its settlement comes after the expiry (LateUsageRecorded).
+  await a.settle('2026-11-29', `${a.keyId}-r2`, 5, 4, '2026-11-29T10:03:30.000Z', 0.75, 0.5);
   // 2026-11-30: a settled request, and one reserved seconds before midnight
   await a.open('2026-11-30', '2026-11-30T12:00:00.000Z', '2026-11-29');
   await a.reserve('2026-11-30', `${a.keyId}-r7`, 2, 8, '2026-11-30T12:00:00.000Z');

@@ -28,7 +28,7 @@ import { until } from '../support/until.ts';
 const ttlMs = 60_000;
 const D = '2026-11-24';
 const D1 = '2026-11-25';
-const usage = { inputTokens: 5, outputTokens: 9, status: 200, latencyMs: 1, gpuSeconds: 0, cost: 0, disconnected: false };
+const usage = { inputTokens: 5, outputTokens: 9, status: 200, latencyMs: 1, gpuSeconds: 0, costMicros: 0, pricePerGpuSecondMicros: 0, basis: 'engine_usage' as const, disconnected: false };
 
 /** One gateway process's metering parts on the shared store, on a clock the test moves. */
 function gatewayProcess(store: EventStore, clock: { now: Date }, sources: ProcessorSources = { store }, handlerOf?: (h: CommandHandler) => CommandHandler) {
