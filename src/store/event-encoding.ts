@@ -91,3 +91,14 @@ const unstorableText = /\0|[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF
 export function storableText(text: string): boolean {
   return !unstorableText.test(text);
 }
+
+const unstorableOrEscape = /\0|\uE000|[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/g;
+
+/**
+ * A string as a `text` column (or a JSON batch cast to one) can keep it: U+0000, lone surrogates and the
+ * escape character become the same escape sequences that escaped events hold (so `toStorableText('x\0')`
+ * is `'x\uE0000000'`). For projections that copy client strings into tables; the identity for ordinary text.
+ */
+export function toStorableText(text: string): string {
+  return storableText(text) && !text.includes(escapeChar) ? text : text.replace(unstorableOrEscape, (c) => escapeChar + c.charCodeAt(0).toString(16).padStart(4, '0'));
+}

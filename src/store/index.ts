@@ -24,6 +24,7 @@ export {
   EventNotStorable,
 } from './errors.ts';
 export { comparePositions, formatPosition } from './position.ts';
+export { toStorableText } from './event-encoding.ts';
 
 export interface OpenEventStoreOptions {
   /** PostgreSQL connection string; when set the Postgres adapter is used. */

@@ -1,7 +1,7 @@
 /** The escaping of strings jsonb refuses, on its own: bijective, and free for events that need none. */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { decodeEscaped, encodeEvents, escapedMark, isEscaped } from '../../src/store/event-encoding.ts';
+import { decodeEscaped, encodeEvents, escapedMark, isEscaped, toStorableText } from '../../src/store/event-encoding.ts';
 
 const it = suite('event encoding');
 
@@ -47,6 +47,15 @@ it('10,000 random strings of the awkward code units, as values and keys, come ba
     });
     assert.equal(roundTrip(events), events.map((e) => ({ data: e.data, metadata: e.metadata })));
   }
+});
+
+it('toStorableText maps what a text column refuses to the escaped events\' sequences, and leaves other text alone', () => {
+  const plain = 'ordinary 😀 שלום';
+  assert.is(toStorableText(plain), plain);
+  assert.is(toStorableText('x\u0000y\ud800\uE000😀\udc00'), 'x\uE0000000y\uE000d800\uE000e000😀\uE000dc00');
+  // the same form as a string of an escaped event
+  const encoded = encodeEvents([{ data: 'x\u0000y\ud800\uE000😀' }]);
+  assert.is(JSON.parse(encoded.data), toStorableText('x\u0000y\ud800\uE000😀'));
 });
 
 it.run();
