@@ -8,80 +8,16 @@
  */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { spawn, type ChildProcess } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
-import { createInterface } from 'node:readline';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
-import pg from 'pg';
-import { issueKey } from '../support/gateway.ts';
-import { until } from '../support/until.ts';
-import { openEventStore, type EventStore } from '../../src/store/index.ts';
 import { meterDecider, queuedRequests } from '../../commands/meter.ts';
-import { meterEvents, meterStream, utcDay, type MeterEvent } from '../../events/meter.ts';
+import { issueKey } from '../support/gateway.ts';
+import { startGatewayCluster, type GatewayCluster } from '../support/gateway-cluster.ts';
+import { until } from '../support/until.ts';
 
-const svc = fileURLToPath(new URL('../../bin/svc.js', import.meta.url));
 const databaseUrl = process.env.DATABASE_URL;
-const adminToken = `svc_admin_${randomBytes(12).toString('hex')}`;
 /** Long, so no hold or queue entry lapses on a loaded runner while the slow requests run. */
 const ttlMs = 120_000;
 /** Each slow request's one token takes this long at the engine: the window in which the queue fills. */
 const slowMs = 10_000;
-
-interface Context {
-  dir: string;
-  dbUrl: string;
-  dbName: string;
-  engineUrl: string;
-  config: string;
-  gateways: { child: ChildProcess; url: string }[];
-  store: EventStore;
-}
-
-const children = new Set<ChildProcess>();
-process.once('exit', () => {
-  for (const child of children) child.kill('SIGKILL');
-});
-
-function waitForLine(child: ChildProcess, stream: 'stdout' | 'stderr', pattern: RegExp): Promise<RegExpMatchArray> {
-  return new Promise((resolve, reject) => {
-    let seen = '';
-    const timer = setTimeout(() => reject(new Error(`no ${pattern} within 90 s: ${seen.slice(-2000)}`)), 90_000);
-    createInterface({ input: child[stream]! }).on('line', (line) => {
-      seen += `${line}\n`;
-      const m = line.match(pattern);
-      if (m) {
-        clearTimeout(timer);
-        resolve(m);
-      }
-    });
-    child.once('exit', (code) => reject(new Error(`process exited ${code}: ${seen.slice(-2000)}`)));
-  });
-}
-
-async function startGateway(context: Context): Promise<{ child: ChildProcess; url: string }> {
-  const dataDir = mkdtempSync(join(context.dir, 'gw-'));
-  const child = spawn(process.execPath, [svc, 'serve'], {
-    env: { ...process.env, DATABASE_URL: context.dbUrl, SVC_CONFIG: context.config, PORT: '0', DATA_DIR: dataDir, SVC_ADMIN_TOKEN: adminToken, SVC_RESERVATION_TTL_MS: String(ttlMs), LOG_LEVEL: 'warn' },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  children.add(child);
-  child.stdout!.resume();
-  const [, url] = await waitForLine(child, 'stderr', /listening on (http:\/\/\S+)/);
-  return { child, url };
-}
-
-async function chaos(context: Context, body: Record<string, unknown>): Promise<void> {
-  const res = await fetch(`${context.engineUrl}/_chaos`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
-  assert.is(res.status, 200);
-}
-
-async function meterEventsOf(context: Context, key: string): Promise<MeterEvent[]> {
-  const read = await context.store.readStream(meterStream(key.split('_')[1], utcDay(new Date())));
-  return read.events.map((e) => meterEvents.parse(e));
-}
 
 async function complete(url: string, key: string, body: Record<string, unknown>): Promise<{ status: number; code: string | undefined }> {
   const res = await fetch(`${url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` }, body: JSON.stringify(body) });
@@ -89,60 +25,28 @@ async function complete(url: string, key: string, body: Record<string, unknown>)
   return { status: res.status, code: json.error?.code };
 }
 
-const it = suite<Context>('64 queued per key across two gateway processes');
+const it = suite<{ cluster: GatewayCluster }>('64 queued per key across two gateway processes');
 
 if (!databaseUrl) {
   it('skipped: set DATABASE_URL to run the cross-process tests (two gateways need one PostgreSQL)', () => {});
 } else {
   it.before(async (context) => {
-    context.dir = mkdtempSync(join(tmpdir(), 'svc-queue-'));
-    context.dbName = `svc_queue_${randomBytes(5).toString('hex')}`;
-    const admin = new pg.Client({ connectionString: databaseUrl });
-    await admin.connect();
-    await admin.query(`CREATE DATABASE ${context.dbName}`);
-    await admin.end();
-    const dbUrl = new URL(databaseUrl);
-    dbUrl.pathname = `/${context.dbName}`;
-    context.dbUrl = dbUrl.toString();
-
-    const engine = spawn(process.execPath, [svc, 'engine', '--model', 'ref-byte', '--chaos'], { env: { ...process.env, DATABASE_URL: '' }, stdio: ['ignore', 'pipe', 'pipe'] });
-    children.add(engine);
-    engine.stderr!.resume();
-    const [, line] = await waitForLine(engine, 'stdout', /^(\{.*"listening".*\})$/);
-    context.engineUrl = JSON.parse(line).url;
-
-    const defaults = JSON.parse(readFileSync(fileURLToPath(new URL('../../infra/config/default.json', import.meta.url)), 'utf8'));
-    const model = defaults.models.find((m: { id: string }) => m.id === 'ref-byte');
-    context.config = join(context.dir, 'models.json');
-    writeFileSync(context.config, JSON.stringify({ ...defaults, models: [{ ...model, engine: context.engineUrl }] }));
-    context.gateways = [];
-    context.gateways.push(await startGateway(context)); // the first one runs the migrations alone
-    context.gateways.push(await startGateway(context));
-    context.store = await openEventStore({ databaseUrl: context.dbUrl });
+    context.cluster = await startGatewayCluster(databaseUrl, { name: 'queue', gateways: 2, ttlMs });
   });
 
   it.after(async (context) => {
-    await context.store?.close();
-    for (const child of children) child.kill('SIGTERM');
-    await Promise.all([...children].map((c) => (c.exitCode === null && c.signalCode === null ? new Promise((r) => c.once('exit', r)) : null)));
-    if (context.dbName) {
-      const admin = new pg.Client({ connectionString: databaseUrl });
-      await admin.connect();
-      await admin.query(`DROP DATABASE IF EXISTS ${context.dbName} WITH (FORCE)`);
-      await admin.end();
-    }
-    if (context.dir) rmSync(context.dir, { recursive: true, force: true });
+    await context.cluster?.stop();
   });
 
   it('16 slow requests running, 100 more split across both gateways: at most 64 wait, the rest 429 queue_full, every waiter completes', async (context) => {
-    const [a, b] = context.gateways;
-    const key = await issueKey(a.url, adminToken, { email: 'queue-bound@example.org' });
+    const [a, b] = context.cluster.gateways;
+    const key = await issueKey(a.url, context.cluster.adminToken, { email: 'queue-bound@example.org' });
     for (const gw of [a, b]) assert.is((await complete(gw.url, key, { prompt: 'warm', max_tokens: 1, temperature: 0 })).status, 200);
 
-    await chaos(context, { mode: 'delay', count: 16, delay_ms: slowMs });
+    await context.cluster.chaos({ mode: 'delay', count: 16, delay_ms: slowMs });
     const slow = Array.from({ length: 16 }, (_, i) => complete((i % 2 === 0 ? a : b).url, key, { prompt: 'slow', max_tokens: 1, temperature: 0 }));
     await until('16 slow requests hold every active slot', async () => {
-      const events = await meterEventsOf(context, key);
+      const events = await context.cluster.meterEventsOf(key);
       return events.filter((e) => e.type === 'BudgetReserved').length === 18;
     });
 
@@ -158,7 +62,7 @@ if (!databaseUrl) {
 
     // The meter agrees: at no point did more than 64 entries stand, and none is left.
     const events = await until('every waiter reserved and settled', async () => {
-      const all = await meterEventsOf(context, key);
+      const all = await context.cluster.meterEventsOf(key);
       return all.filter((e) => e.type === 'UsageSettled').length === 2 + 16 + served.length ? all : null;
     });
     let state = meterDecider.initialState();

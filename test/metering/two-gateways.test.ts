@@ -6,25 +6,15 @@
  */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { spawn, type ChildProcess } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
-import { createInterface } from 'node:readline';
-import { createWriteStream, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
-import pg from 'pg';
-import { issueKey } from '../support/gateway.ts';
-import { assertRollingMinuteLimit } from '../support/rate-window.ts';
-import { until } from '../support/until.ts';
-import { openEventStore, type EventStore } from '../../src/store/index.ts';
 import { meterDecider, type MeterState } from '../../commands/meter.ts';
 import { foldEvents } from '../../src/event-sourcing/index.ts';
-import { meterEvents, meterStream, utcDay, type MeterEvent } from '../../events/meter.ts';
+import type { MeterEvent } from '../../events/meter.ts';
+import { issueKey } from '../support/gateway.ts';
+import { startGatewayCluster, type GatewayCluster } from '../support/gateway-cluster.ts';
+import { assertRollingMinuteLimit } from '../support/rate-window.ts';
+import { until } from '../support/until.ts';
 
-const svc = fileURLToPath(new URL('../../bin/svc.js', import.meta.url));
 const databaseUrl = process.env.DATABASE_URL;
-const adminToken = `svc_admin_${randomBytes(12).toString('hex')}`;
 /**
  * The reservation TTL of the gateways that are killed and restarted, short so the test sees holds
  * expire. The two long-lived gateways keep the default-like TTL: on a loaded runner a renewal can come
@@ -34,69 +24,13 @@ const adminToken = `svc_admin_${randomBytes(12).toString('hex')}`;
 const shortTtlMs = 4000;
 const longTtlMs = 120_000;
 
-interface Context {
-  dir: string;
-  dbUrl: string;
-  dbName: string;
-  engine: ChildProcess;
-  engineUrl: string;
-  config: string;
-  gateways: { child: ChildProcess; url: string }[];
-  store: EventStore;
-}
-
-const children = new Set<ChildProcess>();
-process.once('exit', () => {
-  for (const child of children) child.kill('SIGKILL');
-});
-
-function waitForLine(child: ChildProcess, stream: 'stdout' | 'stderr', pattern: RegExp): Promise<RegExpMatchArray> {
-  return new Promise((resolve, reject) => {
-    let seen = '';
-    const timer = setTimeout(() => reject(new Error(`no ${pattern} within 90 s: ${seen.slice(-2000)}`)), 90_000);
-    createInterface({ input: child[stream]! }).on('line', (line) => {
-      seen += `${line}\n`;
-      const m = line.match(pattern);
-      if (m) {
-        clearTimeout(timer);
-        resolve(m);
-      }
-    });
-    child.once('exit', (code) => reject(new Error(`process exited ${code}: ${seen.slice(-2000)}`)));
-  });
-}
-
-async function startGateway(context: Context, ttlMs = shortTtlMs): Promise<{ child: ChildProcess; url: string }> {
-  const dataDir = mkdtempSync(join(context.dir, 'gw-'));
-  const child = spawn(process.execPath, [svc, 'serve'], {
-    env: { ...process.env, DATABASE_URL: context.dbUrl, SVC_CONFIG: context.config, PORT: '0', DATA_DIR: dataDir, SVC_ADMIN_TOKEN: adminToken, SVC_RESERVATION_TTL_MS: String(ttlMs), LOG_LEVEL: 'warn' },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  children.add(child);
-  child.stdout!.resume();
-  // GATEWAY_LOG_DIR=dir keeps each gateway's log there (metadata only), to see why a run failed.
-  if (process.env.GATEWAY_LOG_DIR) {
-    const out = createWriteStream(join(process.env.GATEWAY_LOG_DIR, `gw-${child.pid}.log`));
-    child.stderr!.pipe(out);
-    child.stdout!.pipe(out);
-  }
-  const [, url] = await waitForLine(child, 'stderr', /listening on (http:\/\/\S+)/);
-  return { child, url };
-}
-
-async function chaos(context: Context, body: Record<string, unknown>): Promise<void> {
-  const res = await fetch(`${context.engineUrl}/_chaos`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
-  assert.is(res.status, 200);
-}
-
-async function engineGauge(context: Context, name: string): Promise<number> {
-  const text = await (await fetch(`${context.engineUrl}/metrics`)).text();
+async function engineGauge(cluster: GatewayCluster, name: string): Promise<number> {
+  const text = await (await fetch(`${cluster.engineUrl}/metrics`)).text();
   return Number(text.match(new RegExp(`^${name}\\{[^}]*\\} (\\d+)`, 'm'))?.[1] ?? NaN);
 }
 
-async function meterOf(context: Context, key: string): Promise<{ events: MeterEvent[]; state: MeterState }> {
-  const read = await context.store.readStream(meterStream(key.split('_')[1], utcDay(new Date())));
-  const events = read.events.map((e) => meterEvents.parse(e));
+async function meterOf(cluster: GatewayCluster, key: string): Promise<{ events: MeterEvent[]; state: MeterState }> {
+  const events = await cluster.meterEventsOf(key);
   return { events, state: foldEvents(meterDecider, meterDecider.initialState(), events) };
 }
 
@@ -106,55 +40,23 @@ function complete(url: string, key: string, body: Record<string, unknown>): Prom
 
 const tokensOf = (e: MeterEvent) => (e.data as { input_tokens: number }).input_tokens + (e.data as { output_tokens: number }).output_tokens;
 
-const it = suite<Context>('two gateway processes on one PostgreSQL');
+const it = suite<{ cluster: GatewayCluster }>('two gateway processes on one PostgreSQL');
 
 if (!databaseUrl) {
   it('skipped: set DATABASE_URL to run the cross-process tests', () => {});
 } else {
   it.before(async (context) => {
-    context.dir = mkdtempSync(join(tmpdir(), 'svc-two-'));
-    context.dbName = `svc_two_${randomBytes(5).toString('hex')}`;
-    const admin = new pg.Client({ connectionString: databaseUrl });
-    await admin.connect();
-    await admin.query(`CREATE DATABASE ${context.dbName}`);
-    await admin.end();
-    const dbUrl = new URL(databaseUrl);
-    dbUrl.pathname = `/${context.dbName}`;
-    context.dbUrl = dbUrl.toString();
-
-    context.engine = spawn(process.execPath, [svc, 'engine', '--model', 'ref-byte', '--chaos'], { env: { ...process.env, DATABASE_URL: '' }, stdio: ['ignore', 'pipe', 'pipe'] });
-    children.add(context.engine);
-    context.engine.stderr!.resume();
-    const [, line] = await waitForLine(context.engine, 'stdout', /^(\{.*"listening".*\})$/);
-    context.engineUrl = JSON.parse(line).url;
-
-    const defaults = JSON.parse(readFileSync(fileURLToPath(new URL('../../infra/config/default.json', import.meta.url)), 'utf8'));
-    const model = defaults.models.find((m: { id: string }) => m.id === 'ref-byte');
-    context.config = join(context.dir, 'models.json');
-    writeFileSync(context.config, JSON.stringify({ ...defaults, models: [{ ...model, engine: context.engineUrl }] }));
-    context.gateways = [];
-    context.gateways.push(await startGateway(context, longTtlMs)); // the first one runs the migrations alone
-    context.gateways.push(await startGateway(context, longTtlMs));
-    context.store = await openEventStore({ databaseUrl: context.dbUrl });
+    context.cluster = await startGatewayCluster(databaseUrl, { name: 'two', gateways: 2, ttlMs: longTtlMs });
   });
 
   it.after(async (context) => {
-    await context.store?.close();
-    for (const child of children) child.kill('SIGTERM');
-    await Promise.all([...children].map((c) => (c.exitCode === null && c.signalCode === null ? new Promise((r) => c.once("exit", r)) : null)));
-    if (context.dbName) {
-      const admin = new pg.Client({ connectionString: databaseUrl });
-      await admin.connect();
-      await admin.query(`DROP DATABASE IF EXISTS ${context.dbName} WITH (FORCE)`);
-      await admin.end();
-    }
-    if (context.dir) rmSync(context.dir, { recursive: true, force: true });
+    await context.cluster?.stop();
   });
 
   it('200 concurrent requests through both: at most B tokens settled, no hold left open, at most 16 running at the engine', async (context) => {
-    const [a, b] = context.gateways;
+    const [a, b] = context.cluster.gateways;
     const budget = 2000;
-    const key = await issueKey(a.url, adminToken, { email: 'two@example.org', monthly_token_budget: budget });
+    const key = await issueKey(a.url, context.cluster.adminToken, { email: 'two@example.org', monthly_token_budget: budget });
     // One request through each first, so that both processes hold a lease on the key when the burst
     // starts. Without it, one process can lease all 16 slots before the other's first reservation and
     // keep them while it has requests waiting, and the budget may run out before the other gets one.
@@ -164,7 +66,7 @@ if (!databaseUrl) {
       assert.is(res.status, 200);
       warmUp.push(((await res.json()) as any).usage.total_tokens as number);
     }
-    await chaos(context, { mode: 'delay', count: 1000, delay_ms: 4 });
+    await context.cluster.chaos({ mode: 'delay', count: 1000, delay_ms: 4 });
     const responses = await Promise.all(
       Array.from({ length: 200 }, async (_, i) => {
         const res = await complete((i % 2 === 0 ? a : b).url, key, { prompt: 'abc', max_tokens: 20, temperature: 0 });
@@ -172,7 +74,7 @@ if (!databaseUrl) {
         return { status: res.status, code: body.error?.code as string | undefined, tokens: body.usage?.total_tokens as number | undefined };
       }),
     );
-    await chaos(context, { mode: 'none' });
+    await context.cluster.chaos({ mode: 'none' });
     const served = responses.filter((r) => r.status === 200);
     const codes = new Set(responses.filter((r) => r.status !== 200).map((r) => `${r.status} ${r.code}`));
     for (const code of codes) assert.ok(['429 budget_exceeded', '429 queue_full'].includes(code), `unexpected ${code}`);
@@ -180,13 +82,13 @@ if (!databaseUrl) {
     const clientTotal = served.reduce((n, r) => n + r.tokens!, warmUp[0] + warmUp[1]);
     assert.ok(clientTotal <= budget, `clients were served ${clientTotal} tokens of a ${budget}-token budget`);
     const { events, state } = await until('every hold released', async () => {
-      const meter = await meterOf(context, key);
+      const meter = await meterOf(context.cluster, key);
       return Object.keys(meter.state.holds).length === 0 && meter.events.filter((e) => e.type === 'UsageSettled').length === served.length + warmUp.length ? meter : null;
     });
     const settled = events.filter((e) => e.type === 'UsageSettled' || e.type === 'ReservationExpired').reduce((n, e) => n + tokensOf(e), 0);
     assert.ok(settled <= budget, `settled ${settled} tokens of a ${budget}-token budget`);
     assert.is(settled, state.monthInput + state.monthOutput);
-    const peak = await engineGauge(context, 'svc_engine_requests_running_peak');
+    const peak = await engineGauge(context.cluster, 'svc_engine_requests_running_peak');
     assert.ok(peak <= 16, `${peak} generations ran at once at the engine`);
     assert.ok(peak > 1, 'requests overlapped');
     // With slot leases in play: both processes held one, and reservations made in a standing lease (not
@@ -198,8 +100,8 @@ if (!databaseUrl) {
   });
 
   it('at most 600 request starts per rolling minute across both gateways', async (context) => {
-    const [a, b] = context.gateways;
-    const key = await issueKey(b.url, adminToken, { email: 'rate2@example.org' });
+    const [a, b] = context.cluster.gateways;
+    const key = await issueKey(b.url, context.cluster.adminToken, { email: 'rate2@example.org' });
     const statuses: number[] = [];
     const started = Date.now();
     for (let wave = 0; wave < 14; wave++) {
@@ -213,7 +115,7 @@ if (!databaseUrl) {
     const refused = statuses.filter((s) => s === 429).length;
     assert.ok(refused > 0, 'some requests were refused');
     const { events } = await until('every refusal recorded', async () => {
-      const meter = await meterOf(context, key);
+      const meter = await meterOf(context.cluster, key);
       return meter.events.filter((e) => e.type === 'RequestRejected').length === refused ? meter : null;
     });
     assertRollingMinuteLimit(events, 600);
@@ -225,19 +127,19 @@ if (!databaseUrl) {
   });
 
   it('a gateway killed with SIGKILL mid-request: after a restart and the TTL every hold is released, every acknowledged settlement is kept', async (context) => {
-    const victim = await startGateway(context);
-    const key = await issueKey(victim.url, adminToken, { email: 'killed@example.org' });
+    const victim = await context.cluster.startGateway(shortTtlMs);
+    const key = await issueKey(victim.url, context.cluster.adminToken, { email: 'killed@example.org' });
     for (let i = 0; i < 3; i++) assert.is((await complete(victim.url, key, { prompt: 'done', max_tokens: 3, temperature: 0 })).status, 200);
-    await until('three settlements stored', async () => (await meterOf(context, key)).events.filter((e) => e.type === 'UsageSettled').length === 3);
-    await chaos(context, { mode: 'delay', count: 4, delay_ms: 500 });
+    await until('three settlements stored', async () => (await meterOf(context.cluster, key)).events.filter((e) => e.type === 'UsageSettled').length === 3);
+    await context.cluster.chaos({ mode: 'delay', count: 4, delay_ms: 500 });
     const running = Array.from({ length: 4 }, () => complete(victim.url, key, { prompt: 'slow', max_tokens: 100, temperature: 0 }).catch(() => null));
-    await until('four holds stored', async () => Object.keys((await meterOf(context, key)).state.holds).length === 4);
+    await until('four holds stored', async () => Object.keys((await meterOf(context.cluster, key)).state.holds).length === 4);
     victim.child.kill('SIGKILL');
     await Promise.all(running);
-    await chaos(context, { mode: 'none' });
-    const restarted = await startGateway(context);
+    await context.cluster.chaos({ mode: 'none' });
+    const restarted = await context.cluster.startGateway(shortTtlMs);
     const { events } = await until('every hold expired', async () => {
-      const meter = await meterOf(context, key);
+      const meter = await meterOf(context.cluster, key);
       return Object.keys(meter.state.holds).length === 0 ? meter : null;
     }, 60_000);
     assert.is(events.filter((e) => e.type === 'UsageSettled').length, 3, 'acknowledged settlements are all there');
