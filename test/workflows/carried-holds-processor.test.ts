@@ -54,18 +54,20 @@ async function releasesOn(store: EventStore, keyId: string, day: string): Promis
   return (await store.readStream(meterStream(keyId, day))).events.filter((e) => e.type === 'CarriedHoldReleased').length;
 }
 
-/** Day D's request X still runs at midnight; D+1 opens carrying it (a request there); X then settles on D. */
-async function carriedThenSettled(store: EventStore, clock: { now: Date }, keyId: string) {
+/** Day D's requests (X, ...) still run at midnight; D+1 opens carrying them (a request there); they then settle on D. */
+async function carriedThenSettled(store: EventStore, clock: { now: Date }, keyId: string, running = 1) {
   const first = gatewayProcess(store, clock);
   clock.now = new Date(`${D}T23:59:50Z`);
-  const x = admitRequest(keyId);
-  const xAdmission = await admitted(first.metering, x);
+  const carried = Array.from({ length: running }, () => admitRequest(keyId));
+  const admissions = [];
+  for (const request of carried) admissions.push(await admitted(first.metering, request));
   clock.now = new Date(`${D1}T00:00:10Z`);
   const y = admitRequest(keyId);
   await first.metering.settle(await admitted(first.metering, y), y.facts, usage);
-  assert.ok((await meterOf(store, keyId, D1)).holds[x.facts.request_id], 'the next day carried the running hold');
-  await first.metering.settle(xAdmission, x.facts, usage);
-  return { first, x };
+  const opened = await meterOf(store, keyId, D1);
+  for (const request of carried) assert.ok(opened.holds[request.facts.request_id], 'the next day carried the running hold');
+  for (const [i, request] of carried.entries()) await first.metering.settle(admissions[i], request.facts, usage);
+  return { first, x: carried[0] };
 }
 
 for (const adapter of adaptersUnderTest()) {
@@ -133,18 +135,9 @@ for (const adapter of adaptersUnderTest()) {
   for (const crash of ['before the first command', 'between two commands', 'after the commands, before the commit'] as const) {
     it(`a processor that dies ${crash}: the next one resumes from the checkpoint, without losing or doubling a step`, async ({ store }) => {
       const keyId = randomUUID().slice(0, 12);
-      const clock = { now: new Date(`${D}T23:59:50Z`) };
-      const gateway = gatewayProcess(store, clock);
+      const clock = { now: new Date() };
       // Two holds carried: the settlement of each releases it; one batch holds both settlements.
-      const x = admitRequest(keyId);
-      const z = admitRequest(keyId);
-      const xAdmission = await admitted(gateway.metering, x);
-      const zAdmission = await admitted(gateway.metering, z);
-      clock.now = new Date(`${D1}T00:00:10Z`);
-      const y = admitRequest(keyId);
-      await gateway.metering.settle(await admitted(gateway.metering, y), y.facts, usage);
-      await gateway.metering.settle(xAdmission, x.facts, usage);
-      await gateway.metering.settle(zAdmission, z.facts, usage);
+      const { first: gateway } = await carriedThenSettled(store, clock, keyId, 2);
 
       const sendsBeforeDeath = crash === 'before the first command' ? 0 : crash === 'between two commands' ? 1 : Infinity;
       let sends = 0;
@@ -198,17 +191,8 @@ for (const adapter of adaptersUnderTest()) {
   // inputs recorded past the checkpoint, and the next one must pass over them.
   it('a log apart from the database, a processor that dies after recording, before moving the checkpoint: the next one passes over what it recorded', async ({ store }) => {
     const keyId = randomUUID().slice(0, 12);
-    const clock = { now: new Date(`${D}T23:59:50Z`) };
-    const gateway = gatewayProcess(store, clock);
-    const x = admitRequest(keyId);
-    const z = admitRequest(keyId);
-    const xAdmission = await admitted(gateway.metering, x);
-    const zAdmission = await admitted(gateway.metering, z);
-    clock.now = new Date(`${D1}T00:00:10Z`);
-    const y = admitRequest(keyId);
-    await gateway.metering.settle(await admitted(gateway.metering, y), y.facts, usage);
-    await gateway.metering.settle(xAdmission, x.facts, usage);
-    await gateway.metering.settle(zAdmission, z.facts, usage);
+    const clock = { now: new Date() };
+    const { first: gateway } = await carriedThenSettled(store, clock, keyId, 2);
 
     const logApart = (): EventLog => ({ ...store });
     const recordedTypes = async () => (await store.readStream(workflowStream(carriedHoldsWorkflow.name, keyId))).events.map((e) => e.type);
