@@ -7,16 +7,17 @@
 import type { Decider } from '../src/event-sourcing/index.ts';
 import { SpendCapReached, spendEvents, type SpendEvent } from '../events/spend.ts';
 
-/** `spend` and `cap` in integer micro-units (daily_spend.cost_micros; SVC_DAILY_SPEND_CAP × 1e6, rounded). */
-export type SpendCommand = { type: 'CheckSpend'; day: string; spend: number; cap: number | null; now: string };
+/** The day's spend and the cap in integer micro-units (daily_spend.cost_micros; SVC_DAILY_SPEND_CAP × 1e6, rounded). */
+export type SpendCommand = { type: 'CheckSpend'; day: string; spendMicros: number; capMicros: number | null; now: string };
 
 export const spendDecider: Decider<{ reached: boolean }, SpendCommand, SpendEvent> = {
   events: spendEvents,
   initialState: () => ({ reached: false }),
   evolve: () => ({ reached: true }),
   decide(command, state) {
-    if (state.reached || command.cap === null || command.spend < command.cap) return [];
-    if (!Number.isSafeInteger(command.spend) || !Number.isSafeInteger(command.cap)) throw new RangeError('CheckSpend takes the spend and the cap in integer micro-units');
-    return SpendCapReached({ day: command.day, spend: command.spend / 1e6, cap: command.cap / 1e6, at: command.now, spend_micros: command.spend, cap_micros: command.cap });
+    const { spendMicros: spend, capMicros: cap } = command;
+    if (state.reached || cap === null || spend < cap) return [];
+    if (!Number.isSafeInteger(spend) || !Number.isSafeInteger(cap)) throw new RangeError('CheckSpend takes the spend and the cap in integer micro-units');
+    return SpendCapReached({ day: command.day, spend: spend / 1e6, cap: cap / 1e6, at: command.now, spend_micros: spend, cap_micros: cap });
   },
 };

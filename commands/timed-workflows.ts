@@ -38,8 +38,9 @@ export function reapHolds(tick: Tick, view: { expired: readonly ExpiringHold[]; 
  * cap, or once the cap is known reached today. The command's id names the spend seen, so a report of
  * the same spend is sent once.
  */
-export function watchSpend(tick: Tick, view: { spend: number; cap: number | null; reachedDay: string | null }): WorkflowCommand<SpendCommand>[] {
+export function watchSpend(tick: Tick, view: { spendMicros: number; capMicros: number | null; reachedDay: string | null }): WorkflowCommand<SpendCommand>[] {
   const day = utcDay(tick.now);
-  if (view.cap === null || view.reachedDay === day) return [];
-  return [{ stream: spendStream(day), commandId: `spend-check:${day}:${view.spend}`, command: { type: 'CheckSpend', day, spend: view.spend, cap: view.cap, now: tick.now } }];
+  const { spendMicros, capMicros } = view;
+  if (capMicros === null || view.reachedDay === day) return [];
+  return [{ stream: spendStream(day), commandId: `spend-check:${day}:${spendMicros}`, command: { type: 'CheckSpend', day, spendMicros, capMicros, now: tick.now } }];
 }

@@ -78,14 +78,14 @@ export class Sweeper {
     const { handler, store, spendCap, logger } = this.#o;
     const now = this.#o.now();
     // In integer micro-units, like daily_spend's cost_micros: the cap is met exactly, not by a float sum.
-    const view = { cap: spendCap === null ? null : toMicros(spendCap), reachedDay: this.spendCappedDay, spend: 0 };
-    if (view.cap === null || view.reachedDay === utcDay(now)) return;
-    view.spend = (await spendOfDay(store, utcDay(now))).costMicros;
+    const view = { capMicros: spendCap === null ? null : toMicros(spendCap), reachedDay: this.spendCappedDay, spendMicros: 0 };
+    if (view.capMicros === null || view.reachedDay === utcDay(now)) return;
+    view.spendMicros = (await spendOfDay(store, utcDay(now))).costMicros;
     for (const { stream, command, commandId } of watchSpend({ now: now.toISOString() }, view)) {
       const outcome = await handler.handle(stream, command, spendDecider, { commandId });
       if (!outcome.accepted || !outcome.state.reached) continue;
       this.spendCappedDay = command.day;
-      if (outcome.newEvents.length > 0) logger.warn({ day: command.day, spend: command.spend, cap: command.cap }, 'daily GPU spend cap reached: the service answers 429 spend_cap until the next UTC day');
+      if (outcome.newEvents.length > 0) logger.warn({ day: command.day, spend_micros: command.spendMicros, cap_micros: command.capMicros }, 'daily GPU spend cap reached: the service answers 429 spend_cap until the next UTC day');
     }
   }
 }

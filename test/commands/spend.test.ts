@@ -10,7 +10,7 @@ const spec = deciderSpecification(spendDecider);
 const day = '2026-11-26';
 const now = `${day}T12:00:00.000Z`;
 /** Spend and cap in micro-units. */
-const check = (spend: number, cap: number | null) => ({ type: 'CheckSpend' as const, day, spend, cap, now });
+const check = (spendMicros: number, capMicros: number | null) => ({ type: 'CheckSpend' as const, day, spendMicros, capMicros, now });
 const reached = (spend: number, cap: number) => SpendCapReached({ day, spend: spend / 1e6, cap: cap / 1e6, at: now, spend_micros: spend, cap_micros: cap });
 
 it('a spend under the cap reaches nothing, by one micro-unit', () => {

@@ -25,15 +25,15 @@ it('the same tick decided twice (a reaper that died half-way) sends the same com
 });
 
 it("the spend watcher reports the day's spend to the day's spend stream, the threshold left to its decider", () => {
-  assert.equal(watchSpend({ now }, { spend: 12.5, cap: 100, reachedDay: null }), [
-    { stream: 'spend-2026-11-26', commandId: 'spend-check:2026-11-26:12.5', command: { type: 'CheckSpend', day: '2026-11-26', spend: 12.5, cap: 100, now } },
+  assert.equal(watchSpend({ now }, { spendMicros: 12_500_000, capMicros: 100_000_000, reachedDay: null }), [
+    { stream: 'spend-2026-11-26', commandId: 'spend-check:2026-11-26:12500000', command: { type: 'CheckSpend', day: '2026-11-26', spendMicros: 12_500_000, capMicros: 100_000_000, now } },
   ]);
 });
 
 it('the spend watcher sends nothing with no cap, or once the cap is known reached today', () => {
-  assert.equal(watchSpend({ now }, { spend: 500, cap: null, reachedDay: null }), []);
-  assert.equal(watchSpend({ now }, { spend: 500, cap: 100, reachedDay: '2026-11-26' }), []);
-  assert.is(watchSpend({ now }, { spend: 500, cap: 100, reachedDay: '2026-11-25' }).length, 1, "yesterday's cap does not hold today");
+  assert.equal(watchSpend({ now }, { spendMicros: 500, capMicros: null, reachedDay: null }), []);
+  assert.equal(watchSpend({ now }, { spendMicros: 500, capMicros: 100, reachedDay: '2026-11-26' }), []);
+  assert.is(watchSpend({ now }, { spendMicros: 500, capMicros: 100, reachedDay: '2026-11-25' }).length, 1, "yesterday's cap does not hold today");
 });
 
 it.run();
