@@ -3,7 +3,7 @@
  * nor its hash. Idempotent: an issue that finds its row does nothing; a status or budget change
  * writes the values its event carries, so replaying a stream's events in order ends on the same row.
  */
-import { defineProjection, type Queryable } from '../src/event-sourcing/index.ts';
+import { defineProjection, toStorableText, type Queryable } from '../src/event-sourcing/index.ts';
 import { keyEvents, type KeyEvent } from '../events/key.ts';
 
 const budgetColumns = ['monthly_token_budget', 'daily_token_budget', 'monthly_input_token_budget', 'monthly_output_token_budget', 'monthly_harvest_jobs'] as const;
@@ -42,7 +42,7 @@ export const apiKeys = defineProjection<KeyEvent>({
         `INSERT INTO api_keys (key_id, prefix, email, user_id, status, ${budgetColumns.join(', ')}, issued_at, updated_at)
          VALUES ($1, $1, $2, $3, 'active', $4, $5, $6, $7, $8, $9, $9)
          ON CONFLICT (key_id) DO NOTHING`,
-        [d.key_id, d.email, d.user_id, ...budgetColumns.map((c) => d.budgets[c]), d.at],
+        [d.key_id, toStorableText(d.email), toStorableText(d.user_id), ...budgetColumns.map((c) => d.budgets[c]), d.at],
       );
     },
     KeyPaused: (event, db) => setStatus(db, event.data.key_id, 'paused', event.data.at),

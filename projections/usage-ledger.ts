@@ -7,7 +7,7 @@
  * usage goes to `late_input_tokens`/`late_output_tokens`, and the GPU time and its cost are filled in.
  * Money is exact: `cost_micros` (integer micro-units) and `cost` (the same as numeric(20, 6)).
  */
-import { defineBatchProjection, type Recorded } from '../src/event-sourcing/index.ts';
+import { defineBatchProjection, toStorableText, type Recorded } from '../src/event-sourcing/index.ts';
 import { meterEvents, type MeterEvent, type RequestFactsData } from '../events/meter.ts';
 import { advanceGuard, closesEarlierHold, createPositionGuard, freshBatch, guardTable, logPlace, meterDayOf, outlivesBatch, pairWithinBatch } from './meter-streams.ts';
 
@@ -15,15 +15,18 @@ const pending = 'usage_ledger_pending';
 
 type LedgerRow = Record<string, string | number | boolean | null>;
 
+/** Client strings as a text column can hold them (a NUL or a lone surrogate escaped as in the event log). */
+const storable = (text: string | null): string | null => (text === null ? null : toStorableText(text));
+
 function factsColumns(facts: RequestFactsData): LedgerRow {
   return {
-    request_id: facts.request_id,
+    request_id: storable(facts.request_id),
     key_prefix: facts.key_prefix,
-    email: facts.email,
+    email: storable(facts.email),
     client_ip: facts.client_ip,
     endpoint: facts.endpoint,
-    model: facts.model,
-    user_tag: facts.user,
+    model: storable(facts.model),
+    user_tag: storable(facts.user),
     workload: facts.workload,
   };
 }

@@ -19,4 +19,6 @@ export {
 } from './workflow.ts';
 export type { Projection } from '../projection-runner/index.ts';
 export type { Queryable } from '../store/index.ts';
+/** For projections that copy client strings into `text` columns (which cannot hold U+0000 or a lone surrogate). */
+export { toStorableText } from '../store/index.ts';
 export { Type, type Static, type TSchema } from 'typebox';

@@ -1,10 +1,11 @@
 /**
- * Hostile strings end to end (issue 25): strings PostgreSQL's `jsonb` refuses (U+0000, lone surrogates)
+ * Hostile strings end to end: strings PostgreSQL's `jsonb` refuses (U+0000, lone surrogates)
  * and other awkward ones, in every client-controlled field that reaches an event (`user`, a refused
  * `model`, the key's e-mail and user id), sent as 1,000 completion bodies interleaved with valid requests
  * of other keys, through real HTTP on PGlite (and on PostgreSQL when DATABASE_URL is set, in a database
  * of its own). Nothing is answered 5xx, every request is recorded in the meter's events, and the strings
- * read back from the events are the ones sent, byte for byte. Headers cannot carry such strings (the
+ * read back from the events are the ones sent, byte for byte; the projection tables keep up and
+ * hold them in the log's escaped form. Headers cannot carry such strings (the
  * HTTP parser refuses U+0000, a header is Latin-1), a malformed X-Request-Id is replaced by a minted one,
  * and X-Svc-Workload records only `interactive` or `batch`; those stay out of the events by design.
  */
@@ -13,7 +14,8 @@ import * as assert from 'uvu/assert';
 import { randomBytes } from 'node:crypto';
 import pg from 'pg';
 import { issueKey, startTestGateway, type TestGateway } from '../support/gateway.ts';
-import { logStart, type RecordedEvent } from '../../src/store/index.ts';
+import { logStart, toStorableText, type RecordedEvent } from '../../src/store/index.ts';
+import { within } from '../support/within.ts';
 
 const hostile = [
   'x\u0000y',
@@ -152,6 +154,19 @@ for (const adapter of adapters) {
     assert.ok(Number(rows[0].n) >= 6);
     const issued = (await gw.store.readAll(logStart, 100_000)).filter((e) => e.type === 'KeyIssued').map((e) => (e.data as { email: string }).email);
     for (const { email } of hostileKeys) assert.ok(issued.includes(email), 'the key\'s e-mail byte for byte');
+
+    // The tables follow: a text column cannot hold U+0000 or a lone surrogate, so they hold the log's
+    // escaped form of such strings (toStorableText), and no projection stops on them.
+    await within(30_000, gw.projectionsCaughtUp(), 'the projections catching up with the hostile requests');
+    assert.not.match(gw.logs(), /projection batch failed/, 'no projection batch failed');
+    const ledger = await gw.store.query<{ request_id: string; user_tag: string | null; email: string }>('SELECT request_id, user_tag, email FROM usage_ledger');
+    const byId = new Map(ledger.rows.map((r) => [r.request_id, r]));
+    for (const s of sent) {
+      const row = byId.get(s.requestId);
+      assert.ok(row, `a ledger row for ${s.requestId}`);
+      assert.is(row.user_tag, toStorableText(s.user));
+      assert.is(row.email, toStorableText(s.email));
+    }
 
     const seconds = (performance.now() - started) / 1000;
     console.log(`${adapter.name}: 1,000 hostile bodies and ${valid.length} valid requests in ${seconds.toFixed(1)} s`);
