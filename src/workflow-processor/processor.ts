@@ -48,6 +48,11 @@ export interface WorkflowProcessorSettings {
   batchSize?: number;
   /** Polling fallback when no commit hint arrives (ms). */
   pollIntervalMs?: number;
+  /**
+   * After a read that caught up, wait this long before reading again (default 100 ms): under steady
+   * load the log is read ten times a second, not once per commit, for reactions that can wait that long.
+   */
+  gatherMs?: number;
   /** Told about a failed batch (it is tried again) and about a command its target refused. */
   onError?(workflow: string, error: unknown): void;
 }
@@ -143,6 +148,7 @@ export class WorkflowProcessor {
       batchSize: this.#options.batchSize ?? 500,
       pollIntervalMs: this.#options.pollIntervalMs,
       eventTypes: running.workflow.inputTypes,
+      gatherMs: this.#options.gatherMs ?? 100,
       handle: (events) => this.#react(running, events),
       onError: (error) => {
         running.instances.clear(); // what was decided in memory may not have been recorded
