@@ -1,6 +1,15 @@
 /**
- * What `events/`, `commands/` and `projections/` build on: typed events, deciders, rejections and
- * projections. They import this module and nothing else of `src/`; the arrows run one way.
+ * What `events/`, `commands/` and `projections/` build on, and the pattern each domain follows (the
+ * meter is the worked example: events/meter.ts, commands/meter.ts, commands/carried-holds.ts,
+ * projections/usage-ledger.ts):
+ * - events: versioned TypeBox schemas in a catalogue that checks and upcasts every stored event;
+ * - deciders: every rule of one stream, pure, rejections as values (commands/<category>.ts);
+ * - workflows: reactions across streams, pure decide/evolve over inputs, commands out with derived
+ *   ids, state on a stream of their own (workflow.ts; driven by src/workflow-processor);
+ * - projections: SQL tables and idempotent handlers (driven by src/projection-runner).
+ * Processors take the store's two ports (src/store/types.ts: the event log they read, the SQL database
+ * where their rows and checkpoints live). Domain folders import this module and nothing else of
+ * `src/`; the arrows run one way.
  */
 export { defineEvent, eventCatalogue, EventSchemaViolation, schemaVersionKey, type DomainEvent, type EventCatalogue, type EventOf, type EventType, type Upcaster } from './events.ts';
 export { reject, isRejection, decisionEvents, foldEvents, type Decider, type Decision, type Rejection } from './decider.ts';
