@@ -4,6 +4,7 @@
  * writes the values its event carries, so replaying a stream's events in order ends on the same row.
  */
 import { defineProjection, toStorableText, type Queryable } from '../src/event-sourcing/index.ts';
+import { describeTable } from './table-comments.ts';
 import { keyEvents, type KeyEvent } from '../events/key.ts';
 
 const budgetColumns = ['monthly_token_budget', 'daily_token_budget', 'monthly_input_token_budget', 'monthly_output_token_budget', 'monthly_harvest_jobs'] as const;
@@ -34,6 +35,20 @@ export const apiKeys = defineProjection<KeyEvent>({
     )`);
     await db.query('CREATE INDEX IF NOT EXISTS api_keys_user_id ON api_keys (user_id)');
     await db.query('CREATE INDEX IF NOT EXISTS api_keys_email ON api_keys (email)');
+    await describeTable(db, 'api_keys', 'One row per API key: its owner, status and budgets (projection api_keys, from the key streams). Never the secret nor its hash.', {
+      key_id: 'Primary key; equal to prefix.',
+      prefix: 'The key\'s public prefix (12 hex characters).',
+      email: 'The owner\'s e-mail address.',
+      user_id: 'The owning user (the e-mail when none was given); several keys may share it.',
+      status: 'active, paused or revoked.',
+      monthly_token_budget: 'Tokens (input + output) per UTC month; NULL = unlimited.',
+      daily_token_budget: 'Tokens (input + output) per UTC day; NULL = unlimited.',
+      monthly_input_token_budget: 'Input (prompt) tokens per UTC month; NULL = unlimited.',
+      monthly_output_token_budget: 'Output (generated) tokens per UTC month; NULL = unlimited.',
+      monthly_harvest_jobs: 'Harvest jobs per UTC month; NULL = unlimited.',
+      issued_at: 'When the key was issued.',
+      updated_at: 'The last status or budget change (issued_at until then).',
+    });
   },
   handlers: {
     async KeyIssued(event, db) {

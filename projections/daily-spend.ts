@@ -7,7 +7,8 @@
  */
 import { defineBatchProjection, type Queryable } from '../src/event-sourcing/index.ts';
 import { meterEvents, type MeterEvent } from '../events/meter.ts';
-import { advanceGuard, createPositionGuard, freshBatch, guardTable, logPlace, meterDayOf } from './meter-streams.ts';
+import { advanceGuard, useInternalSchema, createPositionGuard, freshBatch, guardTable, logPlace, meterDayOf } from './meter-streams.ts';
+import { describeTable } from './table-comments.ts';
 
 export const dailySpendProjection = defineBatchProjection<Extract<MeterEvent, { type: 'UsageSettled' | 'LateUsageRecorded' }>>({
   name: 'daily_spend',
@@ -25,6 +26,13 @@ export const dailySpendProjection = defineBatchProjection<Extract<MeterEvent, { 
         ALTER TABLE daily_spend ALTER COLUMN cost_micros SET NOT NULL, ALTER COLUMN cost TYPE numeric(20, 6) USING cost_micros / 1000000.0;
       END IF;
     END $$`);
+    await describeTable(db, 'daily_spend', 'Per UTC meter day: what settled requests cost (late settlements included), their GPU time and their number (projection daily_spend). The spend cap reads today\'s cost_micros.', {
+      day: 'The meter day (UTC), the day each request was admitted.',
+      cost: 'The day\'s cost in currency units, exact: cost_micros / 1,000,000.',
+      gpu_seconds: 'Backend GPU-seconds billed.',
+      requests: 'Settlements counted (late ones included).',
+      cost_micros: 'The day\'s cost in integer micro-units of the currency unit (exact).',
+    });
     await createPositionGuard(db, 'daily_spend');
   },
   // One upsert per day the batch touches. Money is summed exactly (integers); GPU seconds are floats,
@@ -32,6 +40,7 @@ export const dailySpendProjection = defineBatchProjection<Extract<MeterEvent, { 
   // each day's sum starts from the stored row and adds the batch's settlements in log order
   // (`sum(... ORDER BY ...)` adds in that order), as one settlement at a time would.
   async apply(events, db) {
+    await useInternalSchema(db);
     const batch = JSON.stringify(
       events.map((e, pos) => ({ pos, day: meterDayOf(e.streamId).day, cost_micros: e.data.cost_micros, gpu_seconds: e.data.gpu_seconds, ...logPlace(e) })),
     );

@@ -13,7 +13,8 @@
  */
 import { defineBatchProjection, type Queryable } from '../src/event-sourcing/index.ts';
 import { meterEvents, type MeterEvent } from '../events/meter.ts';
-import { advanceGuard, closesEarlierHold, createPositionGuard, freshBatch, guardTable, logPlace, meterDayOf, outlivesBatch, pairWithinBatch } from './meter-streams.ts';
+import { advanceGuard, createInternalTable, useInternalSchema, closesEarlierHold, createPositionGuard, freshBatch, guardTable, logPlace, meterDayOf, outlivesBatch, pairWithinBatch } from './meter-streams.ts';
+import { describeTable } from './table-comments.ts';
 
 export interface KeyUsageRow {
   key_id: string;
@@ -68,8 +69,18 @@ export const keyUsageProjection = defineBatchProjection<MeterEvent>({
       expired bigint NOT NULL DEFAULT 0,
       rejected bigint NOT NULL DEFAULT 0,
       PRIMARY KEY (key_id, period_kind, period))`);
-    await db.query(`CREATE TABLE IF NOT EXISTS ${holds} (
-      stream_id text COLLATE "C" NOT NULL, request_id text NOT NULL, tokens bigint NOT NULL, PRIMARY KEY (stream_id, request_id))`);
+    await describeTable(db, 'key_usage', 'Per key, per UTC month and per UTC day: tokens held and charged, requests, expiries, rejections (projection key_usage). A request counts in the period of its meter day, the day it was reserved.', {
+      key_id: 'The key (its 12-hex prefix); api_keys.key_id.',
+      period_kind: 'month or day.',
+      period: 'The period: YYYY-MM for a month row, YYYY-MM-DD for a day row (UTC).',
+      reserved_tokens: 'Tokens held now by open reservations made in the period (prompt + max_tokens x choices).',
+      input_tokens: 'Input tokens charged: settled (the engine\'s usage) plus expired (the whole hold).',
+      output_tokens: 'Output tokens charged: settled (the engine\'s usage) plus expired (the whole hold).',
+      requests: 'Settled requests.',
+      expired: 'Reservations expired by the reaper (their whole hold charged).',
+      rejected: 'Requests rejected after authentication (charged nothing).',
+    });
+    await createInternalTable(db, holds, 'stream_id text COLLATE "C" NOT NULL, request_id text NOT NULL, tokens bigint NOT NULL, PRIMARY KEY (stream_id, request_id)');
     await createPositionGuard(db, 'key_usage');
   },
   // Two statements, in this order, as one event at a time would leave the rows (see `outlivesBatch`):
@@ -78,6 +89,7 @@ export const keyUsageProjection = defineBatchProjection<MeterEvent>({
   // size, so its release subtracts exactly what it added). A hold made and released within the batch
   // adds and subtracts the same tokens: it writes no row.
   async apply(events, db) {
+    await useInternalSchema(db);
     const pairing = pairWithinBatch(events);
     const batch = JSON.stringify(
       events.map((e, pos) => {

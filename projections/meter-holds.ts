@@ -7,7 +7,8 @@
  */
 import { defineBatchProjection, type Queryable } from '../src/event-sourcing/index.ts';
 import { meterEvents, type MeterEvent } from '../events/meter.ts';
-import { advanceGuard, closesEarlierHold, createPositionGuard, freshBatch, guardTable, logPlace, meterDayOf, outlivesBatch, pairWithinBatch } from './meter-streams.ts';
+import { advanceGuard, useInternalSchema, closesEarlierHold, createPositionGuard, freshBatch, guardTable, logPlace, meterDayOf, outlivesBatch, pairWithinBatch } from './meter-streams.ts';
+import { describeTable } from './table-comments.ts';
 
 export interface OpenHold {
   requestId: string;
@@ -38,6 +39,16 @@ export const meterHoldsProjection = defineBatchProjection<MeterEvent>({
       reserved_at timestamptz NOT NULL,
       expires_at timestamptz NOT NULL)`);
     await db.query('CREATE INDEX IF NOT EXISTS meter_holds_expires_at ON meter_holds (expires_at)');
+    await describeTable(db, 'meter_holds', 'Reservations still open, one row each (projection meter_holds); the reaper expires those past expires_at on their stream.', {
+      request_id: 'Primary key: the request (X-Request-Id).',
+      key_id: 'The key (its 12-hex prefix).',
+      stream_id: 'The reservation\'s meter stream, meter-<key>-<yyyy-mm-dd>: the reaper expires it there.',
+      day: 'The reservation\'s meter day (UTC).',
+      input_tokens: 'Prompt tokens held.',
+      output_tokens: 'Output tokens held: max_tokens x choices.',
+      reserved_at: 'When the hold was made.',
+      expires_at: 'When the reaper may expire it (moved by each renewal).',
+    });
     await createPositionGuard(db, 'meter_holds');
   },
   // In order, as one event at a time would leave them (see `outlivesBatch`): holds made before the
@@ -46,6 +57,7 @@ export const meterHoldsProjection = defineBatchProjection<MeterEvent>({
   // is gone; a carried hold may be renewed on the next day's stream, so it is found by request id).
   // A hold made and closed within the batch writes no row.
   async apply(events, db) {
+    await useInternalSchema(db);
     const pairing = pairWithinBatch(events);
     // A renewal followed in the batch by a reservation under the same request id and key renewed a hold
     // that is gone by then: it must not move the new one.

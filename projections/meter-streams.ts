@@ -3,6 +3,7 @@
  * of them idempotent, and the pairing of a batch's reservations with their closes.
  */
 import type { Queryable } from '../src/event-sourcing/index.ts';
+import { internalSchemaOf } from '../src/projection-runner/index.ts';
 
 export interface MeterDay {
   keyId: string;
@@ -41,8 +42,40 @@ export function meterDayOf(streamId: string): Readonly<MeterDay> {
  */
 export async function createPositionGuard(db: Queryable, projection: string): Promise<void> {
   await db.query(`DROP TABLE IF EXISTS ${projection}_applied`);
-  await db.query(`CREATE TABLE IF NOT EXISTS ${guardTable(projection)} (
-    one boolean PRIMARY KEY DEFAULT true CHECK (one), transaction_id bigint NOT NULL, global_position bigint NOT NULL)`);
+  await createInternalTable(db, guardTable(projection), 'one boolean PRIMARY KEY DEFAULT true CHECK (one), transaction_id bigint NOT NULL, global_position bigint NOT NULL');
+}
+
+/**
+ * Creates a helper table (a guard, pending rows: nothing an analyst queries) in the internal schema of
+ * the schema the projection's tables are created in (`<schema>_internal`, see `internalSchemaOf`), so
+ * the analysts' schema holds only what they query. A table of an older release, found beside the
+ * projection's tables, is moved there with its rows. In a rebuild that schema is the scratch one, so
+ * the helper's copy is rebuilt with the tables. The projection's statements name it unqualified,
+ * after `useInternalSchema`.
+ */
+export async function createInternalTable(db: Queryable, table: string, columns: string): Promise<void> {
+  await db.query(`DO $do$ DECLARE
+      home text := current_schema();
+      internal text := ${internalSchemaOf('current_schema()')};
+    BEGIN
+      EXECUTE format('CREATE SCHEMA IF NOT EXISTS %I', internal);
+      IF to_regclass(format('%I.%I', home, '${table}')) IS NOT NULL AND to_regclass(format('%I.%I', internal, '${table}')) IS NULL THEN
+        EXECUTE format('ALTER TABLE %I.%I SET SCHEMA %I', home, '${table}', internal);
+      END IF;
+      EXECUTE format('CREATE TABLE IF NOT EXISTS %I.%I (%s)', internal, '${table}', $columns$${columns}$columns$);
+    END $do$`);
+}
+
+/**
+ * Puts the internal schema of the projection's schema right after it on this transaction's search_path
+ * (once), so the helper tables resolve by their unqualified names: the live ones, or in a rebuild the
+ * scratch copies (never a live helper table). The first statement of a batch that reads them.
+ */
+export function useInternalSchema(db: Queryable): Promise<unknown> {
+  return db.query(
+    `SELECT set_config('search_path', format('%I, %I, ', current_schema(), ${internalSchemaOf('current_schema()')}) || current_setting('search_path'), true)
+     WHERE NOT ${internalSchemaOf('current_schema()')} = ANY (current_schemas(false))`,
+  );
 }
 
 export const guardTable = (projection: string) => `${projection}_position`;

@@ -9,7 +9,8 @@
  */
 import { defineBatchProjection, toStorableText, type Recorded } from '../src/event-sourcing/index.ts';
 import { meterEvents, type MeterEvent, type RequestFactsData } from '../events/meter.ts';
-import { advanceGuard, closesEarlierHold, createPositionGuard, freshBatch, guardTable, logPlace, meterDayOf, outlivesBatch, pairWithinBatch } from './meter-streams.ts';
+import { advanceGuard, createInternalTable, useInternalSchema, closesEarlierHold, createPositionGuard, freshBatch, guardTable, logPlace, meterDayOf, outlivesBatch, pairWithinBatch } from './meter-streams.ts';
+import { describeTable } from './table-comments.ts';
 
 const pending = 'usage_ledger_pending';
 
@@ -182,8 +183,35 @@ export const usageLedgerProjection = defineBatchProjection<MeterEvent>({
       END IF;
     END $$`);
     await db.query(`CREATE INDEX IF NOT EXISTS usage_ledger_day_key ON usage_ledger (day, key_id)`);
-    await db.query(`CREATE TABLE IF NOT EXISTS ${pending} (
-      stream_id text COLLATE "C" NOT NULL, request_id text NOT NULL, facts jsonb NOT NULL, PRIMARY KEY (stream_id, request_id))`);
+    await describeTable(db, 'usage_ledger', 'One row per request that ended: settled, expired or rejected after authentication (projection usage_ledger). Metadata only, never a prompt or a completion.', {
+      request_id: 'Primary key: the request (X-Request-Id); the first outcome recorded for an id wins.',
+      key_id: 'The key (its 12-hex prefix); api_keys.key_id.',
+      key_prefix: 'The key\'s prefix, as the request recorded it.',
+      email: 'The key\'s user e-mail.',
+      client_ip: 'The client\'s IP address.',
+      endpoint: 'The route called, e.g. /v1/completions.',
+      model: 'The model asked for.',
+      user_tag: 'The request\'s user field.',
+      workload: 'X-Svc-Workload when interactive or batch, else NULL.',
+      input_tokens: 'Input tokens charged: settled, the engine\'s usage; expired, the whole hold; rejected, the prompt\'s tokens.',
+      output_tokens: 'Output tokens charged: settled, per basis; expired, the whole hold; rejected, 0.',
+      status: 'HTTP status (NULL when expired, unless a late settlement came).',
+      latency_ms: 'Latency in milliseconds (NULL when expired, unless a late settlement came).',
+      gpu_seconds: 'Backend GPU-seconds billed (0 when rejected, NULL when expired unless a late settlement came).',
+      cost: 'The charge in currency units, exact: cost_micros / 1,000,000.',
+      outcome: 'settled, expired or rejected.',
+      code: 'The error code of a rejection, else NULL.',
+      disconnected: 'The client left before the end (billed for what was generated); NULL when expired.',
+      day: 'The meter day (UTC): the day the request was admitted.',
+      at: 'When it ended (settled, expired or rejected).',
+      cost_micros: 'The charge in integer micro-units: gpu_seconds x price_per_gpu_second_micros, rounded half up once.',
+      price_per_gpu_second_micros: 'The price per GPU-second applied, in micro-units (NULL: rejected, expired without a late settlement, or settled before prices were recorded).',
+      basis: 'What the tokens rest on: engine_usage, relayed_frames, whole_hold or not_run (NULL: as for the price).',
+      late_input_tokens: 'On an expired row: the input tokens of a settlement that came after the expiry (input_tokens stays what the expiry charged).',
+      late_output_tokens: 'On an expired row: the output tokens of a settlement that came after the expiry.',
+      late_at: 'On an expired row: when the late settlement came.',
+    });
+    await createInternalTable(db, pending, 'stream_id text COLLATE "C" NOT NULL, request_id text NOT NULL, facts jsonb NOT NULL, PRIMARY KEY (stream_id, request_id)');
     await createPositionGuard(db, 'usage_ledger');
   },
   // Two statements, in this order, as one event at a time would leave the rows (see `outlivesBatch`):
@@ -192,6 +220,7 @@ export const usageLedgerProjection = defineBatchProjection<MeterEvent>({
   // the facts of the reservations still open at the batch's end put aside. Settlements carry their
   // own facts, so a request reserved and settled within the batch puts nothing aside.
   async apply(events, db) {
+    await useInternalSchema(db);
     const pairing = pairWithinBatch(events);
     // A reservation's facts are read only if it stays open or an expiry in the batch closes it.
     const expiring = new Set(events.flatMap((e, pos) => (e.type === 'ReservationExpired' && pairing[pos].paired !== null ? [pairing[pos].paired] : [])));

@@ -1,6 +1,6 @@
 /** Projections follow the log: the runner, the projection shape, the checkpoint store (shared with workflows), and the `svc projections` commands. */
 export { ProjectionRunner, CheckpointMoved, type ProjectionRunnerOptions, type ProjectionStatus, type RebuildProgress, type RebuildReport } from './runner.ts';
-export type { Projection } from './projection.ts';
+export { internalSchemaOf, type Projection } from './projection.ts';
 export {
   ensureCheckpoint,
   moveCheckpoints,

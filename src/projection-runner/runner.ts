@@ -6,7 +6,7 @@
  * positions are the log's, opaque here. One SQL event store can be both.
  */
 import { StoreUnavailable, type EventLog, type GlobalPosition, type Queryable, type RecordedEvent, type SqlDatabase, type StoreTransaction, type Subscription } from '../store/index.ts';
-import type { Projection } from './projection.ts';
+import { internalSchemaOf, type Projection } from './projection.ts';
 import { CheckpointMoved, resolveSources, type CheckpointStore, type ProcessorSources, type ResolvedSources } from './checkpoints.ts';
 
 export { CheckpointMoved } from './checkpoints.ts';
@@ -65,29 +65,50 @@ async function useScratch(tx: Queryable, scratch: { schema: string; searchPath: 
 }
 
 /**
- * Replaces the rows of the live `table` by those of its rebuilt copy. Same columns: the rows are
+ * Where `table` is among `schemas` (the first that has it), qualified: a projection's table lives in
+ * its schema, its helper tables in that schema's internal schema.
+ */
+async function locate(tx: Queryable, schemas: readonly string[], table: string): Promise<{ schema: string; qualified: string } | null> {
+  const { rows } = await tx.query<{ schema: string; qualified: string }>(
+    `SELECT n.nspname AS schema, format('%I.%I', n.nspname, c.relname) AS qualified
+     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+     WHERE c.relname = $2 AND c.relkind IN ('r', 'p') AND n.nspname = ANY($1::text[])
+     ORDER BY array_position($1::text[], n.nspname::text) LIMIT 1`,
+    [schemas, table],
+  );
+  return rows[0] ?? null;
+}
+
+/** A schema and its internal schema (`internalSchemaOf`), as names. */
+async function withInternal(tx: Queryable, schema: string): Promise<string[]> {
+  const { rows } = await tx.query<{ internal: string }>(`SELECT ${internalSchemaOf('$1::text')} AS internal`, [schema]);
+  return [schema, rows[0].internal];
+}
+
+/**
+ * Replaces the rows of the live `table` by those of its rebuilt copy (each found in its schema or that
+ * schema's internal schema). Same columns: the rows are
  * replaced in place (the table keeps its identity, so views, grants and indexes over it survive, and
  * MVCC readers see old or new rows, whole). Columns changed (the projection's definition did): the copy
  * replaces the table, which fails, rolling the swap back, if views still depend on the old one.
  */
-async function swapTable(tx: Queryable, scratchSchema: string, table: string): Promise<void> {
+async function swapTable(tx: Queryable, scratchSchemas: readonly string[], liveSchemas: readonly string[], table: string): Promise<void> {
   const columns = (relation: string) =>
     tx.query<{ c: string | null }>(
       `SELECT string_agg(quote_ident(attname) || ' ' || format_type(atttypid, atttypmod), ', ' ORDER BY attnum) AS c
        FROM pg_attribute WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`,
       [relation],
     );
-  // `table` as the projection writes it in its SQL (an unqualified name)
-  const copy = `${quoteIdent(scratchSchema)}.${table}`;
-  const [live, rebuilt] = [(await columns(table)).rows[0].c, (await columns(copy)).rows[0].c];
-  if (live === rebuilt) {
-    await tx.query(`DELETE FROM ${table}`);
-    await tx.query(`INSERT INTO ${table} SELECT * FROM ${copy}`);
+  const [copy, live] = [await locate(tx, scratchSchemas, table), await locate(tx, liveSchemas, table)];
+  if (!copy || !live) throw new Error(`rebuild: table ${table} has no ${copy ? 'live table' : 'rebuilt copy'} to swap`);
+  const [liveColumns, rebuilt] = [(await columns(live.qualified)).rows[0].c, (await columns(copy.qualified)).rows[0].c];
+  if (liveColumns === rebuilt) {
+    await tx.query(`DELETE FROM ${live.qualified}`);
+    await tx.query(`INSERT INTO ${live.qualified} SELECT * FROM ${copy.qualified}`);
     return;
   }
-  const { rows } = await tx.query<{ schema: string }>(`SELECT relnamespace::regnamespace::text AS schema FROM pg_class WHERE oid = $1::regclass`, [table]);
-  await tx.query(`DROP TABLE ${table}`);
-  await tx.query(`ALTER TABLE ${copy} SET SCHEMA ${rows[0].schema}`);
+  await tx.query(`DROP TABLE ${live.qualified}`);
+  await tx.query(`ALTER TABLE ${copy.qualified} SET SCHEMA ${quoteIdent(live.schema)}`);
 }
 
 /** A projection's batch failed (not the store, not a moved checkpoint): the error names it. */
@@ -197,7 +218,7 @@ export class ProjectionRunner {
           [name],
         );
         const found = { schema: rows[0].schema, searchPath: rows[0].search_path };
-        await tx.query(`DROP SCHEMA IF EXISTS ${quoteIdent(found.schema)} CASCADE`); // an interrupted rebuild's
+        for (const schema of await withInternal(tx, found.schema)) await tx.query(`DROP SCHEMA IF EXISTS ${quoteIdent(schema)} CASCADE`); // an interrupted rebuild's
         await tx.query(`CREATE SCHEMA ${quoteIdent(found.schema)}`);
         await useScratch(tx, found);
         await projection.init(tx);
@@ -245,9 +266,12 @@ export class ProjectionRunner {
         }
         await tx.query(`SELECT set_config('search_path', $1, true)`, [inScratch.searchPath]);
         await projection.init(tx); // live tables that do not exist yet
-        for (const table of projection.tables) await swapTable(tx, inScratch.schema, table);
+        const scratchSchemas = await withInternal(tx, inScratch.schema);
+        const { rows: home } = await tx.query<{ schema: string }>('SELECT current_schema() AS schema');
+        const liveSchemas = await withInternal(tx, home[0].schema);
+        for (const table of projection.tables) await swapTable(tx, scratchSchemas, liveSchemas, table);
         await this.#checkpoints.set(tx, name, position);
-        await tx.query(`DROP SCHEMA ${quoteIdent(inScratch.schema)} CASCADE`);
+        for (const schema of scratchSchemas) await tx.query(`DROP SCHEMA IF EXISTS ${quoteIdent(schema)} CASCADE`);
       });
       scratch = null;
       onProgress?.({ name, done, total: Math.max(total, done), elapsedMs: performance.now() - started });
@@ -255,7 +279,10 @@ export class ProjectionRunner {
       return { name, events: done, seconds, eventsPerSecond: seconds > 0 ? done / seconds : 0 };
     } finally {
       // a failed rebuild leaves the live tables as they were; its scratch copies go
-      if (scratch) await db.query(`DROP SCHEMA IF EXISTS ${quoteIdent(scratch.schema)} CASCADE`).catch(() => {});
+      if (scratch) {
+        const schemas = await withInternal(db, scratch.schema).catch(() => [scratch!.schema]);
+        for (const schema of schemas) await db.query(`DROP SCHEMA IF EXISTS ${quoteIdent(schema)} CASCADE`).catch(() => {});
+      }
       if (wasLive) {
         this.#live.add(name);
         await this.#regroup();

@@ -23,12 +23,22 @@ async function eventsOf(store: EventStore, { a, b }: Workload): Promise<Recorded
   }
 }
 
+/** A projection's table by its qualified name: its helper tables live in the internal schema, off the search_path. */
+async function qualified(db: Queryable, table: string): Promise<string> {
+  const { rows } = await db.query<{ name: string }>(
+    `SELECT format('%I.%I', n.nspname, c.relname) AS name FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+     WHERE c.relname = $1 AND n.nspname IN (current_schema(), left(current_schema() || '_internal', 63))`,
+    [table],
+  );
+  return rows[0]?.name ?? table;
+}
+
 /** Every table of every projection, each row as JSON, in a stable order. */
 async function snapshot(db: Queryable): Promise<Record<string, unknown[]>> {
   const out: Record<string, unknown[]> = {};
   for (const projection of projections) {
     for (const table of projection.tables) {
-      const { rows } = await db.query(`SELECT * FROM ${table} t ORDER BY t::text`);
+      const { rows } = await db.query(`SELECT * FROM ${await qualified(db, table)} t ORDER BY t::text`);
       out[table] = rows.map((r) => JSON.parse(JSON.stringify(r)));
     }
   }
@@ -52,6 +62,7 @@ for (const adapter of adaptersUnderTest()) {
   });
   it.before.each(async ({ store }) => {
     await store.query(`DROP TABLE IF EXISTS ${projections.flatMap((p) => p.tables).join(', ')} CASCADE`);
+    await store.query(`DO $$ BEGIN EXECUTE format('DROP SCHEMA IF EXISTS %I CASCADE', left(current_schema() || '_internal', 63)); END $$`);
     await store.query('DELETE FROM projection_checkpoints');
   });
   it.after(async (context) => {
@@ -59,14 +70,22 @@ for (const adapter of adaptersUnderTest()) {
     await adapter.cleanup();
   });
 
-  it('a database from before the position guards: init drops the per-stream guard tables and makes one position guard per meter projection', async ({ store }) => {
+  it('a database from before the position guards and the internal schema: init drops the per-stream guard tables, makes one position guard per meter projection and moves the helper tables out of the analysts\' schema', async ({ store }) => {
+    await store.query(`CREATE TABLE key_usage_holds (stream_id text COLLATE "C" NOT NULL, request_id text NOT NULL, tokens bigint NOT NULL, PRIMARY KEY (stream_id, request_id))`);
+    await store.query(`INSERT INTO key_usage_holds VALUES ('meter-old-2026-01-01', 'r1', 12)`);
     const meterProjections = [keyUsageProjection, usageLedgerProjection, dailySpendProjection, meterHoldsProjection];
     for (const p of meterProjections) await store.query(`CREATE TABLE ${p.name}_applied (stream_id text COLLATE "C" PRIMARY KEY, stream_version bigint NOT NULL)`);
     const runner = new ProjectionRunner({ store, projections });
     await runner.start();
     try {
-      const { rows } = await store.query<{ name: string }>(`SELECT table_name AS name FROM information_schema.tables WHERE table_schema = current_schema() AND (table_name LIKE '%\\_applied' OR table_name LIKE '%\\_position') ORDER BY 1`);
+      const { rows } = await store.query<{ name: string }>(
+        `SELECT table_name AS name FROM information_schema.tables WHERE table_schema = left(current_schema() || '_internal', 63) AND (table_name LIKE '%\\_applied' OR table_name LIKE '%\\_position') ORDER BY 1`,
+      );
       assert.equal(rows.map((r) => r.name), meterProjections.map((p) => `${p.name}_position`).sort());
+      const { rows: home } = await store.query<{ name: string }>(`SELECT table_name AS name FROM information_schema.tables WHERE table_schema = current_schema() ORDER BY 1`);
+      assert.equal(home.map((r) => r.name).filter((n) => /_(applied|position|holds|pending)$/.test(n) && n !== 'meter_holds'), [], 'no helper table left in the analysts\' schema');
+      const { rows: moved } = await store.query(`SELECT * FROM ${await qualified(store, 'key_usage_holds')}`);
+      assert.equal(moved.map((r) => ({ ...r, tokens: Number(r.tokens) })), [{ stream_id: 'meter-old-2026-01-01', request_id: 'r1', tokens: 12 }], 'moved with its rows');
     } finally {
       await runner.stop();
     }
@@ -122,7 +141,7 @@ for (const adapter of adaptersUnderTest()) {
       [expired.latency_ms, expired.gpu_seconds, expired.cost, Number(expired.cost_micros), expired.basis, expired.disconnected, Number(expired.late_input_tokens), Number(expired.late_output_tokens)],
       [12.5, 0.75, '0.500000', 500_000, 'engine_usage', false, 5, 4],
     );
-    const { rows: pending } = await store.query('SELECT request_id FROM usage_ledger_pending ORDER BY 1');
+    const { rows: pending } = await store.query(`SELECT request_id FROM ${await qualified(store, 'usage_ledger_pending')} ORDER BY 1`);
     assert.equal(pending, [{ request_id: `${a.keyId}-r6` }], 'only the open reservation waits for its outcome');
   });
 

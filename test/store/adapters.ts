@@ -26,6 +26,7 @@ export function adaptersUnderTest(): AdapterUnderTest[] {
         const client = new pg.Client({ connectionString: url });
         await client.connect();
         await client.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+        await client.query(`DROP SCHEMA IF EXISTS "${schema}_internal" CASCADE`); // the projections' helper tables
         await client.end();
       },
     });
