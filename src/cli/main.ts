@@ -7,8 +7,10 @@ commands:
   engine [--model ID] [--port N] run a reference engine for one model (default: the default model)
   projections status             lag of each projection behind the event log
   projections rebuild [name]     replay projections from the event log and swap them in
-  audit usage --key PREFIX --month YYYY-MM [--json]
+  audit usage --key PREFIX [--month YYYY-MM] [--json]
                                  recompute a key's month from the log, compare with key_usage (exit 1 on a difference)
+  audit statement --key PREFIX [--month YYYY-MM] [--format csv|json] [--by user]
+                                 a key's month, one line per request, for finance; exit 1 if usage_ledger disagrees
   events read STREAM [--json]    one stream's events: version, type, time, data, metadata
   events tail [--json] [--from POSITION|start]
                                  follow the global log live (from the head by default)

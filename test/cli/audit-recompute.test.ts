@@ -18,10 +18,12 @@ import { runAuditCommand } from '../../src/cli/audit.ts';
 import type { EventStore } from '../../src/store/index.ts';
 import { billingBasis, chargeMicros, type RelayedOutcome } from '../../commands/billing.ts';
 import { meterDecider } from '../../commands/meter.ts';
+import { keyDecider } from '../../commands/key.ts';
+import { keyStream } from '../../events/key.ts';
 import { meterEvents, meterStream, type MeterEvent } from '../../events/meter.ts';
 import { projections } from '../../projections/index.ts';
 import { adaptersUnderTest } from '../store/adapters.ts';
-import { admitRequest } from '../support/admit-request.ts';
+import { admitRequest, unlimitedBudgets } from '../support/admit-request.ts';
 
 const days = ['2025-03-10', '2025-03-11'];
 const ttlMs = 60_000;
@@ -43,9 +45,14 @@ for (const adapter of adaptersUnderTest()) {
     const metering = new Metering({ handler, store, logger: pino({ level: 'silent' }), reservationTtlMs: ttlMs, dailySpendCap: null, now: () => now });
     // The configuration as it stood that month (it changes below): a price per GPU-second and the key's budgets.
     const config = { costPerSecond: 0.0123457, budgets: { monthly_token_budget: 2_000, daily_token_budget: 900 } };
-    const request = (maxTokens: number) => admitRequest(keyId, { budgets: { ...config.budgets }, maxTokens });
-    const served = async (maxTokens: number, relayed: RelayedOutcome | null, stream: boolean, seconds: number) => {
-      const req = request(maxTokens);
+    const issued = await handler.handle(keyStream(keyId), { type: 'IssueKey', keyId, secretSha256: '0'.repeat(64), email: `${keyId}@example.org`, userId: 'finance-test', budgets: { ...unlimitedBudgets, ...config.budgets }, now: now.toISOString() }, keyDecider);
+    assert.ok(issued.accepted);
+    const request = (maxTokens: number, user: string | null = null) => {
+      const req = admitRequest(keyId, { budgets: { ...config.budgets }, maxTokens });
+      return { ...req, facts: { ...req.facts, user } };
+    };
+    const served = async (maxTokens: number, relayed: RelayedOutcome | null, stream: boolean, seconds: number, user: string | null = null) => {
+      const req = request(maxTokens, user);
       const admission = await metering.admit(req);
       await admission.durable;
       const billed = billingBasis(relayed, { stream, promptTokens: 5, promptCount: 1, n: 1, maxTokens: admission.maxTokens }, { seconds, costPerSecond: config.costPerSecond });
@@ -55,9 +62,9 @@ for (const adapter of adaptersUnderTest()) {
     };
 
     // Day 1: the engine's usage, a broken stream (7 frames relayed), a broken body (the whole hold).
-    await served(40, { usage: { prompt_tokens: 5, completion_tokens: 31 }, contentFrames: 0, completed: true }, false, 2.5);
-    await served(40, { usage: null, contentFrames: 7, completed: false }, true, 0.7333333);
-    await served(30, { usage: null, contentFrames: 0, completed: false }, false, 1.1);
+    await served(40, { usage: { prompt_tokens: 5, completion_tokens: 31 }, contentFrames: 0, completed: true }, false, 2.5, 'alice');
+    const brokenStream = await served(40, { usage: null, contentFrames: 7, completed: false }, true, 0.7333333, 'bob');
+    await served(30, { usage: null, contentFrames: 0, completed: false }, false, 1.1, '=HYPERLINK("x"),evil');
     // A request a budget refuses (the daily one is the tightest), recorded as the route records it.
     const refusedReq = request(100_000);
     refusedReq.inputTokens = 2_500;
@@ -71,8 +78,8 @@ for (const adapter of adaptersUnderTest()) {
     // Day 2, a new price: a hold whose process fell behind is expired by the reaper, then its settlement comes.
     now = new Date(`${days[1]}T10:00:00.000Z`);
     config.costPerSecond = 0.02;
-    await served(20, { usage: { prompt_tokens: 5, completion_tokens: 20 }, contentFrames: 0, completed: true }, false, 0.4);
-    const lateReq = request(50);
+    await served(20, { usage: { prompt_tokens: 5, completion_tokens: 20 }, contentFrames: 0, completed: true }, false, 0.4, 'alice');
+    const lateReq = request(50, 'bob');
     const late = await metering.admit(lateReq);
     await late.durable;
     now = new Date(now.getTime() + ttlMs + 1_000);
@@ -177,6 +184,71 @@ for (const adapter of adaptersUnderTest()) {
       const period = report.periods.find((p) => p.period_kind === 'day' && p.period === day)!;
       assert.equal([period.log.input_tokens, period.log.output_tokens], [perDay[d].input, perDay[d].output]);
     }
+
+    // --- svc audit usage: the month by default, the owner and budgets, tokens charged by expiry apart ----------
+    const run = async (...args: string[]) => {
+      const io = { out: '', err: '' };
+      const code = await runAuditCommand(args, { store, now: () => new Date('2025-03-20T12:00:00Z'), stdout: { write: (t: string) => (io.out += t) }, stderr: { write: (t: string) => (io.err += t) } });
+      return { code, ...io };
+    };
+    const usageText = await run('usage', '--key', keyId);
+    assert.is(usageText.code, 0, usageText.out + usageText.err);
+    assert.match(usageText.out, `key ${keyId}, 2025-03: owner ${keyId}@example.org (user finance-test), active`);
+    assert.match(usageText.out, 'budgets now: monthly_token_budget 2000, daily_token_budget 900, monthly_input_token_budget unlimited, monthly_output_token_budget unlimited, monthly_harvest_jobs unlimited');
+    assert.match(usageText.out, 'charged: settled 20 in / 88 out (4 requests); by expiry 5 in / 50 out (1 holds, the whole hold each); late settlements after an expiry (not charged again) 5 in / 12 out (1)');
+    const unknown = await run('usage', '--key', 'ffffffffffff');
+    assert.equal([unknown.code, /unknown key ffffffffffff/.test(unknown.err)], [2, true]);
+    assert.equal((await run('statement', '--key', 'ffffffffffff')).code, 2);
+
+    // --- svc audit statement: one line per request, totals = the projections' totals ------------------
+    const json = await run('statement', '--key', keyId, '--month', '2025-03', '--format', 'json');
+    assert.is(json.code, 0, json.err);
+    const statement = JSON.parse(json.out) as { agree: boolean; lines: Record<string, unknown>[]; totals: Record<string, number | string> };
+    assert.equal([statement.agree, statement.lines.length], [true, ledger.length]);
+    assert.equal(statement.lines.map((l) => l.request_id).sort(), ledger.map((r) => r.request_id).sort());
+    const { rows: monthUsage } = await store.query<{ input_tokens: string; output_tokens: string }>(
+      `SELECT input_tokens, output_tokens FROM key_usage WHERE key_id = $1 AND period_kind = 'month' AND period = '2025-03'`,
+      [keyId],
+    );
+    const { rows: spent } = await store.query<{ cost_micros: string; cost: string }>(`SELECT sum(cost_micros)::bigint AS cost_micros, sum(cost)::text AS cost FROM daily_spend WHERE day = ANY($1::date[])`, [days]);
+    assert.equal(
+      [statement.totals.input_tokens, statement.totals.output_tokens, statement.totals.cost_micros, statement.totals.cost],
+      [Number(monthUsage[0].input_tokens), Number(monthUsage[0].output_tokens), Number(spent[0].cost_micros), spent[0].cost],
+      'statement totals = key_usage (tokens) and daily_spend (cost)',
+    );
+    assert.equal([statement.totals.settled, statement.totals.expired, statement.totals.rejected], [4, 1, 1]);
+    const broken = statement.lines.find((l) => l.request_id === brokenStream)!;
+    assert.equal([broken.basis, broken.disconnected, broken.output_tokens, broken.relayed_output_tokens], ['relayed_frames', true, 7, 7], 'a broken stream: the tokens relayed to the client');
+    const lateLine = statement.lines.find((l) => l.request_id === late.requestId)!;
+    assert.equal([lateLine.outcome, lateLine.output_tokens, lateLine.late_output_tokens, lateLine.cost_micros], ['expired', 50, 12, costOf.get(late.requestId)]);
+
+    const csv = await run('statement', '--key', keyId, '--month', '2025-03');
+    assert.is(csv.code, 0, csv.err);
+    const rows = csv.out.trimEnd().split('\r\n');
+    assert.is(rows[0], 'request_id,at,email,user_tag,model,outcome,status,code,input_tokens,output_tokens,basis,gpu_seconds,price_per_gpu_second_micros,cost,disconnected,generated_output_tokens,relayed_output_tokens,late_input_tokens,late_output_tokens');
+    assert.is(rows.length, ledger.length + 2, 'a header, one line per request, the totals');
+    assert.match(rows.at(-1)!, `TOTAL,,,,,6 requests,,,25,138,,,,${statement.totals.cost}`);
+    assert.ok(csv.out.includes(`"'=HYPERLINK(""x""),evil"`), 'a user tag that a spreadsheet would run is quoted and defused');
+
+    const users = await run('statement', '--key', keyId, '--month', '2025-03', '--by', 'user', '--format', 'json');
+    assert.is(users.code, 0, users.err);
+    const rollup = (JSON.parse(users.out) as { by_user: { user_tag: string | null; requests: number; cost_micros: number }[] }).by_user;
+    assert.equal(Object.fromEntries(rollup.map((u) => [String(u.user_tag), u.requests])), { alice: 2, bob: 2, '=HYPERLINK("x"),evil': 1, null: 1 });
+    assert.is(rollup.reduce((sum, u) => sum + u.cost_micros, 0), statement.totals.cost_micros);
+    const usersCsv = await run('statement', '--key', keyId, '--month', '2025-03', '--by', 'user');
+    assert.match(usersCsv.out, /^user_tag,requests,settled,expired,rejected,input_tokens,output_tokens,cost\r\n/);
+    assert.match(usersCsv.out, `TOTAL,6,4,1,1,25,138,${statement.totals.cost}\r\n`);
+
+    // --- a ledger row that disagrees with the log: exit 1, the request and field named --------------------
+    await store.query(`UPDATE usage_ledger SET cost_micros = cost_micros + 1 WHERE request_id = $1`, [brokenStream]);
+    const differ = await run('statement', '--key', keyId, '--month', '2025-03');
+    assert.is(differ.code, 1);
+    assert.match(differ.err, `${brokenStream}: cost_micros statement`);
+    await store.query(`UPDATE usage_ledger SET cost_micros = cost_micros - 1 WHERE request_id = $1`, [brokenStream]);
+    await store.query(`DELETE FROM usage_ledger WHERE request_id = $1`, [late.requestId]);
+    const missing = await run('statement', '--key', keyId, '--month', '2025-03', '--format', 'json');
+    assert.is(missing.code, 1);
+    assert.equal(JSON.parse(missing.out).differences, [`${late.requestId}: on the statement, not in usage_ledger`]);
   });
 
   it.run();
