@@ -28,9 +28,9 @@ export interface StatementLine {
   cost: string | null;
   disconnected: boolean | null;
   /**
-   * A stream the client left: output tokens that reached it (relayed frames); null otherwise. What the
-   * engine generated beyond them is not in the events yet (see the README): `generated_output_tokens`
-   * is null until it is.
+   * A stream the client left: the content frames the gateway relayed (one output token each), what it
+   * was billed; null otherwise. What the engine generated in all is not in the events yet (see the
+   * README): `generated_output_tokens` is null until it is.
    */
   relayed_output_tokens: number | null;
   generated_output_tokens: number | null;
