@@ -3,7 +3,10 @@ import { ConfigError, loadSettings, resolveAdminToken, type Settings } from '../
 const usage = `usage: svc <command> [options]
 
 commands:
-  serve                          run the gateway (store, reference engines, API) on HOST:PORT
+  serve [--sql-port N]           run the gateway (store, reference engines, API) on HOST:PORT;
+                                 --sql-port: the embedded store, read-only, over the PostgreSQL protocol on 127.0.0.1:N (0: any)
+  sql "SELECT ..." [--json]      one read-only query (while the gateway runs: through its SQL port)
+  sql-role NAME                  PostgreSQL: a login role that reads the analysts' tables and events only
   engine [--model ID] [--port N] run a reference engine for one model (default: the default model)
   projections status             lag of each projection behind the event log
   projections rebuild [name]     replay projections from the event log and swap them in
@@ -20,18 +23,32 @@ commands:
 environment: PORT (8080), HOST (127.0.0.1), DATA_DIR (./data), DATABASE_URL, SVC_CONFIG (models file),
              SVC_ADMIN_TOKEN, LOG_LEVEL (info), SVC_URL (svc keys: http://127.0.0.1:8080)`;
 
-async function serve(settings: Settings): Promise<number> {
+async function serve(settings: Settings, args: string[]): Promise<number> {
+  let sqlPort: number | null = null;
+  for (let i = 0; i < args.length; i++) {
+    const [flag, inline] = args[i].split('=', 2);
+    const value = flag === '--sql-port' ? Number(inline ?? args[++i]) : NaN;
+    if (!(Number.isInteger(value) && value >= 0 && value < 65536)) {
+      process.stderr.write('usage: svc serve [--sql-port N]   (N: a TCP port on 127.0.0.1, 0 for any free one)\n');
+      return 2;
+    }
+    sqlPort = value;
+  }
+  if (sqlPort !== null && settings.databaseUrl) {
+    process.stderr.write('svc serve: --sql-port serves the embedded store; with DATABASE_URL, give analysts a read-only role (svc sql-role NAME)\n');
+    return 2;
+  }
   const { startGateway } = await import('../gateway/index.ts');
   const admin = resolveAdminToken(process.env, settings.dataDir);
   // SVC_ENGINE_CHAOS=1 gives reference engines their failure-injection route (for tests of a whole `svc serve`).
   // The store's nested-call check costs promise hooks on every promise (see OpenEventStoreOptions.nestedCallCheck);
   // the in-process gateway of the tests keeps it, so a served gateway goes without.
-  const gateway = await startGateway(settings, { chaosEngines: process.env.SVC_ENGINE_CHAOS === '1', adminToken: admin.token, storeNestedCallCheck: false });
+  const gateway = await startGateway(settings, { chaosEngines: process.env.SVC_ENGINE_CHAOS === '1', adminToken: admin.token, storeNestedCallCheck: false, sqlPort });
   if (admin.created) {
     // Printed once, on the first start; it is kept under DATA_DIR readable by the owner only.
     process.stderr.write(`\nadmin token (shown once, stored in ${settings.dataDir}/admin-token): ${admin.token}\n\n`);
   }
-  process.stderr.write(`svc gateway listening on ${gateway.url}\n`);
+  process.stderr.write(`svc gateway listening on ${gateway.url}${gateway.sqlPort === null ? '' : `, SQL (read-only) on 127.0.0.1:${gateway.sqlPort}`}\n`);
   await new Promise<void>((resolve) => {
     const stop = (signal: string) => {
       gateway.logger.info({ signal }, 'shutting down: draining in-flight requests');
@@ -53,7 +70,15 @@ async function main(argv: string[]): Promise<number> {
   const settings = loadSettings();
   switch (command) {
     case 'serve':
-      return serve(settings);
+      return serve(settings, args);
+    case 'sql': {
+      const { sqlCommand } = await import('./sql.ts');
+      return sqlCommand(args, settings);
+    }
+    case 'sql-role': {
+      const { sqlRoleCommand } = await import('./sql.ts');
+      return sqlRoleCommand(args, settings);
+    }
     case 'engine': {
       const { engineCommand } = await import('./engine.ts');
       return engineCommand(args, settings);
@@ -68,14 +93,31 @@ async function main(argv: string[]): Promise<number> {
     }
     case 'projections': {
       const { projectionsCommand } = await import('./projections.ts');
+      if (args[0] === 'status') {
+        const [{ readThroughRunningGateway }, { runProjectionsCommand }, { projections }] = await Promise.all([
+          import('./read-store.ts'),
+          import('../projection-runner/index.ts'),
+          import('../../projections/index.ts'),
+        ]);
+        const read = await readThroughRunningGateway(settings, 'projections status', (store) => runProjectionsCommand(args, { store, projections, stdout: process.stdout, stderr: process.stderr }));
+        if (read !== null) return read;
+      }
       return projectionsCommand(args, settings);
     }
     case 'audit': {
-      const { auditCommand } = await import('./audit.ts');
+      const { auditCommand, runAuditCommand } = await import('./audit.ts');
+      const { readThroughRunningGateway } = await import('./read-store.ts');
+      const read = await readThroughRunningGateway(settings, 'audit', (store) => runAuditCommand(args, { store, stdout: process.stdout, stderr: process.stderr }));
+      if (read !== null) return read;
       return auditCommand(args, settings);
     }
     case 'events': {
-      const { eventsCommand } = await import('./events.ts');
+      const { eventsCommand, runEventsCommand } = await import('./events.ts');
+      if (args[0] === 'read') {
+        const { readThroughRunningGateway } = await import('./read-store.ts');
+        const read = await readThroughRunningGateway(settings, 'events read', (store) => runEventsCommand(args, { store, stdout: process.stdout, stderr: process.stderr }));
+        if (read !== null) return read;
+      }
       return eventsCommand(args, settings);
     }
     default:

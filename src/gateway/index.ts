@@ -20,7 +20,7 @@ import { CommandHandler } from '../command-handler/index.ts';
 import { KeyService } from '../keys/index.ts';
 import { EngineClient } from '../engine-client/index.ts';
 import { ModelRegistry } from '../registry/index.ts';
-import { openEventStore, type EventStore } from '../store/index.ts';
+import { openEventStore, serveReadOnlySql, type EventStore } from '../store/index.ts';
 import { SupervisedEngine } from './reference-engines.ts';
 import { ProjectionRunner } from '../projection-runner/index.ts';
 import { WorkflowProcessor } from '../workflow-processor/index.ts';
@@ -36,12 +36,16 @@ export interface GatewayOptions {
   adminToken?: string;
   /** The store's check against its own calls inside a transaction (default true; `svc serve` turns it off, see OpenEventStoreOptions.nestedCallCheck). */
   storeNestedCallCheck?: boolean;
+  /** Serve the embedded store read-only over the PostgreSQL wire protocol on this loopback port (0: any free one); off by default. */
+  sqlPort?: number | null;
 }
 
 export interface Gateway {
   url: string;
   app: FastifyInstance;
   store: EventStore;
+  /** The read-only SQL port's number, when one is served. */
+  sqlPort: number | null;
   registry: ModelRegistry;
   /** Runs deciders against streams; every stream's state is cached (keys now, meters later). */
   commands: CommandHandler;
@@ -131,6 +135,8 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     const failed = started.find((r): r is PromiseRejectedResult => r.status === 'rejected');
     if (failed) throw failed.reason;
     const store = await storeOpening;
+    const sqlPort = options.sqlPort == null ? null : await serveReadOnlySql(store, { port: options.sqlPort });
+    if (sqlPort) stoppers.push(() => sqlPort.close());
 
     // Read models follow the log from their checkpoints (catch-up, then live); stopped before the store.
     const runner = new ProjectionRunner({
@@ -249,6 +255,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
       url: address.replace('[::1]', '127.0.0.1'),
       app,
       store,
+      sqlPort: sqlPort?.port ?? null,
       registry,
       commands,
       keys,

@@ -7,7 +7,7 @@
  * another host (containers sharing a volume, where a pid means nothing), its holder stopped
  * refreshing the file's modification time for a lease period.
  */
-import { linkSync, mkdirSync, readFileSync, statSync, unlinkSync, utimesSync, writeFileSync } from 'node:fs';
+import { linkSync, mkdirSync, readFileSync, renameSync, statSync, unlinkSync, utimesSync, writeFileSync } from 'node:fs';
 import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -15,6 +15,8 @@ import { DataDirLocked } from './errors.ts';
 
 export interface DataDirLock {
   readonly path: string;
+  /** Adds what the holder serves (its SQL port) to the lock file, for the CLI to find. */
+  advertise(served: { sqlPort: number }): void;
   release(): void;
 }
 
@@ -29,6 +31,16 @@ interface LockOwner {
   purpose: string;
   since: string;
   token: string;
+  /** The holder's read-only SQL port on loopback, when it serves one. */
+  sqlPort?: number;
+}
+
+/** Who holds the data directory's lock (null: nobody, or a stale holder), and its SQL port if it serves one. */
+export function readDataDirLock(dataDir: string): { pid: number; host: string; purpose: string; since: string; sqlPort: number | null } | null {
+  const path = join(resolve(dataDir), 'store.lock');
+  const owner = parse(readRaw(path) ?? '');
+  if (!owner || isStale(path, owner, 60_000)) return null;
+  return { pid: owner.pid, host: owner.host, purpose: owner.purpose, since: owner.since, sqlPort: typeof owner.sqlPort === 'number' ? owner.sqlPort : null };
 }
 
 /** A takeover claim left by an opener that died mid-takeover is removed after this long. */
@@ -119,7 +131,7 @@ export function acquireDataDirLock(dataDir: string, purpose: string, options: Da
   };
 
   for (let attempt = 0; attempt < 200; attempt++) {
-    if (createExclusive(path, content)) return hold(path, me.token, leaseMs);
+    if (createExclusive(path, content)) return hold(path, me, leaseMs);
     const raw = readRaw(path);
     if (raw === null) continue; // released meanwhile
     const owner = parse(raw);
@@ -134,15 +146,15 @@ export function acquireDataDirLock(dataDir: string, purpose: string, options: Da
           'Only one process may open it: stop that process first, or run the command against a PostgreSQL store (DATABASE_URL).',
       );
     }
-    if (takeOver(raw)) return hold(path, me.token, leaseMs);
+    if (takeOver(raw)) return hold(path, me, leaseMs);
     pause(5); // another opener is taking it over: see what it did
   }
   throw new Error(`could not take the lock ${path}`);
 }
 
 /** Keeps the lock fresh for other hosts and releases it (only if still ours) at release or exit. */
-function hold(path: string, token: string, leaseMs: number): DataDirLock {
-  const ours = () => parse(readRaw(path) ?? '')?.token === token;
+function hold(path: string, me: LockOwner, leaseMs: number): DataDirLock {
+  const ours = () => parse(readRaw(path) ?? '')?.token === me.token;
   const heartbeat = setInterval(() => {
     try {
       const now = new Date();
@@ -161,5 +173,12 @@ function hold(path: string, token: string, leaseMs: number): DataDirLock {
     if (ours()) unlinkSync(path);
   };
   process.on('exit', release);
-  return { path, release };
+  const advertise = (served: { sqlPort: number }) => {
+    if (released || !ours()) return;
+    // Replaced whole by a rename: a reader sees the old content or the new, never a half-written file.
+    const draft = `${path}.${randomUUID()}.draft`;
+    writeFileSync(draft, JSON.stringify({ ...me, ...served }), { mode: 0o600 });
+    renameSync(draft, path);
+  };
+  return { path, advertise, release };
 }

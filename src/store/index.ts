@@ -4,8 +4,10 @@
  * a database URL is given, otherwise the embedded PGlite under the data directory. Processors and the
  * command handler depend on the ports, not on the log being SQL.
  */
-import { acquireDataDirLock } from './data-dir-lock.ts';
-import { createPgliteDriver } from './pglite.ts';
+import { acquireDataDirLock, type DataDirLock } from './data-dir-lock.ts';
+import { createPgliteDriver, type PgliteDriver } from './pglite.ts';
+import { serveSqlPort, type SqlPort, type SqlPortOptions } from './sql-port.ts';
+import { createSqlPortDriver } from './sql-port-client.ts';
 import { createPostgresDriver } from './postgres.ts';
 import { openSqlEventStore } from './sql-store.ts';
 import type { EventStore } from './types.ts';
@@ -25,6 +27,23 @@ export {
 } from './errors.ts';
 export { comparePositions, formatPosition } from './position.ts';
 export { toStorableText } from './event-encoding.ts';
+export { readDataDirLock } from './data-dir-lock.ts';
+export type { SqlPort, SqlPortOptions } from './sql-port.ts';
+
+/** Embedded stores opened by this process: their PGlite and data-directory lock, for the SQL port. */
+const embedded = new WeakMap<EventStore, { driver: PgliteDriver; lock: DataDirLock | null }>();
+
+/**
+ * Serves an embedded store read-only over the PostgreSQL wire protocol (sql-port.ts), and writes the
+ * port into the data directory's lock so that the CLI's read-only commands find it. Close it before the store.
+ */
+export async function serveReadOnlySql(store: EventStore, options: SqlPortOptions): Promise<SqlPort> {
+  const opened = embedded.get(store);
+  if (!opened) throw new Error('the SQL port serves the embedded store only; with PostgreSQL, give analysts a read-only role (svc sql-role NAME)');
+  const port = await serveSqlPort(opened.driver.database, options);
+  opened.lock?.advertise({ sqlPort: port.port });
+  return port;
+}
 
 export interface OpenEventStoreOptions {
   /** PostgreSQL connection string; when set the Postgres adapter is used. */
@@ -75,6 +94,17 @@ function envMs(name: string): number | undefined {
   return value;
 }
 
+/** A running gateway's embedded store, read through its SQL port: reads only (writes are refused there). */
+export async function openStoreThroughSqlPort(port: number, options: Pick<OpenEventStoreOptions, 'pollIntervalMs'> = {}): Promise<EventStore> {
+  const driver = await createSqlPortDriver(port);
+  try {
+    return await openSqlEventStore(driver, { pollIntervalMs: options.pollIntervalMs });
+  } catch (error) {
+    await driver.close().catch(() => {});
+    throw error;
+  }
+}
+
 export async function openEventStore(options: OpenEventStoreOptions = {}): Promise<EventStore> {
   const storeOptions = {
     maxBatchEvents: options.maxBatchEvents,
@@ -103,14 +133,18 @@ export async function openEventStore(options: OpenEventStoreOptions = {}): Promi
   }
   if (options.inMemory) {
     const driver = await createPgliteDriver({ dataDir: null });
-    return openSqlEventStore(driver, storeOptions);
+    const store = await openSqlEventStore(driver, storeOptions);
+    embedded.set(store, { driver, lock: null });
+    return store;
   }
   const dataDir = options.dataDir ?? './data';
   const lock = acquireDataDirLock(dataDir, options.purpose ?? `svc ${process.argv.slice(2).join(' ')}`.trim());
   try {
     const driver = await createPgliteDriver({ dataDir });
     try {
-      return await openSqlEventStore(driver, { ...storeOptions, onClose: () => lock.release() });
+      const store = await openSqlEventStore(driver, { ...storeOptions, onClose: () => lock.release() });
+      embedded.set(store, { driver, lock });
+      return store;
     } catch (error) {
       await driver.close().catch(() => {});
       throw error;

@@ -31,7 +31,12 @@ async function initDataDir(dir: string): Promise<void> {
   });
 }
 
-export async function createPgliteDriver(options: PgliteDriverOptions): Promise<SqlDriver> {
+/** The driver, and its PGlite for the read-only SQL port (sql-port.ts), which shares it. */
+export interface PgliteDriver extends SqlDriver {
+  readonly database: PGlite;
+}
+
+export async function createPgliteDriver(options: PgliteDriverOptions): Promise<PgliteDriver> {
   let db: PGlite;
   if (options.dataDir === null) db = await PGlite.create();
   else {
@@ -43,6 +48,7 @@ export async function createPgliteDriver(options: PgliteDriverOptions): Promise<
   await db.exec(`SET default_transaction_isolation TO 'read committed'`);
   return {
     kind: 'pglite',
+    database: db,
     // Every reader lives in this process and is woken directly; no NOTIFY needed.
     hint() {},
     // PGlite runs one statement at a time; batching still saves a statement per append.

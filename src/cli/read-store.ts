@@ -1,0 +1,32 @@
+/**
+ * The store for the CLI's read-only commands. While a gateway holds the embedded store's data directory,
+ * they read through its SQL port instead of refusing; without a port they say, in one line, how to get one.
+ */
+import type { Settings } from '../config/index.ts';
+import { DataDirLocked, openStoreThroughSqlPort, readDataDirLock, type EventStore } from '../store/index.ts';
+
+/** The port of the gateway holding the embedded store, null when nothing holds it (or on PostgreSQL); throws when a holder serves none. */
+export function runningSqlPort(settings: Settings, command: string): number | null {
+  if (settings.databaseUrl) return null;
+  const holder = readDataDirLock(settings.dataDir);
+  if (!holder) return null;
+  if (holder.sqlPort !== null) return holder.sqlPort;
+  throw new DataDirLocked(
+    settings.dataDir,
+    holder.pid,
+    `the embedded store in ${settings.dataDir} is in use by another process (pid ${holder.pid}, ${holder.purpose}, since ${holder.since}), which serves no SQL port: ` +
+      `to run \`svc ${command}\` while it runs, start it with \`svc serve --sql-port N\` (or stop it first)`,
+  );
+}
+
+/** Runs `read` on the running gateway's store through its SQL port; null when no gateway holds the store (open it as usual then). */
+export async function readThroughRunningGateway(settings: Settings, command: string, read: (store: EventStore) => Promise<number>): Promise<number | null> {
+  const port = runningSqlPort(settings, command);
+  if (port === null) return null;
+  const store = await openStoreThroughSqlPort(port);
+  try {
+    return await read(store);
+  } finally {
+    await store.close();
+  }
+}

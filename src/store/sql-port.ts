@@ -1,0 +1,317 @@
+/**
+ * The embedded store's SQL port: the gateway's PGlite served read-only over the PostgreSQL wire
+ * protocol on loopback, so `psql`, notebooks and BI tools read the tables while the gateway runs.
+ *
+ * PGlite has one session, shared with the gateway. So each client's Query (or extended-protocol batch
+ * up to its Sync) runs alone, holding PGlite's transaction lock (the gateway's queries and transactions
+ * wait; the client never lands inside one of them), inside a transaction this port opens READ ONLY
+ * and always rolls back: a write fails (25006), and anything a statement changed in the session
+ * (SET, set_config) is undone with it. Statements are checked before they run: only SELECT, WITH,
+ * TABLE, VALUES, SHOW and EXPLAIN pass, so no COMMIT, SET TRANSACTION or procedure can end or
+ * reopen the port's transaction; BEGIN/COMMIT/ROLLBACK alone are answered without running (clients
+ * that wrap reads in a transaction work). The client's startup parameters are not applied to the
+ * shared session.
+ *
+ * Written on PGlite's `execProtocolRawStream` rather than `@electric-sql/pglite-socket`: every
+ * release of that package pins an exact PGlite peer version (none the one installed) and seven
+ * extension packages as peers, and its queue takes PGlite's query lock per message, which is not the
+ * lock `query`/`transaction` take, so a client's statement could run inside one of the gateway's
+ * transactions.
+ */
+import { createServer, type Server, type Socket } from 'node:net';
+import type { PGlite } from '@electric-sql/pglite';
+
+export interface SqlPortOptions {
+  /** 0: any free port. */
+  port: number;
+  /** Loopback by default; the port has no authentication. */
+  host?: string;
+}
+
+export interface SqlPort {
+  readonly host: string;
+  readonly port: number;
+  close(): Promise<void>;
+}
+
+const sslRequest = 80877103;
+const gssEncRequest = 80877104;
+const cancelRequest = 80877102;
+const protocol3 = 196608;
+
+/** First keywords of the statements the port runs. */
+const readingStatements = new Set(['select', 'with', 'table', 'values', 'show', 'explain']);
+/** Transaction control a client sends around reads; answered with its tag, not run. */
+const transactionControl = new Map([
+  ['begin', 'BEGIN'],
+  ['start', 'START TRANSACTION'],
+  ['commit', 'COMMIT'],
+  ['end', 'COMMIT'],
+  ['rollback', 'ROLLBACK'],
+  ['abort', 'ROLLBACK'],
+]);
+
+function message(type: string, body: Buffer = Buffer.alloc(0)): Buffer {
+  const head = Buffer.alloc(5);
+  head.write(type, 0, 'latin1');
+  head.writeInt32BE(body.length + 4, 1);
+  return Buffer.concat([head, body]);
+}
+
+const cstring = (text: string) => Buffer.from(`${text}\0`, 'utf8');
+const int32 = (n: number) => {
+  const b = Buffer.alloc(4);
+  b.writeInt32BE(n);
+  return b;
+};
+
+function errorResponse(code: string, text: string): Buffer {
+  return message('E', Buffer.concat([cstring('SERROR'), cstring('VERROR'), cstring(`C${code}`), cstring(`M${text}`), Buffer.from([0])]));
+}
+const readyForQuery = () => message('Z', Buffer.from('I', 'latin1'));
+const commandComplete = (tag: string) => message('C', cstring(tag));
+const simpleQuery = (sql: string) => message('Q', cstring(sql));
+
+/** The message types of a backend reply. */
+function replyTypes(reply: Buffer): string[] {
+  const types: string[] = [];
+  for (let at = 0; at + 5 <= reply.length; at += 1 + reply.readInt32BE(at + 1)) types.push(String.fromCharCode(reply[at]));
+  return types;
+}
+
+/**
+ * The statements of a SQL text, split on semicolons outside strings, quoted identifiers, dollar
+ * quotes and comments; each reduced to its first keyword (lower case, '' for an empty statement).
+ */
+export function firstKeywords(sql: string): string[] {
+  const keywords: string[] = [];
+  let keyword: string | null = null;
+  let i = 0;
+  const n = sql.length;
+  while (i < n) {
+    const c = sql[i];
+    const next = sql[i + 1];
+    if (c === '-' && next === '-') {
+      while (i < n && sql[i] !== '\n') i++;
+    } else if (c === '/' && next === '*') {
+      let depth = 1;
+      i += 2;
+      while (i < n && depth > 0) {
+        if (sql[i] === '/' && sql[i + 1] === '*') (depth++, (i += 2));
+        else if (sql[i] === '*' && sql[i + 1] === '/') (depth--, (i += 2));
+        else i++;
+      }
+    } else if (c === "'" || c === '"') {
+      // E'...' strings take backslash escapes; a doubled quote is a quote in every form.
+      const escapes = c === "'" && /[eE]/.test(sql[i - 1] ?? '') && !/[\w$]/.test(sql[i - 2] ?? '');
+      i++;
+      while (i < n) {
+        if (escapes && sql[i] === '\\') i += 2;
+        else if (sql[i] === c && sql[i + 1] === c) i += 2;
+        else if (sql[i] === c) break;
+        else i++;
+      }
+      i++;
+      keyword ??= '?';
+    } else if (c === '$' && !/[\w$]/.test(sql[i - 1] ?? '')) {
+      const tag = /^\$([A-Za-z_][\w]*)?\$/.exec(sql.slice(i));
+      if (tag) {
+        const end = sql.indexOf(tag[0], i + tag[0].length);
+        i = end < 0 ? n : end + tag[0].length;
+      } else i++;
+      keyword ??= '?';
+    } else if (c === ';') {
+      keywords.push(keyword ?? '');
+      keyword = null;
+      i++;
+    } else if (/[A-Za-z_]/.test(c)) {
+      const word = /^[A-Za-z_][\w$]*/.exec(sql.slice(i, i + 64))![0];
+      keyword ??= word.toLowerCase();
+      i += word.length;
+    } else {
+      // A parenthesized query, `(SELECT ...)`, starts with its first word; any other symbol first is no statement we run.
+      if (!/[\s(]/.test(c)) keyword ??= '?';
+      i++;
+    }
+  }
+  if (keyword !== null) keywords.push(keyword);
+  return keywords.length === 0 ? [''] : keywords;
+}
+
+/** Why a statement is refused, or null when it may run. */
+function refusal(keyword: string): string | null {
+  if (keyword === '' || readingStatements.has(keyword)) return null;
+  return `the SQL port is read-only: only SELECT, WITH, TABLE, VALUES, SHOW and EXPLAIN run (got ${keyword === '?' ? 'another statement' : keyword.toUpperCase()})`;
+}
+
+interface Session {
+  socket: Socket;
+  buffer: Buffer;
+  started: boolean;
+  /** Extended-protocol messages up to the next Sync. */
+  batch: Buffer[];
+  /** Messages are handled one at a time, in order. */
+  work: Promise<void>;
+}
+
+export async function serveSqlPort(db: PGlite, options: SqlPortOptions): Promise<SqlPort> {
+  const host = options.host ?? '127.0.0.1';
+  const { rows } = await db.query<{ server_version: string; timezone: string }>(`SELECT current_setting('server_version') AS server_version, current_setting('TimeZone') AS timezone`);
+  const parameters: [string, string][] = [
+    ['server_version', rows[0].server_version],
+    ['server_encoding', 'UTF8'],
+    ['client_encoding', 'UTF8'],
+    ['DateStyle', 'ISO, MDY'],
+    ['IntervalStyle', 'postgres'],
+    ['TimeZone', rows[0].timezone],
+    ['integer_datetimes', 'on'],
+    ['standard_conforming_strings', 'on'],
+    ['is_superuser', 'off'],
+    ['default_transaction_read_only', 'on'],
+    ['in_hot_standby', 'on'],
+  ];
+  const greeting = Buffer.concat([
+    message('R', int32(0)),
+    ...parameters.map(([k, v]) => message('S', Buffer.concat([cstring(k), cstring(v)]))),
+    message('K', Buffer.concat([int32(process.pid), int32(0)])),
+    readyForQuery(),
+  ]);
+
+  const sessions = new Set<Session>();
+
+  /** Runs `messages` in a read-only transaction that is rolled back, PGlite held meanwhile; the reply streams to the socket. */
+  const runReading = (session: Session, messages: Buffer[]) =>
+    db._runExclusiveTransaction(async () => {
+      const opened: Buffer[] = [];
+      await db.execProtocolRawStream(simpleQuery('BEGIN READ ONLY; SELECT 1'), { onRawData: (d) => opened.push(Buffer.from(d)), syncToFs: false });
+      try {
+        // `SELECT 1` took the snapshot: from here SET TRANSACTION READ WRITE is refused too.
+        if (replyTypes(Buffer.concat(opened)).includes('E')) throw new Error('the SQL port could not open its read-only transaction');
+        // ReadyForQuery is the reply's last 6 bytes: held back to say "idle", which the client is once the port rolls back.
+        let held = Buffer.alloc(0);
+        const forward = (data: Uint8Array) => {
+          const all = Buffer.concat([held, data]);
+          const cut = Math.max(0, all.length - 6);
+          if (cut > 0 && session.socket.writable) session.socket.write(all.subarray(0, cut));
+          held = Buffer.from(all.subarray(cut));
+        };
+        for (const m of messages) await db.execProtocolRawStream(m, { onRawData: forward, syncToFs: false });
+        if (held.length === 6 && held[0] === 0x5a) held[5] = 0x49; // 'Z' ... 'I'
+        if (session.socket.writable) session.socket.write(held);
+      } finally {
+        await db.execProtocolRawStream(simpleQuery('ROLLBACK'), { onRawData: () => {}, syncToFs: false });
+      }
+    });
+
+  const refuse = (session: Session, text: string) => {
+    if (session.socket.writable) session.socket.write(Buffer.concat([errorResponse('25006', text), readyForQuery()]));
+  };
+
+  async function handle(session: Session, type: string, whole: Buffer): Promise<void> {
+    const body = whole.subarray(5);
+    switch (type) {
+      case 'Q': {
+        const sql = body.toString('utf8', 0, Math.max(0, body.length - 1));
+        const keywords = firstKeywords(sql);
+        const alone = keywords.length === 1 ? transactionControl.get(keywords[0]) : undefined;
+        if (alone) {
+          session.socket.write(Buffer.concat([commandComplete(alone), readyForQuery()]));
+          return;
+        }
+        const refused = keywords.map(refusal).find((r) => r !== null);
+        if (refused) return void refuse(session, refused);
+        return runReading(session, [whole]);
+      }
+      case 'P':
+      case 'B':
+      case 'D':
+      case 'E':
+      case 'C':
+      case 'H':
+        session.batch.push(whole);
+        return;
+      case 'S': {
+        const batch = session.batch;
+        session.batch = [];
+        for (const m of batch) {
+          if (m[0] !== 0x50) continue; // 'P': name\0 sql\0 ...
+          const nameEnd = m.indexOf(0, 5);
+          const sql = m.toString('utf8', nameEnd + 1, m.indexOf(0, nameEnd + 1));
+          const refused = firstKeywords(sql).map(refusal).find((r) => r !== null);
+          if (refused) return void refuse(session, refused);
+        }
+        return runReading(session, [...batch, whole]);
+      }
+      case 'X':
+        session.socket.end();
+        return;
+      default:
+        // Function calls (F) and COPY data: nothing an analyst's read needs.
+        refuse(session, `the SQL port does not take protocol message ${JSON.stringify(type)}`);
+    }
+  }
+
+  function receive(session: Session): void {
+    for (;;) {
+      const b = session.buffer;
+      if (!session.started) {
+        if (b.length < 8) return;
+        const length = b.readInt32BE(0);
+        if (b.length < length) return;
+        const code = b.readInt32BE(4);
+        session.buffer = b.subarray(length);
+        if (code === sslRequest || code === gssEncRequest) session.socket.write('N');
+        else if (code === cancelRequest) session.socket.end();
+        else if (code === protocol3) {
+          session.started = true;
+          session.socket.write(greeting);
+        } else {
+          session.socket.end(errorResponse('08P01', 'unsupported frontend protocol'));
+          return;
+        }
+        continue;
+      }
+      if (b.length < 5) return;
+      const length = b.readInt32BE(1) + 1;
+      if (b.length < length) return;
+      const whole = Buffer.from(b.subarray(0, length));
+      session.buffer = b.subarray(length);
+      const type = String.fromCharCode(whole[0]);
+      session.work = session.work
+        .then(() => handle(session, type, whole))
+        .catch((error: unknown) => refuse(session, (error as Error).message));
+    }
+  }
+
+  const server: Server = createServer((socket) => {
+    const session: Session = { socket, buffer: Buffer.alloc(0), started: false, batch: [], work: Promise.resolve() };
+    sessions.add(session);
+    socket.setNoDelay(true);
+    socket.on('data', (data) => {
+      session.buffer = Buffer.concat([session.buffer, data]);
+      receive(session);
+    });
+    socket.on('error', () => socket.destroy());
+    socket.on('close', () => sessions.delete(session));
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(options.port, host, () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
+  const address = server.address();
+  const port = typeof address === 'object' && address ? address.port : options.port;
+  return {
+    host,
+    port,
+    close: async () => {
+      const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+      for (const s of sessions) s.socket.destroy();
+      // a reply being written holds PGlite: let it finish before the store closes
+      await Promise.all([...sessions].map((s) => s.work));
+      await closed;
+    },
+  };
+}

@@ -1,0 +1,164 @@
+/**
+ * Analysts' SQL access while the gateway runs, on the embedded store: a real `svc serve --sql-port 0`
+ * process; `psql` reads a projection table through the port and its writes are refused; `svc audit
+ * usage`, `svc events read`, `svc projections status` and `svc sql --json` answer through the port
+ * instead of refusing; a gateway without a port makes them say how to get one.
+ */
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { svcCommand, packageRoot } from '../../src/config/index.ts';
+import { firstKeywords } from '../../src/store/sql-port.ts';
+
+const run = promisify(execFile);
+const adminToken = 'sql-access-test-admin-token';
+const dataDir = mkdtempSync(join(tmpdir(), 'svc-sql-'));
+
+function env(): NodeJS.ProcessEnv {
+  const e: NodeJS.ProcessEnv = { ...process.env, DATA_DIR: dataDir, PORT: '0', SVC_ADMIN_TOKEN: adminToken, LOG_LEVEL: 'warn' };
+  delete e.DATABASE_URL;
+  return e;
+}
+
+async function svc(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  try {
+    const { stdout, stderr } = await run(process.execPath, [...svcCommand(), ...args], { cwd: packageRoot, env: env() });
+    return { code: 0, stdout, stderr };
+  } catch (error) {
+    const e = error as { code: number; stdout: string; stderr: string };
+    return { code: e.code, stdout: e.stdout, stderr: e.stderr };
+  }
+}
+
+async function psql(port: number, sql: string): Promise<{ ok: boolean; out: string }> {
+  try {
+    const { stdout } = await run('psql', ['-X', '-h', '127.0.0.1', '-p', String(port), '-U', 'analyst', '-d', 'svc', '-v', 'ON_ERROR_STOP=1', '-tA', '-c', sql], { env: { ...process.env, PGCONNECT_TIMEOUT: '5' } });
+    return { ok: true, out: stdout.trim() };
+  } catch (error) {
+    return { ok: false, out: (error as { stderr: string }).stderr.trim() };
+  }
+}
+
+/** Starts `svc serve` and resolves once it prints its listening line. */
+function serve(args: string[]): Promise<{ child: ChildProcess; url: string; sqlPort: number | null }> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [...svcCommand(), 'serve', ...args], { cwd: packageRoot, env: env(), stdio: ['ignore', 'ignore', 'pipe'] });
+    let stderr = '';
+    child.stderr!.on('data', (d) => {
+      stderr += d;
+      const m = /svc gateway listening on (\S+?)(?:, SQL \(read-only\) on 127\.0\.0\.1:(\d+))?\n/.exec(stderr);
+      if (m) resolve({ child, url: m[1], sqlPort: m[2] ? Number(m[2]) : null });
+    });
+    child.once('exit', (code) => reject(new Error(`svc serve exited (${code}): ${stderr}`)));
+  });
+}
+
+async function stop(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null) return;
+  const exited = new Promise((resolve) => child.once('exit', resolve));
+  child.kill('SIGTERM');
+  await exited;
+}
+
+test('the statement check splits on semicolons outside strings, identifiers, dollar quotes and comments', () => {
+  assert.equal(firstKeywords(`SELECT ';'; -- ; insert\n/* ; /* nested; */ */ (SELECT 1)`), ['select', 'select']);
+  assert.equal(firstKeywords(`SELECT $x$;COMMIT;$x$, E'\\';commit', "a;b"; commit`), ['select', 'commit']);
+  assert.equal(firstKeywords('  '), ['']);
+  assert.equal(firstKeywords('WITH d AS (DELETE FROM t RETURNING *) SELECT * FROM d'), ['with']);
+});
+
+test('svc serve --sql-port: psql reads the tables while the gateway runs, writes are refused, read-only commands answer through it', async () => {
+  const gateway = await serve(['--sql-port', '0']);
+  try {
+    assert.ok(gateway.sqlPort, 'the listening line names the SQL port');
+    const issued = await fetch(`${gateway.url}/admin/keys`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${adminToken}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ email: 'analyst@example.com' }),
+    });
+    assert.is(issued.status, 201, await issued.clone().text());
+    const key = (await issued.json()) as { key_id?: string; prefix?: string; id?: string };
+    const keyId = key.key_id ?? key.prefix ?? key.id;
+
+    // The projection catches up on its own; the port reads what it wrote.
+    let count = '';
+    for (let i = 0; i < 100 && count !== '1'; i++) {
+      const read = await psql(gateway.sqlPort!, 'SELECT count(*) FROM api_keys');
+      assert.ok(read.ok, read.out);
+      count = read.out;
+      if (count !== '1') await new Promise((r) => setTimeout(r, 100));
+    }
+    assert.is(count, '1');
+
+    for (const write of [
+      `INSERT INTO api_keys (key_id) VALUES ('x')`,
+      'DELETE FROM events',
+      'WITH gone AS (DELETE FROM events RETURNING 1) SELECT count(*) FROM gone',
+      'SELECT 1; COMMIT; DELETE FROM events',
+      'SET default_transaction_read_only = off',
+      'CREATE TABLE mine (a int)',
+      'EXPLAIN ANALYZE DELETE FROM events',
+    ]) {
+      const refused = await psql(gateway.sqlPort!, write);
+      assert.not.ok(refused.ok, `${write} was not refused`);
+      assert.match(refused.out, /read-only/, write);
+    }
+    // A session setting changed through the port does not leak into the gateway's session.
+    await psql(gateway.sqlPort!, `SELECT set_config('search_path', 'nowhere', false)`);
+    assert.is((await psql(gateway.sqlPort!, 'SHOW search_path')).out, 'public');
+    assert.is((await psql(gateway.sqlPort!, 'SELECT count(*) FROM api_keys')).out, '1');
+    const events = await psql(gateway.sqlPort!, `SELECT count(*) FROM events WHERE event_type = 'KeyIssued'`);
+    assert.is(events.out, '1');
+
+    // The gateway still serves and writes while analysts read.
+    const again = await fetch(`${gateway.url}/admin/keys`, { method: 'POST', headers: { authorization: `Bearer ${adminToken}`, 'content-type': 'application/json' }, body: JSON.stringify({ email: 'b@example.com' }) });
+    assert.is(again.status, 201);
+
+    const sql = await svc(['sql', 'SELECT key_id, email FROM api_keys ORDER BY email', '--json']);
+    assert.is(sql.code, 0, sql.stderr);
+    const rows = sql.stdout.trim().split('\n').map((l) => JSON.parse(l));
+    assert.ok(rows.some((r) => r.email === 'analyst@example.com'), sql.stdout);
+    const sqlWrite = await svc(['sql', 'DELETE FROM api_keys']);
+    assert.is(sqlWrite.code, 1);
+    assert.match(sqlWrite.stderr, /read-only/);
+
+    const stream = (await psql(gateway.sqlPort!, `SELECT stream_id FROM events WHERE event_type = 'KeyIssued' ORDER BY global_position LIMIT 1`)).out;
+    const read = await svc(['events', 'read', stream, '--json']);
+    assert.is(read.code, 0, read.stderr);
+    assert.is(JSON.parse(read.stdout.trim().split('\n')[0]).type, 'KeyIssued');
+
+    const status = await svc(['projections', 'status', '--json']);
+    assert.is(status.code, 0, status.stderr);
+    assert.ok((JSON.parse(status.stdout) as { name: string }[]).some((s) => s.name === 'api_keys'), status.stdout);
+
+    const audit = await svc(['audit', 'usage', '--key', String(keyId), '--month', '2026-11']);
+    assert.is(audit.code, 0, audit.stderr + audit.stdout);
+    assert.match(audit.stdout, /agree|no usage/);
+  } finally {
+    await stop(gateway.child);
+  }
+});
+
+test('without --sql-port the read-only commands say in one line how to run them while the gateway runs', async () => {
+  const gateway = await serve([]);
+  try {
+    assert.is(gateway.sqlPort, null);
+    const read = await svc(['events', 'read', 'anything']);
+    assert.is(read.code, 1);
+    assert.is(read.stderr.trim().split('\n').length, 1, read.stderr);
+    assert.match(read.stderr, /svc serve --sql-port N/);
+  } finally {
+    await stop(gateway.child);
+  }
+  // With no gateway running, `svc sql` opens the store itself, under the same checks.
+  const sql = await svc(['sql', 'SELECT count(*) AS keys FROM api_keys', '--json']);
+  assert.is(sql.code, 0, sql.stderr);
+  assert.equal(JSON.parse(sql.stdout), { keys: '2' });
+});
+
+test.after(() => rmSync(dataDir, { recursive: true, force: true }));
+test.run();
