@@ -1,8 +1,9 @@
-import Fastify, { LogController, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
+import Fastify, { LogController, type FastifyInstance, type FastifyRequest } from 'fastify';
 import cors from '@fastify/cors';
 import type { Logger } from 'pino';
 import { apiError } from '../errors/index.ts';
 import { requestIdFor } from './request-id.ts';
+import { logWhenEnded } from './request-log.ts';
 import { badJson, maxBodyBytes, notJson } from './body.ts';
 import { answerClientError, installErrorHandling, sendApiError, toApiError } from './error-handler.ts';
 import { healthRoute, type HealthSources } from './health.ts';
@@ -29,13 +30,7 @@ export interface AppOptions {
   routes?: (app: FastifyInstance) => void | Promise<void>;
 }
 
-/** `X-Svc-Workload` is telemetry only: recorded when it is one of the known values, otherwise ignored. */
-function workloadOf(request: FastifyRequest): 'interactive' | 'batch' | undefined {
-  const value = request.headers['x-svc-workload'];
-  return value === 'interactive' || value === 'batch' ? value : undefined;
-}
-
-/** One metadata line per request: id, method, route pattern, status, latency, key prefix. Never a body. */
+/** Fastify's own request lines are off: request-log.ts writes one per request when it ends. */
 class MetadataLogController extends LogController {
   constructor() {
     super({ requestIdLogLabel: 'request_id' });
@@ -45,19 +40,7 @@ class MetadataLogController extends LogController {
 
   override routeNotFound(): void {}
 
-  override requestCompleted(_error: Error | null | undefined, request: FastifyRequest, reply: FastifyReply): void {
-    request.log.info(
-      {
-        method: request.method,
-        route: request.routeOptions.url ?? 'unmatched',
-        status: reply.statusCode,
-        latency_ms: Math.round(reply.elapsedTime * 100) / 100,
-        key_prefix: (request as { keyPrefix?: string }).keyPrefix,
-        workload: workloadOf(request),
-      },
-      'request',
-    );
-  }
+  override requestCompleted(): void {}
 }
 
 /**
@@ -78,13 +61,16 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     clientErrorHandler: answerClientError,
     frameworkErrors: (err, request, reply) => {
       reply.header('x-request-id', request.id);
+      logWhenEnded(request, reply);
       const error = err.code === 'FST_ERR_BAD_URL' ? apiError('invalid_request', 'malformed URL') : toApiError(err);
       return sendApiError(request, reply, error);
     },
   }) as unknown as FastifyInstance;
 
+  app.decorateRequest('served', undefined);
   app.addHook('onRequest', (request, reply, done) => {
     reply.header('x-request-id', request.id);
+    logWhenEnded(request, reply);
     done();
   });
   installErrorHandling(app);

@@ -15,6 +15,7 @@ import { apiKeySecurity, compileRouteSchema, errorResponses, okResponse } from '
 import { checkCapture } from './capture-relay.ts';
 import { acceptsGzip, gzipStream, sendUncompressed } from './compression.ts';
 import { SseUsageRelay, UsageTail, usageFrom, type RelayedUsage } from './usage-relay.ts';
+import type { ServedTokens } from './request-log.ts';
 
 export interface CompletionRouteOptions {
   context: CompletionContext;
@@ -121,6 +122,9 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     }
     const model = prepared.model;
     const requestFacts = facts(model.id, prepared.user);
+    // The request's log line (request-log.ts) names the model and, read when it ends, the tokens relayed so far.
+    let relayed: RelayedUsage | null = null;
+    request.served = { model: model.id, tokens: () => tokensSeen(relayed, prepared) };
 
     const controller = new AbortController();
     // A client that goes away cancels the upstream request (and leaves the key's queue).
@@ -239,6 +243,7 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
       // SSE frames are relayed whole as they arrive and never compressed, so no frame is held back.
       reply.header('content-type', 'text/event-stream; charset=utf-8').header('cache-control', 'no-cache').header('x-accel-buffering', 'no');
       const relay = relayEvents(upstream, request.id, engines.upstreamHeaders(model.id), completion.clientWantsUsage);
+      relayed = relay.result;
       relay.once('close', () => settle(relay.result, 200, completion));
       return reply.send(relay);
     }
@@ -248,11 +253,13 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     if (length <= smallBodyBytes && !completion.capture) {
       // A small body is gathered and written in one go: cheaper than a pipe for the common case.
       const body = Buffer.from(await upstream.body.arrayBuffer());
-      settle({ usage: usageFrom(body.subarray(Math.max(0, body.length - 4096))), contentFrames: 0, completed: true }, 200, completion);
+      relayed = { usage: usageFrom(body.subarray(Math.max(0, body.length - 4096))), contentFrames: 0, completed: true };
+      settle(relayed, 200, completion);
       return reply.send(body); // gzipped on its way out when the client accepts it (compression.ts)
     }
     // Larger bodies flow through a tap that keeps their first and last bytes, where `usage` is.
     const tail = new UsageTail();
+    relayed = tail.result;
     upstream.body.once('error', (err) => tail.destroy(err));
     upstream.body.pipe(tail);
     tail.once('close', () => {
@@ -292,6 +299,14 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
       },
     });
   });
+}
+
+/** A request's tokens for its log line: the engine's usage when it came through, else what the relay saw. */
+function tokensSeen(relayed: RelayedUsage | null, request: PreparedCompletion): ServedTokens {
+  if (relayed?.usage) return { prompt_tokens: relayed.usage.prompt_tokens, completion_tokens: relayed.usage.completion_tokens };
+  if (relayed === null) return { prompt_tokens: request.promptTokens, completion_tokens: 0 };
+  // A stream relays one content frame per token per choice; a body that broke off cannot say.
+  return { prompt_tokens: request.promptTokens, completion_tokens: request.stream ? relayed.contentFrames : null };
 }
 
 /**
