@@ -4,7 +4,7 @@
  * and, with `--by user`, a rollup per user tag. The same lines are read from `usage_ledger` at its
  * checkpoint and compared field by field: a statement that the projection does not confirm exits 1.
  */
-import type { GlobalPosition, Queryable } from '../store/index.ts';
+import { internalTable, type GlobalPosition, type SqlDatabase } from '../store/index.ts';
 import type { MeterEvent } from '../../events/meter.ts';
 import { microsToDecimal } from '../../projections/usage-ledger.ts';
 
@@ -180,13 +180,13 @@ export function byUser(lines: readonly StatementLine[]): UserRollup[] {
 const compared = ['outcome', 'day', 'status', 'input_tokens', 'output_tokens', 'basis', 'cost_micros', 'price_per_gpu_second_micros', 'late_input_tokens', 'late_output_tokens'] as const;
 
 /** `usage_ledger`'s lines for the key's month and its checkpoint, from one statement (null: the projection never ran). */
-export async function ledgerSide(db: Queryable, key: string, month: string): Promise<{ checkpoint: GlobalPosition; lines: Map<string, Record<string, unknown>> } | null> {
+export async function ledgerSide(db: SqlDatabase, key: string, month: string): Promise<{ checkpoint: GlobalPosition; lines: Map<string, Record<string, unknown>> } | null> {
   const { rows: exists } = await db.query<{ t: string | null }>(`SELECT to_regclass('usage_ledger')::text AS t`);
   if (!exists[0]?.t) return null;
   const { rows } = await db.query<Record<string, unknown>>(
     `SELECT c.transaction_id::text AS checkpoint_tx, c.global_position AS checkpoint_position, l.request_id, l.outcome, to_char(l.day, 'YYYY-MM-DD') AS day,
        l.status, l.input_tokens, l.output_tokens, l.basis, l.cost_micros, l.price_per_gpu_second_micros, l.late_input_tokens, l.late_output_tokens
-     FROM projection_checkpoints c
+     FROM ${internalTable(db, 'projection_checkpoints')} c
      LEFT JOIN usage_ledger l ON l.key_id = $1 AND l.day >= ($2 || '-01')::date AND l.day < ($2 || '-01')::date + interval '1 month'
      WHERE c.name = 'usage_ledger'`,
     [key, month],

@@ -9,7 +9,7 @@
  * projection that is merely behind the log is not reported as wrong (it is said how far behind it is).
  */
 import type { Settings } from '../config/index.ts';
-import { comparePositions, formatPosition, openEventStore, type EventStore, type GlobalPosition } from '../store/index.ts';
+import { comparePositions, formatPosition, internalTable, openEventStore, type EventStore, type GlobalPosition } from '../store/index.ts';
 import { meterEvents, meterStream, type MeterEvent } from '../../events/meter.ts';
 import { keyEvents, keyStream, type KeyEvent } from '../../events/key.ts';
 import { keyDecider, type KeyState } from '../../commands/key.ts';
@@ -90,7 +90,7 @@ async function projectionSide(store: EventStore, key: string, month: string): Pr
   if (!exists[0]?.t) return null;
   const { rows } = await store.query<Record<string, unknown>>(
     `SELECT c.transaction_id::text AS checkpoint_tx, c.global_position AS checkpoint_position, u.*
-     FROM projection_checkpoints c
+     FROM ${internalTable(store, 'projection_checkpoints')} c
      LEFT JOIN key_usage u ON u.key_id = $1 AND ((u.period_kind = 'month' AND u.period = $2) OR (u.period_kind = 'day' AND u.period LIKE $2 || '-%'))
      WHERE c.name = 'key_usage'`,
     [key, month],

@@ -4,7 +4,7 @@
  * processors' lock: locking a processor's checkpoint makes runners of it in other processes wait, then
  * find the checkpoint moved and go on from there.
  */
-import type { EventLog, EventStore, GlobalPosition, Queryable, SqlDatabase } from '../store/index.ts';
+import { internalTable, type EventLog, type EventStore, type GlobalPosition, type Queryable, type SqlDatabase } from '../store/index.ts';
 
 export interface Checkpoint {
   position: GlobalPosition;
@@ -34,52 +34,44 @@ export interface CheckpointStore {
   set(tx: Queryable, name: string, position: GlobalPosition): Promise<void>;
 }
 
-/** The checkpoints of these processors, by name (one without a row is missing); `lock`: FOR UPDATE, in name order. */
-export async function readCheckpoints(db: Queryable, names: readonly string[], lock = false): Promise<Map<string, Checkpoint>> {
-  const { rows } = await db.query<{ name: string; transaction_id: string; global_position: string | number; updated_at: Date | string }>(
-    `SELECT name, transaction_id::text AS transaction_id, global_position, updated_at FROM projection_checkpoints
-     WHERE name = ANY($1::text[])${lock ? ' ORDER BY name FOR UPDATE' : ''}`,
-    [names],
-  );
-  return new Map(
-    rows.map((r) => [r.name, { position: { transactionId: Number(r.transaction_id), position: Number(r.global_position) }, updatedAt: new Date(r.updated_at) }]),
-  );
+/**
+ * The SQL log's checkpoints: one row per processor in `projection_checkpoints`, in the store's internal
+ * schema (named qualified: a rebuild's scratch schema on the search_path never hides it); the lock is
+ * the row's FOR UPDATE.
+ */
+export function sqlCheckpoints(db: Pick<SqlDatabase, 'internalSchema'>): CheckpointStore {
+  const table = internalTable(db, 'projection_checkpoints');
+  const read = async (db: Queryable, names: readonly string[], lock: boolean) => {
+    const { rows } = await db.query<{ name: string; transaction_id: string; global_position: string | number; updated_at: Date | string }>(
+      `SELECT name, transaction_id::text AS transaction_id, global_position, updated_at FROM ${table}
+       WHERE name = ANY($1::text[])${lock ? ' ORDER BY name FOR UPDATE' : ''}`,
+      [names],
+    );
+    return new Map(
+      rows.map((r) => [r.name, { position: { transactionId: Number(r.transaction_id), position: Number(r.global_position) }, updatedAt: new Date(r.updated_at) }]),
+    );
+  };
+  return {
+    read: (db, names) => read(db, names, false),
+    lock: (tx, names) => read(tx, names, true),
+    async ensure(db, name) {
+      await db.query(`INSERT INTO ${table} (name) VALUES ($1) ON CONFLICT (name) DO NOTHING`, [name]);
+    },
+    async move(tx, names, position) {
+      await tx.query(
+        `UPDATE ${table} SET transaction_id = $2::text::xid8, global_position = $3, updated_at = now() WHERE name = ANY($1::text[])`,
+        [names, String(position.transactionId), position.position],
+      );
+    },
+    async set(tx, name, position) {
+      await tx.query(
+        `INSERT INTO ${table} (name, transaction_id, global_position, updated_at) VALUES ($1, $2::text::xid8, $3, now())
+         ON CONFLICT (name) DO UPDATE SET transaction_id = excluded.transaction_id, global_position = excluded.global_position, updated_at = now()`,
+        [name, String(position.transactionId), position.position],
+      );
+    },
+  };
 }
-
-export async function readCheckpoint(db: Queryable, name: string, lock = false): Promise<Checkpoint | null> {
-  return (await readCheckpoints(db, [name], lock)).get(name) ?? null;
-}
-
-/** Creates the processor's checkpoint at the log's start, unless it has one. */
-export async function ensureCheckpoint(db: Queryable, name: string): Promise<void> {
-  await db.query(`INSERT INTO projection_checkpoints (name) VALUES ($1) ON CONFLICT (name) DO NOTHING`, [name]);
-}
-
-/** Moves these processors' checkpoints to `position` (their rows locked by the caller's transaction first). */
-export async function moveCheckpoints(db: Queryable, names: readonly string[], position: GlobalPosition): Promise<void> {
-  await db.query(
-    `UPDATE projection_checkpoints SET transaction_id = $2::text::xid8, global_position = $3, updated_at = now() WHERE name = ANY($1::text[])`,
-    [names, String(position.transactionId), position.position],
-  );
-}
-
-/** Sets a processor's checkpoint, creating its row if needed (a rebuild's swap). */
-export async function setCheckpoint(db: Queryable, name: string, position: GlobalPosition): Promise<void> {
-  await db.query(
-    `INSERT INTO projection_checkpoints (name, transaction_id, global_position, updated_at) VALUES ($1, $2::text::xid8, $3, now())
-     ON CONFLICT (name) DO UPDATE SET transaction_id = excluded.transaction_id, global_position = excluded.global_position, updated_at = now()`,
-    [name, String(position.transactionId), position.position],
-  );
-}
-
-/** The SQL log's checkpoints: one row per processor in `projection_checkpoints`; the lock is the row's FOR UPDATE. */
-export const sqlCheckpoints: CheckpointStore = {
-  read: (db, names) => readCheckpoints(db, names),
-  lock: (tx, names) => readCheckpoints(tx, names, true),
-  ensure: ensureCheckpoint,
-  move: moveCheckpoints,
-  set: setCheckpoint,
-};
 
 /**
  * What a processor reads and writes: one SQL event store for both (its transactions then append and
@@ -98,7 +90,7 @@ export interface ResolvedSources {
 }
 
 export function resolveSources(sources: ProcessorSources): ResolvedSources {
-  const checkpoints = sources.checkpoints ?? sqlCheckpoints;
+  const checkpoints = sources.checkpoints ?? sqlCheckpoints('store' in sources ? sources.store : sources.db);
   if ('store' in sources) return { log: sources.store, db: sources.store, checkpoints, store: sources.store };
   const same = (sources.log as unknown) === sources.db ? (sources.db as EventStore) : null;
   return { log: sources.log, db: sources.db, checkpoints, store: same };

@@ -2,10 +2,6 @@
 export { ProjectionRunner, CheckpointMoved, type ProjectionRunnerOptions, type ProjectionStatus, type RebuildProgress, type RebuildReport } from './runner.ts';
 export { internalSchemaOf, type Projection } from './projection.ts';
 export {
-  ensureCheckpoint,
-  moveCheckpoints,
-  readCheckpoint,
-  readCheckpoints,
   resolveSources,
   sqlCheckpoints,
   type Checkpoint,

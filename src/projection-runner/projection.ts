@@ -24,7 +24,7 @@ export interface Projection {
 
 /**
  * The SQL expression naming the internal schema of the schema `schema` (an SQL text expression):
- * `<schema>_internal`. A projection's helper tables live there, out of the analysts' schema; while a
- * rebuild runs, its scratch schema's internal schema holds their copies.
+ * `<schema>_internal`. A projection's helper tables live there, out of the analysts' schema, beside the
+ * store's own tables; while a rebuild runs, its scratch schema's internal schema holds their copies.
  */
-export const internalSchemaOf = (schema: string) => `left(${schema} || '_internal', 63)`;
+export { internalSchemaOf } from '../store/index.ts';

@@ -27,6 +27,7 @@ export {
 } from './errors.ts';
 export { comparePositions, formatPosition } from './position.ts';
 export { toStorableText } from './event-encoding.ts';
+export { internalSchemaOf, internalTable } from './internal-schema.ts';
 export { readDataDirLock } from './data-dir-lock.ts';
 export type { SqlPort, SqlPortOptions } from './sql-port.ts';
 

@@ -217,7 +217,7 @@ async function runBatch(db: PreparedQueryable, batch: readonly PendingAppend[]):
 const pendingRecheckMs = 40;
 
 export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOptions = {}): Promise<EventStore> {
-  await migrate(driver);
+  const { internalSchema } = await migrate(driver);
   const hub = new WakeHub();
   /** Set while one of this store's `transaction` callbacks runs: its other calls refuse inside it (null: not tracked). */
   const insideTransaction = options.nestedCallCheck === false ? null : new AsyncLocalStorage<boolean>();
@@ -370,6 +370,7 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
 
   const store: EventStore = {
     adapter: driver.kind,
+    internalSchema,
     start: logStart,
     comparePositions,
 

@@ -170,6 +170,11 @@ export interface SqlDatabase {
   query<Row = Record<string, unknown>>(sql: string, params?: unknown[]): Promise<{ rows: Row[] }>;
   /** A cheap round trip to the database, bounded by a timeout (for /health). */
   ping(timeoutMs?: number): Promise<PingResult>;
+  /**
+   * The schema of the store's own tables (checkpoints, migrations) and the projections' helper tables,
+   * `<schema>_internal`, out of the analysts' schema; SQL names them qualified (`internalTable`).
+   */
+  readonly internalSchema: string;
 }
 
 /** The log and the SQL database in one: the SQL adapters, whose transactions also append and read the log. */

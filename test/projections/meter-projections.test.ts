@@ -4,7 +4,7 @@
  */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { logStart, type EventStore, type Queryable, type RecordedEvent } from '../../src/store/index.ts';
+import { internalTable, logStart, type EventStore, type Queryable, type RecordedEvent } from '../../src/store/index.ts';
 import { ProjectionRunner, runProjectionsCommand } from '../../src/projection-runner/index.ts';
 import { dailySpendProjection, expiredHolds, keyUsageOfMonth, keyUsageProjection, meterHoldsProjection, projections, usageLedgerProjection } from '../../projections/index.ts';
 import { adaptersUnderTest } from '../store/adapters.ts';
@@ -61,9 +61,10 @@ for (const adapter of adaptersUnderTest()) {
     context.store = await adapter.open({ pollIntervalMs: 200 });
   });
   it.before.each(async ({ store }) => {
-    await store.query(`DROP TABLE IF EXISTS ${projections.flatMap((p) => p.tables).join(', ')} CASCADE`);
-    await store.query(`DO $$ BEGIN EXECUTE format('DROP SCHEMA IF EXISTS %I CASCADE', left(current_schema() || '_internal', 63)); END $$`);
-    await store.query('DELETE FROM projection_checkpoints');
+    // the projections' tables, in the analysts' schema and (helper tables) the internal one, which also holds the store's own
+    const tables = projections.flatMap((p) => p.tables);
+    await store.query(`DROP TABLE IF EXISTS ${[...tables, ...tables.map((t) => internalTable(store, t))].join(', ')} CASCADE`);
+    await store.query(`DELETE FROM ${internalTable(store, 'projection_checkpoints')}`);
   });
   it.after(async (context) => {
     await context.store?.close();
@@ -251,6 +252,8 @@ for (const adapter of adaptersUnderTest()) {
     // daily_spend sums every key of the log (earlier tests' too): whole
     const tables = async () => Object.fromEntries(Object.entries(await snapshot(store)).map(([table, rows]) => [table, table === 'daily_spend' ? rows : mine(rows)]));
     const runner = (rebuildBatchSize: number) => new ProjectionRunner({ store, projections, rebuildBatchSize });
+    // Every rebuild reads the whole workload: a transaction of another test on the same server can hold it back from readers until it ends
+    await store.readable();
     const one = runner(1);
     for (const name of one.names) await one.rebuild(name);
     const reference = await tables();
