@@ -41,12 +41,12 @@ const counterList = usageCounters.join(', ');
  * and day rows of each stream's key, one upsert per row (summed first: a statement may touch a row once).
  */
 const addDeltas = `
-  INSERT INTO key_usage AS u (key_id, period_kind, period, ${counterList})
-  SELECT s.key_id, p.kind, p.period, ${usageCounters.map((c) => `sum(d.${c})`).join(', ')}
+  INSERT INTO key_usage AS u (key_id, period_kind, period, period_start, ${counterList})
+  SELECT s.key_id, p.kind, p.period, p.start, ${usageCounters.map((c) => `sum(d.${c})`).join(', ')}
   FROM deltas d
   JOIN (SELECT DISTINCT stream_id, key_id, month, day FROM fresh) s ON s.stream_id = d.stream_id
-  CROSS JOIN LATERAL (VALUES ('month', s.month), ('day', s.day)) AS p(kind, period)
-  GROUP BY s.key_id, p.kind, p.period
+  CROSS JOIN LATERAL (VALUES ('month', s.month, (s.month || '-01')::date), ('day', s.day, s.day::date)) AS p(kind, period, start)
+  GROUP BY s.key_id, p.kind, p.period, p.start
   ON CONFLICT (key_id, period_kind, period) DO UPDATE SET ${usageCounters.map((c) => `${c} = u.${c} + excluded.${c}`).join(', ')}`;
 
 /** A deltas row of the stream: the counters in `usageCounters` order. */
@@ -68,11 +68,23 @@ export const keyUsageProjection = defineBatchProjection<MeterEvent>({
       requests bigint NOT NULL DEFAULT 0,
       expired bigint NOT NULL DEFAULT 0,
       rejected bigint NOT NULL DEFAULT 0,
+      -- last, where an older table gets it (below): a rebuild then swaps rows into the table in place
+      period_start date NOT NULL,
       PRIMARY KEY (key_id, period_kind, period))`);
+    // A table from before period_start: the column, filled in from period (YYYY-MM, or YYYY-MM-DD).
+    await db.query(`DO $$ BEGIN
+      IF NOT EXISTS (SELECT FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = 'key_usage' AND column_name = 'period_start') THEN
+        ALTER TABLE key_usage ADD COLUMN period_start date;
+        UPDATE key_usage SET period_start = (CASE period_kind WHEN 'month' THEN period || '-01' ELSE period END)::date;
+        ALTER TABLE key_usage ALTER COLUMN period_start SET NOT NULL;
+      END IF;
+    END $$`);
+    await db.query(`CREATE INDEX IF NOT EXISTS key_usage_period_start ON key_usage (period_kind, period_start)`);
     await describeTable(db, 'key_usage', 'Per key, per UTC month and per UTC day: tokens held and charged, requests, expiries, rejections (projection key_usage). A request counts in the period of its meter day, the day it was reserved.', {
       key_id: 'The key (its 12-hex prefix); api_keys.key_id.',
       period_kind: 'month or day.',
-      period: 'The period: YYYY-MM for a month row, YYYY-MM-DD for a day row (UTC).',
+      period: 'The period as text, YYYY-MM for a month row, YYYY-MM-DD for a day row (UTC); kept for older queries: compare dates with period_start.',
+      period_start: 'The period\'s first day (UTC): the 1st of the month for a month row, the day itself for a day row.',
       reserved_tokens: 'Tokens held now by open reservations made in the period (prompt + max_tokens x choices).',
       input_tokens: 'Input tokens charged: settled (the engine\'s usage) plus expired (the whole hold).',
       output_tokens: 'Output tokens charged: settled (the engine\'s usage) plus expired (the whole hold).',
@@ -190,8 +202,8 @@ export function foldKeyUsage(events: Iterable<MeterEventOnStream>): Map<string, 
 /** The key's `key_usage` rows for one month: the month row and its day rows. */
 export async function keyUsageOfMonth(db: Queryable, keyId: string, month: string): Promise<KeyUsageRow[]> {
   const { rows } = await db.query<Record<string, string | number>>(
-    `SELECT * FROM key_usage WHERE key_id = $1 AND ((period_kind = 'month' AND period = $2) OR (period_kind = 'day' AND period LIKE $2 || '-%'))
-     ORDER BY period_kind DESC, period`,
+    `SELECT * FROM key_usage WHERE key_id = $1 AND period_start >= ($2 || '-01')::date AND period_start < ($2 || '-01')::date + interval '1 month'
+     ORDER BY period_kind DESC, period_start`,
     [keyId, month],
   );
   return rows.map(toUsageRow);

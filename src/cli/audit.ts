@@ -91,7 +91,7 @@ async function projectionSide(store: EventStore, key: string, month: string): Pr
   const { rows } = await store.query<Record<string, unknown>>(
     `SELECT c.transaction_id::text AS checkpoint_tx, c.global_position AS checkpoint_position, u.*
      FROM ${internalTable(store, 'projection_checkpoints')} c
-     LEFT JOIN key_usage u ON u.key_id = $1 AND ((u.period_kind = 'month' AND u.period = $2) OR (u.period_kind = 'day' AND u.period LIKE $2 || '-%'))
+     LEFT JOIN key_usage u ON u.key_id = $1 AND u.period_start >= ($2 || '-01')::date AND u.period_start < ($2 || '-01')::date + interval '1 month'
      WHERE c.name = 'key_usage'`,
     [key, month],
   );

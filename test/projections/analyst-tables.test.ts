@@ -77,12 +77,13 @@ for (const adapter of adaptersUnderTest()) {
   it('day columns are dates, money exact', async ({ store }) => {
     const { rows } = await store.query<{ name: string; type: string }>(
       `SELECT table_name || '.' || column_name AS name, data_type AS type FROM information_schema.columns
-       WHERE table_schema = current_schema() AND (column_name = 'day' OR column_name LIKE 'cost%' OR column_name LIKE '%_micros') ORDER BY 1`,
+       WHERE table_schema = current_schema() AND (column_name IN ('day', 'period_start') OR column_name LIKE 'cost%' OR column_name LIKE '%_micros') ORDER BY 1`,
     );
     assert.equal(rows.map((r) => [r.name, r.type]), [
       ['daily_spend.cost', 'numeric'],
       ['daily_spend.cost_micros', 'bigint'],
       ['daily_spend.day', 'date'],
+      ['key_usage.period_start', 'date'],
       ['meter_holds.day', 'date'],
       ['usage_ledger.cost', 'numeric'],
       ['usage_ledger.cost_micros', 'bigint'],

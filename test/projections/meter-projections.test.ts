@@ -112,6 +112,39 @@ for (const adapter of adaptersUnderTest()) {
       ['month', '2026-11', 0, 100, 50, 1, 0, 1],
       ['day', '2026-11-30', 0, 100, 50, 1, 0, 1],
     ]);
+    // period_start: a month row's first day, a day row's day, as a date
+    const { rows: starts } = await store.query(
+      `SELECT period_kind, period, to_char(period_start, 'YYYY-MM-DD') AS period_start FROM key_usage WHERE key_id = $1 ORDER BY period`,
+      [a.keyId],
+    );
+    assert.equal(starts.map((r) => [r.period_kind, r.period, r.period_start]), [
+      ['month', '2026-11', '2026-11-01'],
+      ['day', '2026-11-29', '2026-11-29'],
+      ['day', '2026-11-30', '2026-11-30'],
+      ['month', '2026-12', '2026-12-01'],
+      ['day', '2026-12-01', '2026-12-01'],
+    ]);
+  });
+
+  it('key_usage from before period_start: init adds the date column, filled in from period, and the rows go on counting', async ({ store }) => {
+    await store.query(`CREATE TABLE key_usage (
+      key_id text NOT NULL, period_kind text NOT NULL CHECK (period_kind IN ('month', 'day')), period text NOT NULL,
+      reserved_tokens bigint NOT NULL DEFAULT 0, input_tokens bigint NOT NULL DEFAULT 0, output_tokens bigint NOT NULL DEFAULT 0,
+      requests bigint NOT NULL DEFAULT 0, expired bigint NOT NULL DEFAULT 0, rejected bigint NOT NULL DEFAULT 0,
+      PRIMARY KEY (key_id, period_kind, period))`);
+    await store.query(`INSERT INTO key_usage (key_id, period_kind, period, requests) VALUES ('0c8190d112da', 'month', '2026-10', 3), ('0c8190d112da', 'day', '2026-10-31', 3)`);
+    await store.transaction((tx) => keyUsageProjection.init(tx));
+    const { rows } = await store.query(
+      `SELECT period, to_char(period_start, 'YYYY-MM-DD') AS period_start, requests::int FROM key_usage ORDER BY period`,
+    );
+    assert.equal(rows, [
+      { period: '2026-10', period_start: '2026-10-01', requests: 3 },
+      { period: '2026-10-31', period_start: '2026-10-31', requests: 3 },
+    ]);
+    const { rows: column } = await store.query(
+      `SELECT data_type, is_nullable FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = 'key_usage' AND column_name = 'period_start'`,
+    );
+    assert.equal(column, [{ data_type: 'date', is_nullable: 'NO' }]);
   });
 
   it('usage_ledger: one row per settled, expired or rejected request, metadata only; applying twice changes nothing', async ({ store }) => {
