@@ -10,13 +10,14 @@ export const root = fileURLToPath(new URL('..', import.meta.url));
 
 /**
  * The compiled gateway's command line as `npm start` runs it (its node flags, then `dist/src/cli/main.js
- * serve`), read from package.json's start script so that the benches measure what users run; `extra`
+ * serve`, which bin/start.js runs once built), read from package.json's start script so that the benches measure what users run; `extra`
  * node flags (a profiler) go first.
  */
 export function gatewayServeArgs(extra: string[] = []): string[] {
   const start: string = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')).scripts.start;
-  const command = /(?:^|&&\s*)node\s+((?:--\S+\s+)*)dist\/src\/cli\/main\.js serve\s*$/.exec(start);
-  if (!command) throw new Error(`package.json's start script does not end in "node [flags] dist/src/cli/main.js serve": ${start}`);
+  // bin/start.js builds when needed, then runs dist/src/cli/main.js serve in its own process: the same flags apply.
+  const command = /^(?:exec\s+)?node\s+((?:--\S+\s+)*)bin\/start\.js\s*$/.exec(start);
+  if (!command) throw new Error(`package.json's start script is not "exec node [flags] bin/start.js": ${start}`);
   return [...extra, ...command[1].split(/\s+/).filter(Boolean), 'dist/src/cli/main.js', 'serve'];
 }
 

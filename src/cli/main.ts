@@ -38,7 +38,19 @@ async function serve(settings: Settings, args: string[]): Promise<number> {
     process.stderr.write('svc serve: --sql-port serves the embedded store; with DATABASE_URL, give analysts a read-only role (svc sql-role NAME)\n');
     return 2;
   }
-  const { startGateway } = await import('../gateway/index.ts');
+  // Signals count from here: one that comes while the gateway starts stops it once it has started. npm
+  // forwards SIGINT/SIGTERM to its script although the process group got it too: one shutdown either way.
+  let stopSignal: NodeJS.Signals | null = null;
+  let wake = () => {};
+  const onSignal = (signal: NodeJS.Signals) => {
+    if (stopSignal) return;
+    stopSignal = signal;
+    wake();
+  };
+  for (const signal of ['SIGTERM', 'SIGINT', 'SIGHUP'] as const) process.on(signal, onSignal);
+  const { checkServeCanStart, startGateway } = await import('../gateway/index.ts');
+  // Before anything starts: a held data directory or a taken port is one line, not a stack trace later.
+  await checkServeCanStart(settings, sqlPort);
   const admin = resolveAdminToken(process.env, settings.dataDir);
   // SVC_ENGINE_CHAOS=1 gives reference engines their failure-injection route (for tests of a whole `svc serve`).
   // The store's nested-call check costs promise hooks on every promise (see OpenEventStoreOptions.nestedCallCheck);
@@ -49,14 +61,13 @@ async function serve(settings: Settings, args: string[]): Promise<number> {
     process.stderr.write(`\nadmin token (shown once, stored in ${settings.dataDir}/admin-token): ${admin.token}\n\n`);
   }
   process.stderr.write(`svc gateway listening on ${gateway.url}${gateway.sqlPort === null ? '' : `, SQL (read-only) on 127.0.0.1:${gateway.sqlPort}`}\n`);
-  await new Promise<void>((resolve) => {
-    const stop = (signal: string) => {
-      gateway.logger.info({ signal }, 'shutting down: draining in-flight requests');
-      resolve();
-    };
-    process.once('SIGTERM', () => stop('SIGTERM'));
-    process.once('SIGINT', () => stop('SIGINT'));
-  });
+  if (!stopSignal) await new Promise<void>((resolve) => (wake = resolve));
+  gateway.logger.info({ signal: stopSignal }, 'shutting down: draining in-flight requests');
+  // The drain closes connections at the grace; this is the backstop should a later step hang.
+  setTimeout(() => {
+    process.stderr.write('svc: shutdown did not finish within the grace period; exiting\n');
+    process.exit(1);
+  }, settings.shutdownGraceMs + 15_000).unref();
   await gateway.close();
   return 0;
 }
@@ -129,7 +140,7 @@ async function main(argv: string[]): Promise<number> {
 try {
   process.exitCode = await main(process.argv.slice(2));
 } catch (err) {
-  if (err instanceof ConfigError || (err as Error)?.name === 'DataDirLocked') {
+  if (err instanceof ConfigError || ['DataDirLocked', 'ServeBlocked'].includes((err as Error)?.name)) {
     process.stderr.write(`svc: ${(err as Error).message}\n`);
     process.exitCode = 1;
   } else {

@@ -22,10 +22,13 @@ import { EngineClient } from '../engine-client/index.ts';
 import { ModelRegistry } from '../registry/index.ts';
 import { openEventStore, serveReadOnlySql, type EventStore } from '../store/index.ts';
 import { SupervisedEngine } from './reference-engines.ts';
+import { portBlocked } from './preflight.ts';
 import { ProjectionRunner } from '../projection-runner/index.ts';
 import { WorkflowProcessor } from '../workflow-processor/index.ts';
 import { workflows } from '../../commands/index.ts';
 import { projections } from '../../projections/index.ts';
+
+export { checkServeCanStart, ServeBlocked } from './preflight.ts';
 
 export interface GatewayOptions {
   /** Where log lines go (default: stdout). Tests pass a stream to inspect them. */
@@ -247,7 +250,10 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
       },
     });
     stoppers.push(() => drainAndClose(app, settings.shutdownGraceMs));
-    const address = await app.listen({ port: settings.port, host: settings.host });
+    // The port was checked before anything started (preflight.ts); another process can still take it meanwhile.
+    const address = await app.listen({ port: settings.port, host: settings.host }).catch((err: NodeJS.ErrnoException) => {
+      throw portBlocked(err, settings.port, settings.host, 'PORT') ?? err;
+    });
     logger.info({ url: address }, 'gateway listening');
 
     let closing: Promise<void> | null = null;
@@ -264,7 +270,9 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
       engineUrls,
       enginePids,
       engineRestarted: async (modelId) => String((await once(restarts, modelId))[0]),
-      close: () => (closing ??= stopAll().then(() => new Promise<void>((resolve) => logger.flush(() => resolve())))),
+      // Engines are not started again from here on: one that dies now (a terminal's Ctrl-C reaches the
+      // whole process group) is part of the shutdown, not a crash.
+      close: () => (closing ??= (referenceEngines.forEach((engine) => engine.shuttingDown()), stopAll()).then(() => new Promise<void>((resolve) => logger.flush(() => resolve())))),
     };
   } catch (err) {
     await stopAll();

@@ -105,6 +105,7 @@ export class SupervisedEngine {
     try {
       await this.start();
       this.#restartTimer = null;
+      if (this.#stopping) return void (await this.#engine?.stop()); // the gateway began stopping meanwhile
       this.options.logger.info({ model: this.modelId, url: this.url, pid: this.pid }, 'reference engine restarted');
       this.options.onRestart(this.url);
       this.#tellWaiting();
@@ -113,6 +114,12 @@ export class SupervisedEngine {
       this.#restartTimer = null;
       this.#exited(this.#engine!, null);
     }
+  }
+
+  /** The gateway is stopping: an exit from now on is not a crash, and the engine is not started again. */
+  shuttingDown(): void {
+    this.#stopping = true;
+    if (this.#restartTimer) clearTimeout(this.#restartTimer);
   }
 
   async stop(): Promise<void> {
