@@ -1,7 +1,7 @@
 /**
  * The tables analysts query, as psql shows them: every table and column has a comment (`\dt+`, `\d+`
  * read pg_description), the analysts' schema holds only what they query (helper tables live in
- * `<schema>_internal`), and every example query of the README's table sections runs as written
+ * `<schema>_internal`), and every example query of projections/README.md runs as written
  * against a populated store, so none can go stale.
  */
 import { suite } from 'uvu';
@@ -18,13 +18,11 @@ const analystTables = ['api_keys', 'daily_spend', 'events', 'key_usage', 'meter_
 /** The store's own tables and the projections' helper tables, in `<schema>_internal`. */
 const internalTables = ['daily_spend_position', 'key_usage_holds', 'key_usage_position', 'meter_holds_position', 'projection_checkpoints', 'schema_migrations', 'usage_ledger_pending', 'usage_ledger_position'];
 
-/** The README's example SQL of its table sections ("Tables analysts and auditors query" up to the audit section), statement by statement. */
+/** The example SQL of projections/README.md (the tables for analysts), statement by statement. */
 function readmeQueries(): string[] {
-  const readme = readFileSync(new URL('../../README.md', import.meta.url), 'utf8');
-  const start = readme.indexOf('### Tables analysts and auditors query');
-  const end = readme.indexOf('#### Auditing:', start);
-  assert.ok(start >= 0 && end > start, 'the README has its table sections');
-  const blocks = [...readme.slice(start, end).matchAll(/```sql\n([\s\S]*?)```/g)].map((m) => m[1]);
+  const readme = readFileSync(new URL('../../projections/README.md', import.meta.url), 'utf8');
+  assert.ok(readme.includes('## Metering tables'), 'projections/README.md documents the tables');
+  const blocks = [...readme.matchAll(/```sql\n([\s\S]*?)```/g)].map((m) => m[1]);
   return blocks.flatMap((block) =>
     block
       .split(/;\s*\n/)
@@ -92,9 +90,9 @@ for (const adapter of adaptersUnderTest()) {
     ]);
   });
 
-  it('every example query of the README\'s table sections runs as written', async ({ store }) => {
+  it('every example query of projections/README.md runs as written', async ({ store }) => {
     const queries = readmeQueries();
-    assert.is(queries.length, 13, 'the README\'s example queries, every one found');
+    assert.is(queries.length, 13, 'projections/README.md\'s example queries, every one found');
     for (const sql of queries) {
       await store.query(sql).catch((error: Error) => assert.unreachable(`README query failed: ${error.message}\n${sql}`));
     }
