@@ -8,7 +8,7 @@ import type { BillingBasisName } from '../events/meter.ts';
 /**
  * Where a settlement's token counts come from: `engine_usage` (the engine's own usage object, a body
  * or usage frame that came through whole), `relayed_frames` (a stream that broke off: the prompt plus
- * one output token per content frame relayed), `whole_hold` (a non-streaming body that broke off: it
+ * one output token per content frame the gateway received from the engine and passed on), `whole_hold` (a non-streaming body that broke off: it
  * cannot say how far generation got), `not_run` (the engine never answered: no tokens).
  */
 export type { BillingBasisName };
@@ -26,6 +26,8 @@ export const chargeMicros = (gpuSeconds: number, priceMicros: number): number =>
 export interface RelayedOutcome {
   readonly usage: { readonly prompt_tokens: number; readonly completion_tokens: number } | null;
   readonly contentFrames: number;
+  /** Content frames the client's socket took (a stream's write callbacks that came back without an error; absent: none). */
+  readonly relayedFrames?: number;
   readonly completed: boolean;
 }
 
@@ -49,6 +51,13 @@ export interface BillingBasis {
   readonly pricePerGpuSecondMicros: number;
   /** gpuSeconds × the price, in micro-units (chargeMicros). */
   readonly costMicros: number;
+  /**
+   * A stream cut short: output tokens generated as far as the gateway knows (the engine's usage when its
+   * frame came, else the content frames received), and the content frames the client's socket took.
+   * Null for a stream that ended normally, a non-streaming request and one that never ran.
+   */
+  readonly generatedOutputTokens: number | null;
+  readonly relayedOutputTokens: number | null;
 }
 
 /**
@@ -58,9 +67,11 @@ export interface BillingBasis {
  */
 export function billingBasis(relayed: RelayedOutcome | null, request: BilledRequest, gpu: { seconds: number; costPerSecond: number }): BillingBasis {
   const price = toMicros(gpu.costPerSecond);
-  const priced = { gpuSeconds: gpu.seconds, pricePerGpuSecondMicros: price, costMicros: chargeMicros(gpu.seconds, price) };
-  if (relayed === null) return { basis: 'not_run', inputTokens: 0, outputTokens: 0, disconnected: false, ...priced };
+  const whole = { gpuSeconds: gpu.seconds, pricePerGpuSecondMicros: price, costMicros: chargeMicros(gpu.seconds, price), generatedOutputTokens: null, relayedOutputTokens: null };
+  if (relayed === null) return { basis: 'not_run', inputTokens: 0, outputTokens: 0, disconnected: false, ...whole };
   const disconnected = !relayed.completed;
+  const generated = relayed.usage ? relayed.usage.completion_tokens : relayed.contentFrames;
+  const priced = request.stream && disconnected ? { ...whole, generatedOutputTokens: generated, relayedOutputTokens: relayed.relayedFrames ?? 0 } : whole;
   if (relayed.usage) {
     return { basis: 'engine_usage', inputTokens: relayed.usage.prompt_tokens, outputTokens: relayed.usage.completion_tokens, disconnected, ...priced };
   }

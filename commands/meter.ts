@@ -119,6 +119,9 @@ export type MeterCommand =
       /** What the token counts rest on (commands/billing.ts). */
       basis: BillingBasisName;
       disconnected: boolean;
+      /** A stream cut short: output tokens generated (billed) and content frames the client's socket took (absent or null: not a cut-short stream). */
+      generatedOutputTokens?: number | null;
+      relayedOutputTokens?: number | null;
       /** The settling process, and how many more of the key's requests it has waiting: its lease shrinks to what it still needs. */
       lease?: { holder: string; waiting: number };
       now: string;
@@ -253,7 +256,7 @@ export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRe
           // Settled already (a resend), or a hold carried from another day (settled there): nothing to charge here.
           return [];
         }
-        const settled = UsageSettled(settlementFacts(command));
+        const settled = UsageSettled(usageSettledFacts(command));
         const shrunk = command.lease && hold.lease === command.lease.holder ? shrinkLease(state, command.lease.holder, command.lease.waiting, command.now) : null;
         const ended = endedAfterClose(state, command.facts.request_id, command.inputTokens, command.outputTokens, command.now);
         return shrunk || ended ? [settled, ...(shrunk ? [shrunk] : []), ...(ended ? [ended] : [])] : settled;
@@ -323,6 +326,26 @@ function settlementFacts(command: Extract<MeterCommand, { type: 'Settle' }>) {
     price_per_gpu_second_micros: command.pricePerGpuSecondMicros,
     basis: command.basis,
     ...command.facts,
+  };
+}
+
+/** A settlement of an open hold: settlementFacts and, for a stream cut short, what was generated and what the client took. */
+function usageSettledFacts(command: Extract<MeterCommand, { type: 'Settle' }>) {
+  return {
+    input_tokens: command.inputTokens,
+    output_tokens: command.outputTokens,
+    status: command.status,
+    latency_ms: command.latencyMs,
+    gpu_seconds: command.gpuSeconds,
+    cost: command.costMicros / 1e6,
+    disconnected: command.disconnected,
+    at: command.now,
+    cost_micros: command.costMicros,
+    price_per_gpu_second_micros: command.pricePerGpuSecondMicros,
+    basis: command.basis,
+    generated_output_tokens: command.generatedOutputTokens ?? null,
+    relayed_output_tokens: command.relayedOutputTokens ?? null,
+    ...command.facts, // last: see settlementFacts
   };
 }
 

@@ -189,13 +189,35 @@ const SettlementFacts = {
   basis: Nullable(BillingBasisSchema),
 };
 
-export const UsageSettled = defineEvent('UsageSettled', Type.Object(SettlementFacts, { additionalProperties: false }), {
-  version: 2,
-  upcasters: {
-    // Version 1 stored the cost as a float and neither the price nor the basis: both unknown.
-    1: (data) => ({ ...(data as object), cost_micros: Math.round((data as { cost: number }).cost * 1e6), price_per_gpu_second_micros: null, basis: null }),
+export const UsageSettled = defineEvent(
+  'UsageSettled',
+  Type.Object(
+    {
+      ...SettlementFacts,
+      /**
+       * A stream cut short (`disconnected`): the output tokens the engine generated as far as the gateway
+       * knows (its usage frame when it came, else the content frames received), which is what is billed;
+       * null for a stream that completed and for a non-streaming request.
+       */
+      generated_output_tokens: Nullable(Tokens),
+      /**
+       * A stream cut short: the content frames the client's socket took (written to the response and
+       * acknowledged by their write callback before it closed), one token each; at most generated. Null as above.
+       */
+      relayed_output_tokens: Nullable(Tokens),
+    },
+    { additionalProperties: false },
+  ),
+  {
+    version: 3,
+    upcasters: {
+      // Version 1 stored the cost as a float and neither the price nor the basis: both unknown.
+      1: (data) => ({ ...(data as object), cost_micros: Math.round((data as { cost: number }).cost * 1e6), price_per_gpu_second_micros: null, basis: null }),
+      // Version 2 did not record a cut-short stream's generated and relayed tokens: unknown.
+      2: (data) => ({ ...(data as object), generated_output_tokens: null, relayed_output_tokens: null }),
+    },
   },
-});
+);
 
 /**
  * A settlement that came after its hold had expired on this stream (its process fell more than half a

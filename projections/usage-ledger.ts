@@ -5,7 +5,8 @@
  * `usage_ledger_pending` until the request ends. A settlement that came after its hold expired
  * (LateUsageRecorded) completes the expiry's row: the charged tokens stay the expiry's, the real
  * usage goes to `late_input_tokens`/`late_output_tokens`, and the GPU time and its cost are filled in.
- * Money is exact: `cost_micros` (integer micro-units) and `cost` (the same as numeric(20, 6)).
+ * Money is exact: `cost_micros` (integer micro-units) and `cost` (the same as numeric(20, 6)). A stream
+ * cut short records what was generated (billed) and what the client's socket took apart.
  */
 import { defineBatchProjection, toStorableText, type Recorded } from '../src/event-sourcing/index.ts';
 import { meterEvents, type MeterEvent, type RequestFactsData } from '../events/meter.ts';
@@ -52,6 +53,8 @@ interface Outcome {
   code: string | null;
   disconnected: boolean;
   at: string;
+  generated_output_tokens: number | null;
+  relayed_output_tokens: number | null;
 }
 
 /**
@@ -87,6 +90,8 @@ function rowOf(event: Recorded<MeterEvent>): LedgerRow {
         code: null,
         disconnected: d.disconnected,
         at: d.at,
+        generated_output_tokens: d.generated_output_tokens,
+        relayed_output_tokens: d.relayed_output_tokens,
       });
     }
     case 'ReservationExpired': {
@@ -112,6 +117,8 @@ function rowOf(event: Recorded<MeterEvent>): LedgerRow {
         code: d.code,
         disconnected: false,
         at: d.at,
+        generated_output_tokens: null,
+        relayed_output_tokens: null,
       });
     }
     case 'LateUsageRecorded': {
@@ -172,7 +179,9 @@ export const usageLedgerProjection = defineBatchProjection<MeterEvent>({
       basis text,
       late_input_tokens bigint,
       late_output_tokens bigint,
-      late_at timestamptz)`);
+      late_at timestamptz,
+      generated_output_tokens bigint,
+      relayed_output_tokens bigint)`);
     // A table written before money was exact (cost a float): the new columns, its costs to the micro-unit (as the upcaster reads the events).
     await db.query(`DO $$ BEGIN
       IF NOT EXISTS (SELECT FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = 'usage_ledger' AND column_name = 'cost_micros') THEN
@@ -180,6 +189,13 @@ export const usageLedgerProjection = defineBatchProjection<MeterEvent>({
           ADD COLUMN late_input_tokens bigint, ADD COLUMN late_output_tokens bigint, ADD COLUMN late_at timestamptz;
         UPDATE usage_ledger SET cost_micros = floor(cost * 1e6 + 0.5) WHERE cost IS NOT NULL;
         ALTER TABLE usage_ledger ALTER COLUMN cost TYPE numeric(20, 6) USING cost_micros / 1000000.0;
+      END IF;
+    END $$`);
+    // A table written before a cut-short stream's generated and relayed tokens were recorded: the two columns, last, as CREATE has them
+    // (NULL: not recorded). Checked first, so a table that has them takes no ALTER's lock.
+    await db.query(`DO $$ BEGIN
+      IF NOT EXISTS (SELECT FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = 'usage_ledger' AND column_name = 'generated_output_tokens') THEN
+        ALTER TABLE usage_ledger ADD COLUMN generated_output_tokens bigint, ADD COLUMN relayed_output_tokens bigint;
       END IF;
     END $$`);
     await db.query(`CREATE INDEX IF NOT EXISTS usage_ledger_day_key ON usage_ledger (day, key_id)`);
@@ -210,6 +226,10 @@ export const usageLedgerProjection = defineBatchProjection<MeterEvent>({
       late_input_tokens: 'On an expired row: the input tokens of a settlement that came after the expiry (input_tokens stays what the expiry charged).',
       late_output_tokens: 'On an expired row: the output tokens of a settlement that came after the expiry.',
       late_at: 'On an expired row: when the late settlement came.',
+      generated_output_tokens:
+        'A stream cut short (disconnected): the output tokens the engine generated as far as the gateway knows (its usage frame when it came, else the content frames received), what output_tokens bills; NULL for a stream that completed, a non-streaming request, or one settled before they were recorded.',
+      relayed_output_tokens:
+        'A stream cut short: the content frames the client\'s socket took (written to the response and acknowledged by their write callback before it closed), one token each; at most generated_output_tokens. NULL as for generated_output_tokens.',
     });
     await createInternalTable(db, pending, 'stream_id text COLLATE "C" NOT NULL, request_id text NOT NULL, facts jsonb NOT NULL, PRIMARY KEY (stream_id, request_id)');
     await createPositionGuard(db, 'usage_ledger');

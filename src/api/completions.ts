@@ -202,6 +202,8 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
         pricePerGpuSecondMicros: billed.pricePerGpuSecondMicros,
         basis: billed.basis,
         disconnected: billed.disconnected,
+        generatedOutputTokens: billed.generatedOutputTokens,
+        relayedOutputTokens: billed.relayedOutputTokens,
       });
     };
 
@@ -229,7 +231,7 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
         upstream = await dispatch(completion, controller.signal);
       }
     } catch (err) {
-      settle(controller.signal.aborted ? { usage: null, contentFrames: 0, completed: false } : null, err instanceof ApiError ? err.status : 500, completion);
+      settle(controller.signal.aborted ? { usage: null, contentFrames: 0, relayedFrames: 0, completed: false } : null, err instanceof ApiError ? err.status : 500, completion);
       if (controller.signal.aborted && controller.signal.reason !== deadlineReason) return reply; // the client left; nothing to answer
       throw err;
     }
@@ -245,7 +247,12 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
       const relay = relayEvents(upstream, request.id, engines.upstreamHeaders(model.id), completion.clientWantsUsage);
       relayed = relay.result;
       relay.once('close', () => settle(relay.result, 200, completion));
-      return reply.send(relay);
+      // Written by the relay itself, not piped by reply.send: its write callbacks say which frames the
+      // client's socket took (relayedFrames), which a pipe's writes do not report.
+      reply.hijack();
+      reply.raw.writeHead(reply.statusCode, reply.getHeaders() as Record<string, string | number>);
+      relay.writeTo(reply.raw);
+      return reply;
     }
 
     reply.header('content-type', 'application/json');
@@ -253,7 +260,7 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     if (length <= smallBodyBytes && !completion.capture) {
       // A small body is gathered and written in one go: cheaper than a pipe for the common case.
       const body = Buffer.from(await upstream.body.arrayBuffer());
-      relayed = { usage: usageFrom(body.subarray(Math.max(0, body.length - 4096))), contentFrames: 0, completed: true };
+      relayed = { usage: usageFrom(body.subarray(Math.max(0, body.length - 4096))), contentFrames: 0, relayedFrames: 0, completed: true };
       settle(relayed, 200, completion);
       return reply.send(body); // gzipped on its way out when the client accepts it (compression.ts)
     }

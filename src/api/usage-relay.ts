@@ -2,7 +2,7 @@
  * Relays that learn a response's usage on the way through, without parsing its body: streams are
  * always billed, and a completion body's `usage` object is read from its last bytes.
  */
-import { Transform, type TransformCallback } from 'node:stream';
+import { Transform, type TransformCallback, type Writable } from 'node:stream';
 
 export interface EngineUsage {
   prompt_tokens: number;
@@ -12,8 +12,14 @@ export interface EngineUsage {
 export interface RelayedUsage {
   /** The engine's usage, when its body (or usage frame) came through whole. */
   usage: EngineUsage | null;
-  /** Content frames relayed (one per generated token per choice): what was generated when the stream broke off. */
+  /** Content frames received from the engine and passed on (one per generated token per choice): what was generated when the stream broke off. */
   contentFrames: number;
+  /**
+   * Content frames the client's socket took: those of the chunks written to the response whose write
+   * callback came back without an error (the bytes were handed to the kernel before the socket closed).
+   * At most `contentFrames`; 0 for a body that is not a stream.
+   */
+  relayedFrames: number;
   /** The body ended normally. */
   completed: boolean;
 }
@@ -30,9 +36,13 @@ const errorKey = Buffer.from('"error"');
  * sees torn bytes: `fail` then ends the stream with the error frame and `[DONE]`.
  */
 export class SseUsageRelay extends Transform {
-  readonly result: RelayedUsage = { usage: null, contentFrames: 0, completed: false };
+  readonly result: RelayedUsage = { usage: null, contentFrames: 0, relayedFrames: 0, completed: false };
   #partial: Buffer | null = null;
   readonly #forwardUsage: boolean;
+  /** Content frames counted up to the end of each chunk pushed and not yet written, oldest first. */
+  readonly #pushed: number[] = [];
+  /** The same for each chunk written to the response whose write callback has not come back. */
+  readonly #unacknowledged: number[] = [];
 
   constructor(forwardUsage: boolean) {
     super();
@@ -50,12 +60,12 @@ export class SseUsageRelay extends Transform {
       const next = end + 2;
       if (this.#inspect(data, start, end)) {
         // The usage frame the client did not ask for: send what came before it, skip it.
-        if (start > sendFrom) this.push(data.subarray(sendFrom, start));
+        if (start > sendFrom) this.#send(data.subarray(sendFrom, start));
         sendFrom = next;
       }
       start = next;
     }
-    if (start > sendFrom) this.push(data.subarray(sendFrom, start));
+    if (start > sendFrom) this.#send(data.subarray(sendFrom, start));
     if (start < data.length) this.#partial = data.subarray(start);
     callback();
   }
@@ -71,8 +81,37 @@ export class SseUsageRelay extends Transform {
   fail(errorFrame: string): void {
     if (this.destroyed || this.readableEnded) return;
     this.#partial = null;
-    this.push(errorFrame);
+    this.#send(Buffer.from(errorFrame));
     this.push(null);
+  }
+
+  /**
+   * Writes the frames to the client's response with backpressure (instead of a pipe, whose writes
+   * carry no callback), ends it after the last one, and counts `relayedFrames` as the writes come back.
+   * A response that closes first destroys the relay (which cancels the engine's body).
+   */
+  writeTo(res: Writable): void {
+    // Write callbacks come back in write order (one per write; after the socket died they fail or never come).
+    const acknowledged = (err?: Error | null) => {
+      const upTo = this.#unacknowledged.shift();
+      if (!err && upTo !== undefined) this.result.relayedFrames = upTo;
+    };
+    this.on('data', (chunk: Buffer) => {
+      this.#unacknowledged.push(this.#pushed.shift() ?? this.result.contentFrames);
+      if (!res.write(chunk, acknowledged)) this.pause();
+    });
+    res.on('drain', () => this.resume());
+    this.once('end', () => res.end());
+    this.once('error', () => res.destroy());
+    // A write to a socket that died fails its callback and may emit an error too: the client left, nothing to throw.
+    res.on('error', () => this.destroy());
+    res.once('close', () => this.destroy());
+  }
+
+  /** Pushes whole frames on, noting how many content frames have been counted up to their end. */
+  #send(frames: Buffer): void {
+    this.#pushed.push(this.result.contentFrames);
+    this.push(frames);
   }
 
   /** Reads one frame; true when it is the usage frame and must not be forwarded. */
@@ -98,7 +137,7 @@ export class SseUsageRelay extends Transform {
  * `activations`.
  */
 export class UsageTail extends Transform {
-  readonly result: RelayedUsage = { usage: null, contentFrames: 0, completed: false };
+  readonly result: RelayedUsage = { usage: null, contentFrames: 0, relayedFrames: 0, completed: false };
   #head: Buffer[] = [];
   #headBytes = 0;
   #tail: Buffer = Buffer.alloc(0);

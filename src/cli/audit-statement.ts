@@ -28,12 +28,12 @@ export interface StatementLine {
   cost: string | null;
   disconnected: boolean | null;
   /**
-   * A stream the client left: the content frames the gateway relayed (one output token each), what it
-   * was billed; null otherwise. What the engine generated in all is not in the events yet (see the
-   * README): `generated_output_tokens` is null until it is.
+   * A stream cut short: the output tokens generated as far as the gateway knows (what was billed) and
+   * the content frames the client's socket took; null for a stream that completed, a non-streaming
+   * request, and settlements written before they were recorded (UsageSettled version 2 or earlier).
    */
-  relayed_output_tokens: number | null;
   generated_output_tokens: number | null;
+  relayed_output_tokens: number | null;
   /** An expired request whose settlement came late: its real usage (the charged tokens stay the expiry's). */
   late_input_tokens: number | null;
   late_output_tokens: number | null;
@@ -76,7 +76,6 @@ export function foldStatement(events: Iterable<{ streamId: string; event: MeterE
         const d = event.data;
         if (lines.has(d.request_id)) break;
         const settled = event.type === 'UsageSettled' ? event.data : null;
-        const disconnectedStream = settled !== null && settled.disconnected && settled.basis === 'relayed_frames';
         lines.set(d.request_id, {
           request_id: d.request_id,
           at: d.at,
@@ -95,8 +94,8 @@ export function foldStatement(events: Iterable<{ streamId: string; event: MeterE
           cost_micros: settled ? settled.cost_micros : 0,
           cost: microsToDecimal(settled ? settled.cost_micros : 0),
           disconnected: settled ? settled.disconnected : false,
-          relayed_output_tokens: disconnectedStream ? settled.output_tokens : null,
-          generated_output_tokens: null,
+          generated_output_tokens: settled ? settled.generated_output_tokens : null,
+          relayed_output_tokens: settled ? settled.relayed_output_tokens : null,
           late_input_tokens: null,
           late_output_tokens: null,
         });
@@ -177,7 +176,20 @@ export function byUser(lines: readonly StatementLine[]): UserRollup[] {
 }
 
 /** The fields compared with `usage_ledger` (what finance is billed on). */
-const compared = ['outcome', 'day', 'status', 'input_tokens', 'output_tokens', 'basis', 'cost_micros', 'price_per_gpu_second_micros', 'late_input_tokens', 'late_output_tokens'] as const;
+const compared = [
+  'outcome',
+  'day',
+  'status',
+  'input_tokens',
+  'output_tokens',
+  'basis',
+  'cost_micros',
+  'price_per_gpu_second_micros',
+  'generated_output_tokens',
+  'relayed_output_tokens',
+  'late_input_tokens',
+  'late_output_tokens',
+] as const;
 
 /** `usage_ledger`'s lines for the key's month and its checkpoint, from one statement (null: the projection never ran). */
 export async function ledgerSide(db: SqlDatabase, key: string, month: string): Promise<{ checkpoint: GlobalPosition; lines: Map<string, Record<string, unknown>> } | null> {
@@ -185,7 +197,8 @@ export async function ledgerSide(db: SqlDatabase, key: string, month: string): P
   if (!exists[0]?.t) return null;
   const { rows } = await db.query<Record<string, unknown>>(
     `SELECT c.transaction_id::text AS checkpoint_tx, c.global_position AS checkpoint_position, l.request_id, l.outcome, to_char(l.day, 'YYYY-MM-DD') AS day,
-       l.status, l.input_tokens, l.output_tokens, l.basis, l.cost_micros, l.price_per_gpu_second_micros, l.late_input_tokens, l.late_output_tokens
+       l.status, l.input_tokens, l.output_tokens, l.basis, l.cost_micros, l.price_per_gpu_second_micros, l.generated_output_tokens, l.relayed_output_tokens,
+       l.late_input_tokens, l.late_output_tokens
      FROM ${internalTable(db, 'projection_checkpoints')} c
      LEFT JOIN usage_ledger l ON l.key_id = $1 AND l.day >= ($2 || '-01')::date AND l.day < ($2 || '-01')::date + interval '1 month'
      WHERE c.name = 'usage_ledger'`,

@@ -56,14 +56,14 @@ for (const adapter of adaptersUnderTest()) {
       const admission = await metering.admit(req);
       await admission.durable;
       const billed = billingBasis(relayed, { stream, promptTokens: 5, promptCount: 1, n: 1, maxTokens: admission.maxTokens }, { seconds, costPerSecond: config.costPerSecond });
-      const { basis, inputTokens, outputTokens, gpuSeconds, costMicros, pricePerGpuSecondMicros, disconnected } = billed;
-      await metering.settle(admission, req.facts, { basis, inputTokens, outputTokens, gpuSeconds, costMicros, pricePerGpuSecondMicros, disconnected, status: 200, latencyMs: 3 });
+      const { basis, inputTokens, outputTokens, gpuSeconds, costMicros, pricePerGpuSecondMicros, disconnected, generatedOutputTokens, relayedOutputTokens } = billed;
+      await metering.settle(admission, req.facts, { basis, inputTokens, outputTokens, gpuSeconds, costMicros, pricePerGpuSecondMicros, disconnected, generatedOutputTokens, relayedOutputTokens, status: 200, latencyMs: 3 });
       return req.facts.request_id;
     };
 
-    // Day 1: the engine's usage, a broken stream (7 frames relayed), a broken body (the whole hold).
+    // Day 1: the engine's usage, a broken stream (7 frames received, 5 taken by the client's socket), a broken body (the whole hold).
     await served(40, { usage: { prompt_tokens: 5, completion_tokens: 31 }, contentFrames: 0, completed: true }, false, 2.5, 'alice');
-    const brokenStream = await served(40, { usage: null, contentFrames: 7, completed: false }, true, 0.7333333, 'bob');
+    const brokenStream = await served(40, { usage: null, contentFrames: 7, relayedFrames: 5, completed: false }, true, 0.7333333, 'bob');
     await served(30, { usage: null, contentFrames: 0, completed: false }, false, 1.1, '=HYPERLINK("x"),evil');
     // A request a budget refuses (the daily one is the tightest), recorded as the route records it.
     const refusedReq = request(100_000);
@@ -218,7 +218,12 @@ for (const adapter of adaptersUnderTest()) {
     );
     assert.equal([statement.totals.settled, statement.totals.expired, statement.totals.rejected], [4, 1, 1]);
     const broken = statement.lines.find((l) => l.request_id === brokenStream)!;
-    assert.equal([broken.basis, broken.disconnected, broken.output_tokens, broken.relayed_output_tokens], ['relayed_frames', true, 7, 7], 'a broken stream: the tokens relayed to the client');
+    assert.equal(
+      [broken.basis, broken.disconnected, broken.output_tokens, broken.generated_output_tokens, broken.relayed_output_tokens],
+      ['relayed_frames', true, 7, 7, 5],
+      'a broken stream: billed what was generated, the frames the client took beside it',
+    );
+    assert.ok(statement.lines.filter((l) => l.request_id !== brokenStream).every((l) => l.generated_output_tokens === null && l.relayed_output_tokens === null), 'null on every other line');
     const lateLine = statement.lines.find((l) => l.request_id === late.requestId)!;
     assert.equal([lateLine.outcome, lateLine.output_tokens, lateLine.late_output_tokens, lateLine.cost_micros], ['expired', 50, 12, costOf.get(late.requestId)]);
 
@@ -245,6 +250,11 @@ for (const adapter of adaptersUnderTest()) {
     assert.is(differ.code, 1);
     assert.match(differ.err, `${brokenStream}: cost_micros statement`);
     await store.query(`UPDATE usage_ledger SET cost_micros = cost_micros - 1 WHERE request_id = $1`, [brokenStream]);
+    await store.query(`UPDATE usage_ledger SET relayed_output_tokens = 7 WHERE request_id = $1`, [brokenStream]);
+    const relayedDiffers = await run('statement', '--key', keyId, '--month', '2025-03');
+    assert.is(relayedDiffers.code, 1);
+    assert.match(relayedDiffers.err, `${brokenStream}: relayed_output_tokens statement 5, usage_ledger 7`);
+    await store.query(`UPDATE usage_ledger SET relayed_output_tokens = 5 WHERE request_id = $1`, [brokenStream]);
     await store.query(`DELETE FROM usage_ledger WHERE request_id = $1`, [late.requestId]);
     const missing = await run('statement', '--key', keyId, '--month', '2025-03', '--format', 'json');
     assert.is(missing.code, 1);

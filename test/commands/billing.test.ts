@@ -12,46 +12,46 @@ const request = (stream: boolean): BilledRequest => ({ stream, promptTokens: 12,
 const gpu = { seconds: 2.5, costPerSecond: 0.004 };
 const engineUsage = { prompt_tokens: 11, completion_tokens: 42 };
 
-const cases: { name: string; relayed: RelayedOutcome | null; stream: boolean; expected: Omit<BillingBasis, 'gpuSeconds' | 'costMicros' | 'pricePerGpuSecondMicros'> }[] = [
+const cases: { name: string; relayed: RelayedOutcome | null; stream: boolean; expected: Omit<BillingBasis, 'gpuSeconds' | 'costMicros' | 'pricePerGpuSecondMicros' | 'generatedOutputTokens' | 'relayedOutputTokens'> & Partial<BillingBasis> }[] = [
   {
     name: 'a body that came through whole: the engine usage',
-    relayed: { usage: engineUsage, contentFrames: 0, completed: true },
+    relayed: { usage: engineUsage, contentFrames: 0, relayedFrames: 0, completed: true },
     stream: false,
     expected: { basis: 'engine_usage', inputTokens: 11, outputTokens: 42, disconnected: false },
   },
   {
     name: 'a stream with its usage frame: the engine usage, not the frames counted',
-    relayed: { usage: engineUsage, contentFrames: 40, completed: true },
+    relayed: { usage: engineUsage, contentFrames: 40, relayedFrames: 38, completed: true },
     stream: true,
     expected: { basis: 'engine_usage', inputTokens: 11, outputTokens: 42, disconnected: false },
   },
   {
-    name: 'a stream the client left after its usage frame: the engine usage, disconnected',
-    relayed: { usage: engineUsage, contentFrames: 42, completed: false },
+    name: 'a stream the client left after its usage frame: the engine usage, disconnected; generated is the usage, relayed what the socket took',
+    relayed: { usage: engineUsage, contentFrames: 42, relayedFrames: 40, completed: false },
     stream: true,
-    expected: { basis: 'engine_usage', inputTokens: 11, outputTokens: 42, disconnected: true },
+    expected: { basis: 'engine_usage', inputTokens: 11, outputTokens: 42, disconnected: true, generatedOutputTokens: 42, relayedOutputTokens: 40 },
   },
   {
-    name: 'a stream that broke off: the prompt plus one token per content frame relayed',
-    relayed: { usage: null, contentFrames: 17, completed: false },
+    name: 'a stream that broke off: the prompt plus one token per content frame received; generated and relayed recorded',
+    relayed: { usage: null, contentFrames: 17, relayedFrames: 15, completed: false },
     stream: true,
-    expected: { basis: 'relayed_frames', inputTokens: 12, outputTokens: 17, disconnected: true },
+    expected: { basis: 'relayed_frames', inputTokens: 12, outputTokens: 17, disconnected: true, generatedOutputTokens: 17, relayedOutputTokens: 15 },
   },
   {
     name: 'a stream the client left before any frame: the prompt alone',
-    relayed: { usage: null, contentFrames: 0, completed: false },
+    relayed: { usage: null, contentFrames: 0, relayedFrames: 0, completed: false },
     stream: true,
-    expected: { basis: 'relayed_frames', inputTokens: 12, outputTokens: 0, disconnected: true },
+    expected: { basis: 'relayed_frames', inputTokens: 12, outputTokens: 0, disconnected: true, generatedOutputTokens: 0, relayedOutputTokens: 0 },
   },
   {
     name: 'a non-streaming body that broke off: the prompt plus the whole hold (prompts × n × max_tokens)',
-    relayed: { usage: null, contentFrames: 0, completed: false },
+    relayed: { usage: null, contentFrames: 0, relayedFrames: 0, completed: false },
     stream: false,
     expected: { basis: 'whole_hold', inputTokens: 12, outputTokens: 300, disconnected: true },
   },
   {
     name: 'a non-streaming body that ended without a usage object: the whole hold, not disconnected',
-    relayed: { usage: null, contentFrames: 0, completed: true },
+    relayed: { usage: null, contentFrames: 0, relayedFrames: 0, completed: true },
     stream: false,
     expected: { basis: 'whole_hold', inputTokens: 12, outputTokens: 300, disconnected: false },
   },
@@ -73,11 +73,11 @@ const it = suite('billing basis');
 for (const c of cases) {
   it(c.name, () => {
     const billed = billingBasis(c.relayed, request(c.stream), gpu);
-    assert.equal(billed, { ...c.expected, gpuSeconds: 2.5, pricePerGpuSecondMicros: 4000, costMicros: 10_000 });
+    assert.equal(billed, { gpuSeconds: 2.5, pricePerGpuSecondMicros: 4000, costMicros: 10_000, generatedOutputTokens: null, relayedOutputTokens: null, ...c.expected });
   });
 }
 it('cost is GPU seconds times the price per second, in integer micro-units, on every basis', () => {
-  for (const relayed of [null, { usage: null, contentFrames: 3, completed: false }, { usage: engineUsage, contentFrames: 0, completed: true }]) {
+  for (const relayed of [null, { usage: null, contentFrames: 3, relayedFrames: 1, completed: false }, { usage: engineUsage, contentFrames: 0, relayedFrames: 0, completed: true }]) {
     assert.is(billingBasis(relayed, request(true), { seconds: 0, costPerSecond: 0.004 }).costMicros, 0);
     assert.is(billingBasis(relayed, request(true), { seconds: 10, costPerSecond: 0.25 }).costMicros, 2_500_000);
     assert.is(billingBasis(relayed, request(true), { seconds: 10, costPerSecond: 0 }).costMicros, 0);

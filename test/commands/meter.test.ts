@@ -137,7 +137,7 @@ const settle = (id: string, input: number, output: number, now = at('12:00:30.00
   now,
 });
 const settled = (id: string, input: number, output: number, now = at('12:00:30.000')) =>
-  UsageSettled({ ...facts(id), input_tokens: input, output_tokens: output, status: 200, latency_ms: 30_000, gpu_seconds: 1.5, cost: 0.003, disconnected: false, at: now, cost_micros: 3000, price_per_gpu_second_micros: 2000, basis: 'engine_usage' });
+  UsageSettled({ ...facts(id), input_tokens: input, output_tokens: output, status: 200, latency_ms: 30_000, gpu_seconds: 1.5, cost: 0.003, disconnected: false, at: now, cost_micros: 3000, price_per_gpu_second_micros: 2000, basis: 'engine_usage', generated_output_tokens: null, relayed_output_tokens: null });
 
 /** A hold made earlier today and settled with this many tokens: today's (and the month's) usage. */
 const usedToday = (id: string, input: number, output: number): MeterEvent[] => [
@@ -394,8 +394,11 @@ settling('settlement charges the engine\'s real usage and releases the hold', ()
   });
 });
 settling('a disconnected client is billed for what was generated', () => {
-  const command = { ...settle('r1', 10, 4), disconnected: true, status: 499 };
-  spec.given([opened(), r1]).when(command).then([UsageSettled({ ...settled('r1', 10, 4).data, disconnected: true, status: 499 })]);
+  const command = { ...settle('r1', 10, 4), disconnected: true, status: 499, basis: 'relayed_frames' as const, generatedOutputTokens: 4, relayedOutputTokens: 3 };
+  spec
+    .given([opened(), r1])
+    .when(command)
+    .then([UsageSettled({ ...settled('r1', 10, 4).data, disconnected: true, status: 499, basis: 'relayed_frames', generated_output_tokens: 4, relayed_output_tokens: 3 })]);
 });
 settling('settling an unknown or an already settled request appends nothing', () => {
   spec.given([opened()]).when(settle('nope', 1, 1)).thenNothing();
@@ -404,7 +407,8 @@ settling('settling an unknown or an already settled request appends nothing', ()
 settling('a settlement after its hold expired is recorded beside the expiry, once, and charges nothing more', () => {
   const expired = ReservationExpired({ request_id: 'r1', input_tokens: 10, output_tokens: 100, at: expiresAt });
   const late = settle('r1', 10, 5, iso(ms(expiresAt) + 1_000));
-  const recorded = LateUsageRecorded({ ...settled('r1', 10, 5, late.now).data });
+  const { generated_output_tokens: _g, relayed_output_tokens: _r, ...lateFacts } = settled('r1', 10, 5, late.now).data;
+  const recorded = LateUsageRecorded(lateFacts);
   spec.given([opened(), r1, expired]).when(late).then([recorded]);
   spec.given([opened(), r1, expired]).when(late).thenState((state) => {
     // The whole hold stays charged (the expiry's), the real usage is only recorded.
@@ -667,14 +671,19 @@ leasing('events written before budgets, prices and refusals were recorded read w
   delete v2Reserved.budgets;
   delete v2Reserved.limits;
   assert.equal(meterEvents.parse({ type: 'BudgetReserved', data: v2Reserved, metadata: { schema_version: 2 } }).data, { ...r1.data, budgets: null, limits: null });
-  const { cost_micros: _m, price_per_gpu_second_micros: _p, basis: _b, ...v1Settled } = settled('r1', 10, 5).data;
+  const { cost_micros: _m, price_per_gpu_second_micros: _p, basis: _b, generated_output_tokens: _g, relayed_output_tokens: _rl, ...v1Settled } = settled('r1', 10, 5).data;
   assert.equal(meterEvents.parse({ type: 'UsageSettled', data: { ...v1Settled, cost: 0.1 + 0.2 }, metadata: {} }).data, {
     ...v1Settled,
     cost: 0.1 + 0.2,
     cost_micros: 300_000,
     price_per_gpu_second_micros: null,
     basis: null,
+    generated_output_tokens: null,
+    relayed_output_tokens: null,
   });
+  // Version 2 did not record a cut-short stream's generated and relayed tokens.
+  const { generated_output_tokens: _g2, relayed_output_tokens: _r2, ...v2Settled } = { ...settled('r1', 10, 5).data, disconnected: true };
+  assert.equal(meterEvents.parse({ type: 'UsageSettled', data: v2Settled, metadata: { schema_version: 2 } }).data, { ...v2Settled, generated_output_tokens: null, relayed_output_tokens: null });
   const rejected = RequestRejected({ ...facts('r9'), code: 'queue_full', status: 429, input_tokens: 1, latency_ms: 1, at: noon, refused_by: 'max_queued', retry_after_seconds: 1 }).data;
   const { refused_by: _r, retry_after_seconds: _s, ...v1Rejected } = rejected;
   assert.equal(meterEvents.parse({ type: 'RequestRejected', data: v1Rejected, metadata: {} }).data, { ...v1Rejected, refused_by: null, retry_after_seconds: null });
@@ -865,7 +874,8 @@ const dayOfCommands: MeterCommand[] = [
   reserve({ id: 'a', budget: { monthly_token_budget: 500 } }),
   reserve({ id: 'b', choices: 3, budget: { monthly_token_budget: 500, daily_token_budget: 300 } }),
   { type: 'Renew', requestId: 'b', expiresAt: at('12:20:00.000'), now: at('12:05:00.000') },
-  settle('a', 10, 55),
+  // a's client left: billed what was generated, having taken fewer.
+  { ...settle('a', 10, 55), disconnected: true, basis: 'relayed_frames', generatedOutputTokens: 55, relayedOutputTokens: 41 },
   { type: 'Expire', requestId: 'b', now: at('12:20:00.000') },
   // b's process was alive after all: its settlement comes late and is recorded beside the expiry, charging nothing.
   settle('b', 10, 7, at('12:20:30.000')),
