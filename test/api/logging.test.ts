@@ -58,7 +58,8 @@ logging('requests of every kind leave only metadata behind', async () => {
   const served = line('logging-test-1');
   assert.is(served.model, 'ref-byte', 'the model that served');
   assert.is(served.status, 200);
-  assert.is(served.completion_tokens, 2, 'the tokens generated');
+  // max_tokens 2, sampled (no temperature): the reference engine may draw its end-of-sequence token first.
+  assert.ok(served.completion_tokens === 1 || served.completion_tokens === 2, `the tokens generated: ${served.completion_tokens}`);
   assert.ok(served.prompt_tokens > 0);
   assert.ok(served.duration_ms >= 0);
   assert.is(line('logging-test-1').workload, 'batch', 'X-Svc-Workload is recorded as telemetry');
