@@ -18,6 +18,6 @@ export const spendDecider: Decider<{ reached: boolean }, SpendCommand, SpendEven
     const { spendMicros: spend, capMicros: cap } = command;
     if (state.reached || cap === null || spend < cap) return [];
     if (!Number.isSafeInteger(spend) || !Number.isSafeInteger(cap)) throw new RangeError('CheckSpend takes the spend and the cap in integer micro-units');
-    return SpendCapReached({ day: command.day, spend: spend / 1e6, cap: cap / 1e6, at: command.now, spend_micros: spend, cap_micros: cap });
+    return SpendCapReached({ day: command.day, at: command.now, spend_micros: spend, cap_micros: cap });
   },
 };

@@ -176,8 +176,6 @@ const SettlementFacts = {
   latency_ms: Type.Number({ minimum: 0 }),
   /** Backend time billed for the request (the engine call's wall time). */
   gpu_seconds: Type.Number({ minimum: 0 }),
-  /** cost_micros / 1e6, for readers of the release before micro-units (version 1 of UsageSettled); never summed: money is `cost_micros`. */
-  cost: Type.Number({ minimum: 0 }),
   /** True when the client left before the end (billed for what was generated). */
   disconnected: Type.Boolean(),
   at: Instant,
@@ -211,10 +209,18 @@ export const UsageSettled = defineEvent(
   {
     version: 3,
     upcasters: {
-      // Version 1 stored the cost as a float and neither the price nor the basis: both unknown.
-      1: (data) => ({ ...(data as object), cost_micros: Math.round((data as { cost: number }).cost * 1e6), price_per_gpu_second_micros: null, basis: null }),
-      // Version 2 did not record a cut-short stream's generated and relayed tokens: unknown.
-      2: (data) => ({ ...(data as object), generated_output_tokens: null, relayed_output_tokens: null }),
+      // Version 1 stored the cost as a float (money is never a float since: exact micro-units, the float
+      // dropped) and neither the price nor the basis: both unknown.
+      1: (data) => {
+        const { cost, ...v1 } = data as { cost: number };
+        return { ...v1, cost_micros: Math.round(cost * 1e6), price_per_gpu_second_micros: null, basis: null };
+      },
+      // Version 2 did not record a cut-short stream's generated and relayed tokens (unknown), and still
+      // carried the float beside cost_micros.
+      2: (data) => {
+        const { cost: _float, ...v2 } = data as { cost?: number };
+        return { ...v2, generated_output_tokens: null, relayed_output_tokens: null };
+      },
     },
   },
 );

@@ -8,9 +8,6 @@ export const SpendCapReached = defineEvent(
   Type.Object(
     {
       day: Type.String({ pattern: '^\\d{4}-\\d{2}-\\d{2}$' }),
-      /** spend_micros / 1e6 and cap_micros / 1e6, for readers of the release before micro-units (version 1). */
-      spend: Type.Number({ minimum: 0 }),
-      cap: Type.Number({ minimum: 0 }),
       at: Type.String({ pattern: '^\\d{4}-\\d{2}-\\d{2}T' }),
       /** The day's spend (from the daily_spend projection) when the cap was found reached, and the cap, exactly. */
       spend_micros: Micros,
@@ -21,10 +18,10 @@ export const SpendCapReached = defineEvent(
   {
     version: 2,
     upcasters: {
-      // Version 1 compared floats: its figures, to the micro-unit.
+      // Version 1 compared floats: its figures, to the micro-unit (money is never a float since).
       1: (data) => {
-        const v1 = data as { spend: number; cap: number };
-        return { ...v1, spend_micros: Math.round(v1.spend * 1e6), cap_micros: Math.round(v1.cap * 1e6) };
+        const { spend, cap, ...v1 } = data as { spend: number; cap: number };
+        return { ...v1, spend_micros: Math.round(spend * 1e6), cap_micros: Math.round(cap * 1e6) };
       },
     },
   },

@@ -30,7 +30,7 @@ const reserved = BudgetReserved({
 });
 const closed = MeterClosed({ day, next_day: next, at: `${next}T00:00:01.000Z` });
 const settle = { type: 'Settle' as const, facts, inputTokens: 5, outputTokens: 9, status: 200, latencyMs: 3, gpuSeconds: 0.5, costMicros: 250_000, pricePerGpuSecondMicros: 500_000, basis: 'engine_usage' as const, disconnected: false, now: `${next}T00:00:05.000Z` };
-const settled = UsageSettled({ input_tokens: 5, output_tokens: 9, status: 200, latency_ms: 3, gpu_seconds: 0.5, cost: 0.25, disconnected: false, at: settle.now, cost_micros: 250_000, price_per_gpu_second_micros: 500_000, basis: 'engine_usage', generated_output_tokens: null, relayed_output_tokens: null, ...facts });
+const settled = UsageSettled({ input_tokens: 5, output_tokens: 9, status: 200, latency_ms: 3, gpu_seconds: 0.5, disconnected: false, at: settle.now, cost_micros: 250_000, price_per_gpu_second_micros: 500_000, basis: 'engine_usage', generated_output_tokens: null, relayed_output_tokens: null, ...facts });
 
 it('a settlement on a closed day says the hold it ends was carried', () => {
   spec.given([opened, reserved, closed]).when(settle).then([settled, CarriedHoldEnded({ request_id: 'x', day, input_tokens: 5, output_tokens: 9, at: settle.now })]);

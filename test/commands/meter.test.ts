@@ -137,7 +137,7 @@ const settle = (id: string, input: number, output: number, now = at('12:00:30.00
   now,
 });
 const settled = (id: string, input: number, output: number, now = at('12:00:30.000')) =>
-  UsageSettled({ ...facts(id), input_tokens: input, output_tokens: output, status: 200, latency_ms: 30_000, gpu_seconds: 1.5, cost: 0.003, disconnected: false, at: now, cost_micros: 3000, price_per_gpu_second_micros: 2000, basis: 'engine_usage', generated_output_tokens: null, relayed_output_tokens: null });
+  UsageSettled({ ...facts(id), input_tokens: input, output_tokens: output, status: 200, latency_ms: 30_000, gpu_seconds: 1.5, disconnected: false, at: now, cost_micros: 3000, price_per_gpu_second_micros: 2000, basis: 'engine_usage', generated_output_tokens: null, relayed_output_tokens: null });
 
 /** A hold made earlier today and settled with this many tokens: today's (and the month's) usage. */
 const usedToday = (id: string, input: number, output: number): MeterEvent[] => [
@@ -672,9 +672,9 @@ leasing('events written before budgets, prices and refusals were recorded read w
   delete v2Reserved.limits;
   assert.equal(meterEvents.parse({ type: 'BudgetReserved', data: v2Reserved, metadata: { schema_version: 2 } }).data, { ...r1.data, budgets: null, limits: null });
   const { cost_micros: _m, price_per_gpu_second_micros: _p, basis: _b, generated_output_tokens: _g, relayed_output_tokens: _rl, ...v1Settled } = settled('r1', 10, 5).data;
+  // Its float becomes exact micro-units, and goes: no event read today carries money as a float.
   assert.equal(meterEvents.parse({ type: 'UsageSettled', data: { ...v1Settled, cost: 0.1 + 0.2 }, metadata: {} }).data, {
     ...v1Settled,
-    cost: 0.1 + 0.2,
     cost_micros: 300_000,
     price_per_gpu_second_micros: null,
     basis: null,
@@ -683,7 +683,7 @@ leasing('events written before budgets, prices and refusals were recorded read w
   });
   // Version 2 did not record a cut-short stream's generated and relayed tokens.
   const { generated_output_tokens: _g2, relayed_output_tokens: _r2, ...v2Settled } = { ...settled('r1', 10, 5).data, disconnected: true };
-  assert.equal(meterEvents.parse({ type: 'UsageSettled', data: v2Settled, metadata: { schema_version: 2 } }).data, { ...v2Settled, generated_output_tokens: null, relayed_output_tokens: null });
+  assert.equal(meterEvents.parse({ type: 'UsageSettled', data: { ...v2Settled, cost: 0.003 }, metadata: { schema_version: 2 } }).data, { ...v2Settled, generated_output_tokens: null, relayed_output_tokens: null });
   const rejected = RequestRejected({ ...facts('r9'), code: 'queue_full', status: 429, input_tokens: 1, latency_ms: 1, at: noon, refused_by: 'max_queued', retry_after_seconds: 1 }).data;
   const { refused_by: _r, retry_after_seconds: _s, ...v1Rejected } = rejected;
   assert.equal(meterEvents.parse({ type: 'RequestRejected', data: v1Rejected, metadata: {} }).data, { ...v1Rejected, refused_by: null, retry_after_seconds: null });
