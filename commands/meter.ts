@@ -330,21 +330,11 @@ function settlementFacts(command: Extract<MeterCommand, { type: 'Settle' }>) {
 
 /** A settlement of an open hold: settlementFacts and, for a stream cut short, what was generated and what the client took. */
 function usageSettledFacts(command: Extract<MeterCommand, { type: 'Settle' }>) {
-  return {
-    input_tokens: command.inputTokens,
-    output_tokens: command.outputTokens,
-    status: command.status,
-    latency_ms: command.latencyMs,
-    gpu_seconds: command.gpuSeconds,
-    disconnected: command.disconnected,
-    at: command.now,
-    cost_micros: command.costMicros,
-    price_per_gpu_second_micros: command.pricePerGpuSecondMicros,
-    basis: command.basis,
-    generated_output_tokens: command.generatedOutputTokens ?? null,
-    relayed_output_tokens: command.relayedOutputTokens ?? null,
-    ...command.facts, // last: see settlementFacts
-  };
+  // Two properties added to the literal settlementFacts built: cheap, unlike a spread of it into another.
+  const facts = settlementFacts(command) as ReturnType<typeof settlementFacts> & { generated_output_tokens: number | null; relayed_output_tokens: number | null };
+  facts.generated_output_tokens = command.generatedOutputTokens ?? null;
+  facts.relayed_output_tokens = command.relayedOutputTokens ?? null;
+  return facts;
 }
 
 /**
