@@ -5,12 +5,14 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { until } from '../support/until.ts';
+import { within } from '../support/within.ts';
 
 const root = fileURLToPath(new URL('../..', import.meta.url));
 const graceMs = 5_000;
@@ -54,6 +56,8 @@ interface Started {
   dataDir: string;
   enginePids: number[];
   output: () => string;
+  /** Resolves once every process holding npm's stdout and stderr has gone and their last bytes were read. */
+  outputClosed: Promise<unknown>;
 }
 
 /** `npm start`, as the README says, in a process group of its own (as a shell runs a job). */
@@ -69,12 +73,14 @@ async function npmStart(): Promise<Started> {
   let output = '';
   npm.stdout!.on('data', (d) => (output += d));
   npm.stderr!.on('data', (d) => (output += d));
+  const outputClosed = Promise.all([once(npm.stdout!, 'close'), once(npm.stderr!, 'close')]);
+  outputClosed.catch(() => {});
   const url = await until('npm start listening', async () => {
     if (npm.exitCode !== null) throw new Error(`npm start exited ${npm.exitCode}: ${output}`);
     return output.match(/listening on (http:\/\/\S+)/)?.[1];
   }, 180_000);
   const enginePids = [...output.matchAll(/"pid":(\d+),"msg":"reference engine started"/g)].map((m) => Number(m[1]));
-  return { npm, url, port, dataDir, enginePids, output: () => output };
+  return { npm, url, port, dataDir, enginePids, output: () => output, outputClosed };
 }
 
 async function assertNothingLeft(started: Started, how: string): Promise<void> {
@@ -85,6 +91,8 @@ async function assertNothingLeft(started: Started, how: string): Promise<void> {
   });
   assert.ok(Date.now() - stoppedAt <= graceMs, 'within the shutdown grace');
   for (const pid of started.enginePids) assert.throws(() => process.kill(pid, 0), `engine ${pid} stopped`);
+  // The gateway's last log lines may still be in the pipe when its process is gone: read them first.
+  await within(5_000, started.outputClosed, `npm's output closing after ${how}`);
   assert.match(started.output(), /shutting down: draining in-flight requests/, 'the gateway drained');
   assert.not.match(started.output(), /reference engine exited; restarting/, 'an engine stopped with the gateway is not a crash');
 }
