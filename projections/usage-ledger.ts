@@ -33,6 +33,20 @@ function factsColumns(facts: RequestFactsData): LedgerRow {
   };
 }
 
+/** What a settlement measured (a settled row's, and a late settlement's on its expired row): status, times, exact charge, basis. */
+function measuredColumns(d: Extract<MeterEvent, { type: 'LateUsageRecorded' }>['data']) {
+  return {
+    status: d.status,
+    latency_ms: d.latency_ms,
+    gpu_seconds: d.gpu_seconds,
+    cost: microsToDecimal(d.cost_micros),
+    cost_micros: d.cost_micros,
+    price_per_gpu_second_micros: d.price_per_gpu_second_micros,
+    basis: d.basis,
+    disconnected: d.disconnected,
+  };
+}
+
 /** Micro-units as an exact decimal string for a numeric(20, 6) column. */
 export function microsToDecimal(micros: number): string {
   return `${Math.trunc(micros / 1e6)}.${String(micros % 1e6).padStart(6, '0')}`;
@@ -79,16 +93,9 @@ function rowOf(event: Recorded<MeterEvent>): LedgerRow {
       return endedRow(event, d, {
         input_tokens: d.input_tokens,
         output_tokens: d.output_tokens,
-        status: d.status,
-        latency_ms: d.latency_ms,
-        gpu_seconds: d.gpu_seconds,
-        cost: microsToDecimal(d.cost_micros),
-        cost_micros: d.cost_micros,
-        price_per_gpu_second_micros: d.price_per_gpu_second_micros,
-        basis: d.basis,
+        ...measuredColumns(d),
         outcome: 'settled',
         code: null,
-        disconnected: d.disconnected,
         at: d.at,
         generated_output_tokens: d.generated_output_tokens,
         relayed_output_tokens: d.relayed_output_tokens,
@@ -129,14 +136,7 @@ function rowOf(event: Recorded<MeterEvent>): LedgerRow {
         request_id: d.request_id,
         key_id: keyId,
         day,
-        status: d.status,
-        latency_ms: d.latency_ms,
-        gpu_seconds: d.gpu_seconds,
-        cost: microsToDecimal(d.cost_micros),
-        cost_micros: d.cost_micros,
-        price_per_gpu_second_micros: d.price_per_gpu_second_micros,
-        basis: d.basis,
-        disconnected: d.disconnected,
+        ...measuredColumns(d),
         late_input_tokens: d.input_tokens,
         late_output_tokens: d.output_tokens,
         late_at: d.at,
