@@ -2,6 +2,7 @@
 export * from './key.ts';
 export * from './meter.ts';
 export * from './spend.ts';
+export * from './backend.ts';
 export * from './carried-holds.ts';
 
 import { carriedHoldsWorkflow } from './carried-holds.ts';

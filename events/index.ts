@@ -2,3 +2,4 @@
 export * from './key.ts';
 export * from './meter.ts';
 export * from './spend.ts';
+export * from './backend.ts';
