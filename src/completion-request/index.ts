@@ -96,6 +96,43 @@ export function lowerMaxTokens(prepared: PreparedCompletion, maxTokens: number):
   };
 }
 
+/** True when the default max_tokens was injected without knowing the model's context (`max_model_len` null): ask the engine. */
+export function needsEngineContextLength(prepared: PreparedCompletion): boolean {
+  return prepared.maxTokensSource === 'default' && prepared.model.capabilities.max_model_len === null;
+}
+
+/**
+ * The contract's default is min(32,000, remaining model context); when the registry does not know the
+ * context, the engine does (its /tokenize answer). This sizes an injected default to `engineMaxModelLen`:
+ * lowered to the room the longest prompt leaves, never raised. A prompt that fills that context is 400
+ * `context_length_exceeded`, as with a known `max_model_len`. A deadline cut keeps its header, now
+ * naming the context-sized default as requested. Anything else is returned as it is.
+ */
+export function fitDefaultToContext(prepared: PreparedCompletion, engineMaxModelLen: number): PreparedCompletion {
+  if (!needsEngineContextLength(prepared)) return prepared;
+  const longest = Math.max(...prepared.promptTokenCounts);
+  const room = engineMaxModelLen - longest;
+  if (room < 1) {
+    throw apiError(
+      'context_length_exceeded',
+      `prompt: ${longest} prompt tokens leave no room to generate within the context length ${engineMaxModelLen} of model ${prepared.model.id} (as its engine reports it)`,
+      { fields: { param: 'prompt' } },
+    );
+  }
+  if (room >= prepared.maxTokensRequested) return prepared;
+  const maxTokens = Math.min(prepared.maxTokens, room);
+  const clampReason = maxTokens < room ? prepared.maxTokensClampReason : null;
+  return {
+    ...prepared,
+    engineBody: { ...prepared.engineBody, max_tokens: maxTokens },
+    maxTokens,
+    maxTokensRequested: room,
+    maxTokensClampReason: clampReason,
+    maxTokensClamped: clampReason ? formatMaxTokensClamped(room, maxTokens, clampReason, prepared.maxTokensSource) : null,
+    workTokens: prepared.promptTokens + prepared.promptCount * prepared.n * maxTokens,
+  };
+}
+
 /**
  * Validates a parsed JSON body and runs the pre-flight checks; throws an ApiError (400 with the field
  * named, 503 `tokenizer_unavailable`) or returns what dispatch needs. Tokenizes each text prompt once.

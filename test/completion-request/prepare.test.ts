@@ -14,6 +14,8 @@ import type { Tokenizer } from '../../src/tokenizer/index.ts';
 import {
   prepareCompletion,
   lowerMaxTokens,
+  fitDefaultToContext,
+  needsEngineContextLength,
   deadlineFeasibleTokens,
   formatMaxTokensClamped,
   captureBodyBytes,
@@ -611,6 +613,40 @@ test('deadline-feasible tokens: 14 minutes at 20 tokens/s is 15,600', () => {
   assert.is(deadlineFeasibleTokens(14 * 60_000, 20), 15_600);
   assert.is(deadlineFeasibleTokens(1400, 20), 26);
   assert.is(formatMaxTokensClamped(10, 5, 'deadline+budget', 'client'), 'requested=10,applied=5,reason=deadline+budget,source=client');
+});
+
+test('an injected default on a model of unknown context is sized to the context its engine reports', () => {
+  // Non-streaming: the default (32,000) was cut to the deadline figure; the engine's 2,048 leaves 2,042 after a 6-token prompt.
+  const cut = prepareCompletion({ model: 'byte-nolen', prompt: 'hello' }, ctx);
+  assert.ok(needsEngineContextLength(cut));
+  assert.is(cut.maxTokens, FEASIBLE);
+  const fitted = fitDefaultToContext(cut, 2048);
+  assert.is(fitted.maxTokens, 2042);
+  assert.is(fitted.engineBody.max_tokens, 2042);
+  assert.is(fitted.maxTokensRequested, 2042);
+  assert.is(fitted.maxTokensClamped, null, 'no cut left: the context-sized default fits the window');
+  assert.is(fitted.workTokens, 6 + 2042);
+  // A context larger than the deadline figure keeps the cut, now naming the context-sized default.
+  const big = fitDefaultToContext(cut, 20_000);
+  assert.is(big.maxTokens, FEASIBLE);
+  assert.is(big.maxTokensClamped, formatMaxTokensClamped(19_994, FEASIBLE, 'deadline', 'default'));
+  // Streaming: no deadline; never raised above the contract's 32,000.
+  const streamed = prepareCompletion({ model: 'byte-nolen', prompt: 'hello', stream: true }, ctx);
+  assert.is(fitDefaultToContext(streamed, 1_000_000), streamed);
+  assert.is(fitDefaultToContext(streamed, 100).maxTokens, 94);
+  // A prompt that fills the engine's context leaves no room.
+  try {
+    fitDefaultToContext(streamed, 6);
+    assert.unreachable();
+  } catch (error) {
+    assert.is((error as ApiError).code, 'context_length_exceeded');
+  }
+  // Known contexts and explicit max_tokens are left alone.
+  const known = prepareCompletion({ prompt: 'hello' }, ctx);
+  assert.not.ok(needsEngineContextLength(known));
+  assert.is(fitDefaultToContext(known, 10), known);
+  const explicit = prepareCompletion({ model: 'byte-nolen', prompt: 'hello', max_tokens: 5000 }, ctx);
+  assert.is(fitDefaultToContext(explicit, 10), explicit);
 });
 
 test.after(() => {
