@@ -63,3 +63,29 @@ export function engineErrorToApiError(failure: EngineFailure, upstreamHeaders: R
   }
   return apiError('upstream_server_error', `the model server answered status ${failure.status}`, options);
 }
+
+/**
+ * What an engine call's error says about the backend, for its circuit breaker: the kind of failure
+ * that counts against it (unreachable, a 5xx after retries, out of memory, engine dead, a generation
+ * that outran the request window), `answered` when the engine was up and refused the request (a 4xx:
+ * the request's fault, never the engine's), or null when nothing was learnt (the client left, the
+ * gateway refused it first).
+ */
+export function backendOutcomeOf(error: unknown): string | 'answered' | null {
+  const code = (error as ApiError | null)?.code;
+  switch (code) {
+    case 'upstream_unreachable':
+    case 'upstream_server_error':
+    case 'engine_oom':
+    case 'engine_engine_dead':
+      return code;
+    case 'upstream_deadline':
+      return 'timeout';
+    case 'engine_invalid_request':
+    case 'engine_context_length':
+    case 'capture_incomplete':
+      return 'answered';
+    default:
+      return null;
+  }
+}

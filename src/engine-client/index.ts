@@ -1,2 +1,2 @@
 export { EngineClient, type BackendTarget, type EngineResponse, type EngineClientOptions } from './client.ts';
-export { parseEngineError, engineErrorToApiError, type EngineFailure } from './errors.ts';
+export { parseEngineError, engineErrorToApiError, backendOutcomeOf, type EngineFailure } from './errors.ts';
