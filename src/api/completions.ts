@@ -13,6 +13,8 @@ import type { RequestFactsData } from '../../events/index.ts';
 import { billingBasis } from '../../commands/billing.ts';
 import { apiKeySecurity, compileRouteSchema, errorResponses, okResponse } from './route-schema.ts';
 import { checkCapture } from './capture-relay.ts';
+import { EngineContextLengths } from './engine-context.ts';
+import { bodyWithByteOffsets, needsByteOffsets, rewriteEngineStream } from './stream-rewrite.ts';
 import { acceptsGzip, gzipStream, sendUncompressed } from './compression.ts';
 import { SseUsageRelay, UsageTail, usageFrom, type RelayedUsage } from './usage-relay.ts';
 import type { ServedTokens } from './request-log.ts';
@@ -85,6 +87,7 @@ function workloadOf(request: FastifyRequest): 'interactive' | 'batch' | null {
 
 export function completionRoutes(app: FastifyInstance, options: CompletionRouteOptions): void {
   const { engines, context, requestWindowMs, metering } = options;
+  const contextLengths = new EngineContextLengths(engines, (id) => options.engineBoot?.(id, AbortSignal.timeout(30_000)) ?? null);
 
   // attachValidation: a body the schema refuses is still recorded as a refused request, then answered.
   const route = { schema: completionSchema, validatorCompiler: validateCompletion, onRequest: options.authenticate, attachValidation: true };
@@ -115,7 +118,8 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     let prepared: PreparedCompletion;
     try {
       if (request.validationError) throw request.validationError;
-      prepared = prepareValidCompletion(request.body, context);
+      // A default max_tokens on a model of unknown context is sized to what its engine reports (engine-context.ts).
+      prepared = await contextLengths.fit(prepareValidCompletion(request.body, context));
     } catch (error) {
       const body = request.body as { model?: unknown; user?: unknown } | null;
       throw refused(error, typeof body?.model === 'string' ? body.model : null, typeof body?.user === 'string' ? body.user : null, 0);
@@ -244,7 +248,9 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     if (completion.stream) {
       // SSE frames are relayed whole as they arrive and never compressed, so no frame is held back.
       reply.header('content-type', 'text/event-stream; charset=utf-8').header('cache-control', 'no-cache').header('x-accel-buffering', 'no');
-      const relay = relayEvents(upstream, request.id, engines.upstreamHeaders(model.id), completion.clientWantsUsage);
+      // text_offset in bytes and prompt_logprobs: 0 delivered, as the contract says (stream-rewrite.ts).
+      const contractual = rewriteEngineStream(upstream, completion, { engines, modelId: model.id, requestId: request.id, upstreamHeaders: engines.upstreamHeaders(model.id), signal: controller.signal });
+      const relay = relayEvents(contractual, request.id, engines.upstreamHeaders(model.id), completion.clientWantsUsage);
       relayed = relay.result;
       relay.once('close', () => settle(relay.result, 200, completion));
       // Written by the relay itself, not piped by reply.send: its write callbacks say which frames the
@@ -257,9 +263,10 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
 
     reply.header('content-type', 'application/json');
     const length = Number(upstream.headers['content-length'] ?? NaN);
-    if (length <= smallBodyBytes && !completion.capture) {
-      // A small body is gathered and written in one go: cheaper than a pipe for the common case.
-      const body = Buffer.from(await upstream.body.arrayBuffer());
+    if ((length <= smallBodyBytes || needsByteOffsets(completion)) && !completion.capture) {
+      // A small body is gathered and written in one go: cheaper than a pipe for the common case. One
+      // with logprobs is gathered whatever its size: its text_offset is made byte offsets (stream-rewrite.ts).
+      const body = bodyWithByteOffsets(Buffer.from(await upstream.body.arrayBuffer()), completion);
       relayed = { usage: usageFrom(body.subarray(Math.max(0, body.length - 4096))), contentFrames: 0, relayedFrames: 0, completed: true };
       settle(relayed, 200, completion);
       return reply.send(body); // gzipped on its way out when the client accepts it (compression.ts)
