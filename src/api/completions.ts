@@ -18,6 +18,7 @@ import { bodyWithByteOffsets, needsByteOffsets, rewriteEngineStream } from './st
 import { acceptsGzip, gzipStream, sendUncompressed } from './compression.ts';
 import { SseUsageRelay, UsageTail, usageFrom, type RelayedUsage } from './usage-relay.ts';
 import type { ServedTokens } from './request-log.ts';
+import { ColdBootWait, type ColdBoots } from './cold-boot.ts';
 
 export interface CompletionRouteOptions {
   context: CompletionContext;
@@ -30,11 +31,8 @@ export interface CompletionRouteOptions {
   authenticate: onRequestAsyncHookHandler;
   /** Budgets and limits per key; absent only when metering is switched off (SVC_METERING=off). */
   metering?: { meter: Metering; keyOf(request: FastifyRequest): RequestKey | null };
-  /**
-   * A cold model's boot, which a request waits out inside itself (the contract's Model warmth): null
-   * when the engine is up, else a promise that resolves once it is (rejects if `signal` aborts first).
-   */
-  engineBoot?: (modelId: string, signal: AbortSignal) => Promise<void> | null;
+  /** Each model's platform: a request to a cold model waits out its boot inside itself (cold-boot.ts). */
+  coldBoots?: ColdBoots;
 }
 
 /** The authenticated key of a request, as metering needs it. */
@@ -87,7 +85,7 @@ function workloadOf(request: FastifyRequest): 'interactive' | 'batch' | null {
 
 export function completionRoutes(app: FastifyInstance, options: CompletionRouteOptions): void {
   const { engines, context, requestWindowMs, metering } = options;
-  const contextLengths = new EngineContextLengths(engines, (id) => options.engineBoot?.(id, AbortSignal.timeout(30_000)) ?? null);
+  const contextLengths = new EngineContextLengths(engines, (id) => options.coldBoots?.platformOf(id)?.ensureRunning()?.ready ?? null);
 
   // attachValidation: a body the schema refuses is still recorded as a refused request, then answered.
   const route = { schema: completionSchema, validatorCompiler: validateCompletion, onRequest: options.authenticate, attachValidation: true };
@@ -129,6 +127,8 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     // The request's log line (request-log.ts) names the model and, read when it ends, the tokens relayed so far.
     let relayed: RelayedUsage | null = null;
     request.served = { model: model.id, tokens: () => tokensSeen(relayed, prepared) };
+    // Holds the model's engine up until the response closes; waits out a cold boot before the engine call.
+    const coldBoot = ColdBootWait.begin(options.coldBoots, model.id, reply, prepared.stream, engines.upstreamHeaders(model.id));
 
     const controller = new AbortController();
     // A client that goes away cancels the upstream request (and leaves the key's queue).
@@ -163,8 +163,7 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     const dispatch = async (completion: PreparedCompletion, signal: AbortSignal): Promise<EngineResponse> => {
       const deadline = completion.stream ? null : setTimeout(() => controller.abort(deadlineReason), requestWindowMs);
       try {
-        const booting = options.engineBoot?.(model.id, signal);
-        if (booting) await booting;
+        await coldBoot?.waitOut(signal, admission?.durable ?? Promise.resolve(), completion.maxTokensClamped);
         return await engines.post(model.id, '/v1/completions', JSON.stringify(completion.engineBody), signal);
       } catch (err) {
         if (controller.signal.reason === deadlineReason) {
@@ -235,8 +234,10 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
         upstream = await dispatch(completion, controller.signal);
       }
     } catch (err) {
-      settle(controller.signal.aborted ? { usage: null, contentFrames: 0, relayedFrames: 0, completed: false } : null, err instanceof ApiError ? err.status : 500, completion);
+      // A client that left while the model booted used nothing: the engine was never called.
+      settle(controller.signal.aborted && !coldBoot?.leftDuringBoot ? { usage: null, contentFrames: 0, relayedFrames: 0, completed: false } : null, err instanceof ApiError ? err.status : 500, completion);
       if (controller.signal.aborted && controller.signal.reason !== deadlineReason) return reply; // the client left; nothing to answer
+      if (coldBoot?.committed) return coldBoot.fail(err); // 200 went out with the keepalives: the error goes in the body
       throw err;
     }
     upstream.body.once('close', upstream.release);
@@ -256,7 +257,7 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
       // Written by the relay itself, not piped by reply.send: its write callbacks say which frames the
       // client's socket took (relayedFrames), which a pipe's writes do not report.
       reply.hijack();
-      reply.raw.writeHead(reply.statusCode, reply.getHeaders() as Record<string, string | number>);
+      if (!coldBoot?.handOver()) reply.raw.writeHead(reply.statusCode, reply.getHeaders() as Record<string, string | number>);
       relay.writeTo(reply.raw);
       return reply;
     }
@@ -269,6 +270,7 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
       const body = bodyWithByteOffsets(Buffer.from(await upstream.body.arrayBuffer()), completion);
       relayed = { usage: usageFrom(body.subarray(Math.max(0, body.length - 4096))), contentFrames: 0, relayedFrames: 0, completed: true };
       settle(relayed, 200, completion);
+      if (coldBoot?.committed) return coldBoot.end(body);
       return reply.send(body); // gzipped on its way out when the client accepts it (compression.ts)
     }
     // Larger bodies flow through a tap that keeps their first and last bytes, where `usage` is.
@@ -281,6 +283,9 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
       settle(tail.result, reply.statusCode, completion);
     });
     reply.raw.once('close', () => tail.destroy());
+    if (coldBoot?.committed) {
+      return completion.capture ? coldBoot.sendCapture({ ...upstream, body: tail as unknown as EngineResponse['body'] }, completion.captureLayerCount, controller.signal) : coldBoot.pipe(tail);
+    }
     if (completion.capture) return sendCapture(reply, completion, { ...upstream, body: tail as unknown as EngineResponse['body'] }, engines.upstreamHeaders(model.id), controller.signal);
 
     if (acceptsGzip(request)) {

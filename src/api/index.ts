@@ -7,5 +7,5 @@ export { completionRoutes, type CompletionRouteOptions, type RequestKey } from '
 export { adminKeyRoutes } from './admin-keys.ts';
 export { decorateAuthenticatedRequest, requireApiKey, requireAdminToken } from './auth.ts';
 export { modelRoutes } from './models.ts';
-export { modelStatusRoutes, type ModelStatusSource } from './model-status.ts';
+export { modelStatusRoutes, modelStatusSource, type ModelStatusSource } from './model-status.ts';
 export { adminTag, adminSecurity, apiKeySecurity, errorResponses, okResponse } from './route-schema.ts';

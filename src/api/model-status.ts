@@ -4,29 +4,75 @@ import { apiError } from '../errors/index.ts';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { modelIdPattern } from '../config/index.ts';
 import type { ModelRegistry } from '../registry/index.ts';
+import { bootStages, type BootStage as BootStageName, type Platform, type PublishedStage } from '../platforms/index.ts';
 import { apiKeySecurity, errorResponses, okResponse, validationErrorResponse } from './route-schema.ts';
 
+const StageName = Type.Unsafe<BootStageName>({
+  type: 'string',
+  enum: [...bootStages],
+  description: 'The latest cold-boot stage, in boot order; `failed`: the boot did not make it, or the engine died (see `reason`).',
+});
+
+/** A published boot stage with its age. */
 const Stage = Type.Object({
-  stage: Type.String({ description: 'Boot stage: `ready` (since `at`), `restarting` (the engine died at `at` and is being started again), `unknown` (an engine the service does not start; `at` is when the service started).' }),
-  at: Type.String({ format: 'date-time' }),
+  stage: StageName,
+  at: Type.String({ format: 'date-time', description: 'When the stage was published.' }),
+  age_seconds: Type.Integer({ minimum: 0, description: 'Seconds since `at`.' }),
+  reason: Type.Union([Type.String(), Type.Null()], { description: 'Why a boot failed; null otherwise.' }),
 });
 export const BootStage = Type.Union([Stage, Type.Null()]);
 
+/** The activation engine's stage is never null (the contract gives `activation_boot` no null): a cold engine's fields are. */
+const ActivationStage = Type.Object({
+  stage: Type.Union([StageName, Type.Null()], { description: 'As `boot.stage`; null when the activation engine has no fresh stage (not started, or its last boot aged out).' }),
+  at: Type.Union([Type.String({ format: 'date-time' }), Type.Null()]),
+  age_seconds: Type.Union([Type.Integer({ minimum: 0 }), Type.Null()]),
+  reason: Type.Union([Type.String(), Type.Null()]),
+});
+
 export const ModelStatus = Type.Object({
   model_id: Type.String(),
-  boot: BootStage,
-  warm: Type.Boolean({ description: 'Advisory: a runner is up, or a completion was served recently.' }),
-  activation_boot: Type.Optional(Stage),
+  boot: Type.Union([Stage, Type.Null()], {
+    description: "Latest fresh cold-boot stage of the model's engine; null when there is none (a cold model whose engine has not been started, or a warm one whose last boot aged out of the idle window).",
+  }),
+  warm: Type.Boolean({ description: 'Advisory: an engine runner is up (the platform says so), or, when the platform cannot know, a completion was served within the idle window.' }),
+  runners: Type.Union([Type.Integer({ minimum: 0 }), Type.Null()], { description: 'Engine runners up now, as the platform counts them; null when it cannot know (an always-on engine at a fixed URL).' }),
+  activation_boot: Type.Optional(ActivationStage),
 });
 export type ModelStatus = Static<typeof ModelStatus>;
+type StageValue = Static<typeof Stage>;
 
 export interface ModelStatusSource {
   /** Latest fresh boot stage of the model's engine, or null. */
-  boot(modelId: string): Static<typeof BootStage>;
-  /** Advisory warmth: a runner is up, or a completion was served recently. */
-  warm(modelId: string): boolean;
-  /** The activation engine's stage: never null (the contract gives `activation_boot` no null). */
-  activationBoot(modelId: string): Static<typeof Stage>;
+  boot(modelId: string): StageValue | null;
+  /** Advisory warmth and the runner count it comes from. */
+  warm(modelId: string): { warm: boolean; runners: number | null };
+  /** The activation engine's stage (fields null when none is fresh). */
+  activationBoot(modelId: string): Static<typeof ActivationStage>;
+}
+
+function stageValue(published: PublishedStage, now: number): StageValue {
+  return { stage: published.stage, at: new Date(published.at).toISOString(), age_seconds: Math.max(0, Math.floor((now - published.at) / 1000)), reason: published.reason };
+}
+
+/**
+ * Status from each model's platform in this process. A stage is fresh while a boot is under way, or
+ * within `freshMs` (the idle window) of being published. The reference engine serves activations from
+ * the same process, so its activation stage is its one stage.
+ */
+export function modelStatusSource(sources: { platforms: Map<string, Platform>; warm(modelId: string): boolean; freshMs: number }): ModelStatusSource {
+  const fresh = (modelId: string): StageValue | null => {
+    const published = sources.platforms.get(modelId)?.latestStage() ?? null;
+    const now = Date.now();
+    if (!published) return null;
+    const booting = published.stage !== 'serving' && published.stage !== 'failed';
+    return booting || now - published.at < sources.freshMs ? stageValue(published, now) : null;
+  };
+  return {
+    boot: fresh,
+    warm: (modelId) => ({ warm: sources.warm(modelId), runners: sources.platforms.get(modelId)?.runners() ?? null }),
+    activationBoot: (modelId) => fresh(modelId) ?? { stage: null, at: null, age_seconds: null, reason: null },
+  };
 }
 
 const StatusParams = Type.Object({ model_id: Type.String({ pattern: modelIdPattern, description: 'Short model id.' }) });
@@ -42,7 +88,8 @@ export function modelStatusRoutes(app: FastifyInstance, registry: ModelRegistry,
     const id = request.params.model_id;
     const model = registry.get(id);
     if (!model) throw apiError('model_not_found', `model "${id}" does not exist; available: ${registry.listed().map((m) => m.id).join(', ')}`);
-    const body: ModelStatus = { model_id: id, boot: source.boot(id), warm: source.warm(id), ...(model.activations ? { activation_boot: source.activationBoot(id) } : {}) };
+    const { warm, runners } = source.warm(id);
+    const body: ModelStatus = { model_id: id, boot: source.boot(id), warm, runners, ...(model.activations ? { activation_boot: source.activationBoot(id) } : {}) };
     return body;
   });
 }

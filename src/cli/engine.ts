@@ -1,5 +1,6 @@
-// `svc engine [--model ID] [--port N] [--host H] [--chaos] [--boot-delay-ms N]`: one reference engine, in the
-// foreground, until SIGTERM/SIGINT. Prints one JSON line {"event":"listening","url",...} on stdout when ready.
+// `svc engine [--model ID] [--port N] [--host H] [--chaos] [--boot-delay-ms N] [--boot-fail] [--start-stall-ms N]`:
+// one reference engine, in the foreground, until SIGTERM/SIGINT. Prints one JSON line {"event":"listening","url",...}
+// on stdout when ready, after a line {"event":"stage","stage":...} per boot stage (src/platforms reads them).
 import { defaultModel, type Settings } from '../config/index.ts';
 import { startReferenceEngine } from '../reference-engine/index.ts';
 
@@ -12,8 +13,8 @@ export async function engineCommand(args: string[], settings: Settings): Promise
       return 2;
     }
     const [name, inline] = a.slice(2).split('=', 2);
-    if (name === 'chaos') flags.chaos = true;
-    else if (['model', 'port', 'host', 'boot-delay-ms'].includes(name)) {
+    if (name === 'chaos' || name === 'boot-fail') flags[name] = true;
+    else if (['model', 'port', 'host', 'boot-delay-ms', 'start-stall-ms'].includes(name)) {
       const value = inline ?? args[++i];
       if (value === undefined) {
         process.stderr.write(`svc engine: --${name} needs a value\n`);
@@ -35,6 +36,11 @@ export async function engineCommand(args: string[], settings: Settings): Promise
     process.stderr.write(`svc engine: model "${model.id}" has no architecture; it is served by ${model.engine}\n`);
     return 2;
   }
+  // A process that stalls before the platform sees it start (the platforms' stall tests).
+  const stall = Number(flags['start-stall-ms'] ?? 0);
+  if (stall > 0) await new Promise((r) => setTimeout(r, stall));
+  const stage = (name: string) => process.stdout.write(`${JSON.stringify({ event: 'stage', stage: name })}\n`);
+  stage('container_started');
   const port = Number(flags.port ?? 0);
   // The environment's slow boot is a chaos setting; an explicit flag always applies.
   const bootDelay = Number(flags['boot-delay-ms'] ?? (flags.chaos === true ? (process.env.SVC_ENGINE_BOOT_DELAY_MS ?? 0) : 0));
@@ -48,6 +54,8 @@ export async function engineCommand(args: string[], settings: Settings): Promise
     chaos: flags.chaos === true,
     bootDelayMs: bootDelay,
     exitOnCrash: true,
+    bootFail: flags['boot-fail'] === true,
+    onStage: stage,
   });
   process.stdout.write(`${JSON.stringify({ event: 'listening', url: engine.url, model: model.id, checkpoint: model.checkpoint, pid: process.pid })}\n`);
   await new Promise<void>((resolve) => {

@@ -29,6 +29,23 @@ export interface Settings {
   reservationTtlMs: number;
   /** Daily GPU spend (in the configuration's cost units) past which the service answers 429 spend_cap; null: none. */
   dailySpendCap: number | null;
+  /** Reference engines (src/platforms): started on the first request unless warm at start, stopped after the idle window, waited out by requests. */
+  engines: EngineSettings;
+}
+
+export interface EngineSettings {
+  /** Start every reference engine with the gateway instead of on its first request. */
+  warmAtStart: boolean;
+  /** No request for this long stops a reference engine (scale to zero); 0: never. */
+  idleMs: number;
+  /** A boot whose engine process has not started within this long is given up: 503 platform_cold_boot. */
+  ackTimeoutMs: number;
+  /** A boot not over within this long commits the response to 200 and sends keepalive bytes. */
+  graceMs: number;
+  /** Time between keepalive bytes. */
+  keepaliveMs: number;
+  /** The cold-boot safety deadline (the contract's 14 minutes). */
+  bootDeadlineMs: number;
 }
 
 export class ConfigError extends Error {
@@ -150,6 +167,14 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env, overrides: Pa
     metering: switchFromEnv(env, 'SVC_METERING', true),
     reservationTtlMs: intFromEnv(env, 'SVC_RESERVATION_TTL_MS', 20 * 60 * 1000, 100, 7 * 24 * 3600 * 1000),
     dailySpendCap: numberFromEnv(env, 'SVC_DAILY_SPEND_CAP'),
+    engines: {
+      warmAtStart: switchFromEnv(env, 'SVC_ENGINE_WARM_AT_START', false),
+      idleMs: intFromEnv(env, 'SVC_ENGINE_IDLE_MS', 15 * 60 * 1000, 0, 7 * 24 * 3600 * 1000),
+      ackTimeoutMs: intFromEnv(env, 'SVC_COLD_BOOT_ACK_TIMEOUT_MS', 30_000, 1, 3600_000),
+      graceMs: intFromEnv(env, 'SVC_COLD_BOOT_GRACE_MS', 1_000, 0, 3600_000),
+      keepaliveMs: intFromEnv(env, 'SVC_COLD_BOOT_KEEPALIVE_MS', 5_000, 1, 3600_000),
+      bootDeadlineMs: intFromEnv(env, 'SVC_COLD_BOOT_DEADLINE_MS', 14 * 60 * 1000, 1, 24 * 3600 * 1000),
+    },
     ...overrides,
     configPath,
     models,

@@ -9,6 +9,7 @@ import {
   decorateAuthenticatedRequest,
   modelRoutes,
   modelStatusRoutes,
+  modelStatusSource,
   requireApiKey,
   type BackendHealth,
   type Logger,
@@ -21,7 +22,7 @@ import { KeyService } from '../keys/index.ts';
 import { EngineClient } from '../engine-client/index.ts';
 import { ModelRegistry } from '../registry/index.ts';
 import { openEventStore, serveReadOnlySql, type EventStore } from '../store/index.ts';
-import { SupervisedEngine } from './reference-engines.ts';
+import { platformFor, type BootStageListener, type EngineBootKnobs, type Platform } from '../platforms/index.ts';
 import { portBlocked } from './preflight.ts';
 import { ProjectionRunner } from '../projection-runner/index.ts';
 import { WorkflowProcessor } from '../workflow-processor/index.ts';
@@ -35,6 +36,8 @@ export interface GatewayOptions {
   logDestination?: DestinationStream;
   /** Start reference engines with their failure-injection route (tests only). */
   chaosEngines?: boolean;
+  /** Slow, failed or stalled boots of the reference engines, read at each boot (tests only; see src/platforms). */
+  engineBootKnobs?: EngineBootKnobs;
   /** The operators' token for the admin API (default: SVC_ADMIN_TOKEN, else DATA_DIR/admin-token, created if missing). */
   adminToken?: string;
   /** The store's check against its own calls inside a transaction (default true; `svc serve` turns it off, see OpenEventStoreOptions.nestedCallCheck). */
@@ -61,6 +64,8 @@ export interface Gateway {
   engineUrls: Map<string, string>;
   /** Process id of each reference engine the gateway started. */
   enginePids: Map<string, number>;
+  /** Where each model's engine runs (src/platforms): boots, runners, the idle stop. */
+  platforms: Map<string, Platform>;
   /** Resolves with the new address when the model's reference engine next comes back after dying. */
   engineRestarted(modelId: string): Promise<string>;
   close(): Promise<void>;
@@ -100,32 +105,34 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     stoppers.push(async () => registry.close());
     const engineUrls = new Map<string, string>();
     const enginePids = new Map<string, number>();
-    const startedAt = new Date().toISOString();
-    const referenceEngines = new Map<string, SupervisedEngine>();
     const restarts = new EventEmitter();
     let engines: EngineClient | null = null;
-    const startEngine = async (model: ModelConfig) => {
-      if (model.engine !== 'reference') {
-        engineUrls.set(model.id, model.engine.replace(/\/+$/, ''));
-        return;
-      }
-      const engine: SupervisedEngine = new SupervisedEngine(model.id, {
+    // Boot stages go to the log's backend streams once the backend service is up; until then, only the platform keeps them.
+    let publishStage: BootStageListener = () => {};
+    const platforms = new Map<string, Platform>();
+    for (const model of settings.models) {
+      const platform = platformFor(model, {
         configPath: settings.configPath,
+        idleMs: settings.engines.idleMs,
+        ackTimeoutMs: settings.engines.ackTimeoutMs,
         chaos: options.chaosEngines,
+        knobs: options.engineBootKnobs,
         logger,
-        onRestart: (url) => {
-          engineUrls.set(model.id, url);
-          enginePids.set(model.id, engine.pid);
-          engines?.retarget(model.id, url);
-          restarts.emit(model.id, url);
+        onStage: (...stage) => publishStage(...stage),
+        onServing: (modelId, url, pid) => {
+          engineUrls.set(modelId, url);
+          enginePids.set(modelId, pid);
+          engines?.retarget(modelId, url);
+          restarts.emit(modelId, url);
         },
       });
-      stoppers.push(() => engine.stop());
-      await engine.start();
-      referenceEngines.set(model.id, engine);
-      engineUrls.set(model.id, engine.url);
-      enginePids.set(model.id, engine.pid);
-      logger.info({ model: model.id, url: engine.url, pid: engine.pid }, 'reference engine started');
+      platforms.set(model.id, platform);
+      stoppers.push(() => platform.stop());
+      if (platform.url) engineUrls.set(model.id, platform.url);
+    }
+    // Reference engines start on their first request (a cold boot), or here when warm at start.
+    const startEngine = async (model: ModelConfig) => {
+      if (settings.engines.warmAtStart) await platforms.get(model.id)!.warmUp();
     };
     const openStore = async () => {
       const opened = await openEventStore({ databaseUrl: settings.databaseUrl, dataDir: settings.dataDir, purpose: 'svc serve', nestedCallCheck: options.storeNestedCallCheck });
@@ -190,19 +197,23 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
       };
     };
 
+    // A cold engine has no address yet: every request to it waits out its boot, which points the pool at it.
+    const notStarted = 'http://127.0.0.1:9';
     engines = new EngineClient(
-      settings.models.map((m) => ({ modelId: m.id, url: engineUrls.get(m.id)!, checkpoint: m.checkpoint, gpuShape: m.gpu_shape })),
+      settings.models.map((m) => ({ modelId: m.id, url: engineUrls.get(m.id) ?? notStarted, checkpoint: m.checkpoint, gpuShape: m.gpu_shape })),
     );
     stoppers.push(() => engines.close());
 
     const lastCompletion = new Map<string, number>();
-    // One warmth rule for /health and the status route: a runner known to be up (a live reference
-    // engine), else a completion served in the last 15 minutes.
+    // A boot stage or a completion counts as recent within the idle window (the default's 15 minutes when engines never idle out).
+    const freshMs = settings.engines.idleMs || freshForMs;
+    // One warmth rule for /health and the status route: the platform's runner count when it knows one,
+    // else a completion served within the freshness window.
     const warm = (id: string): boolean => {
-      const runnerUp = referenceEngines.get(id)?.alive;
-      if (runnerUp !== undefined) return runnerUp;
+      const runners = platforms.get(id)?.runners() ?? null;
+      if (runners !== null) return runners > 0;
       const last = lastCompletion.get(id);
-      return last !== undefined && Date.now() - last < freshForMs;
+      return last !== undefined && Date.now() - last < freshMs;
     };
     const backends = (): BackendHealth[] =>
       settings.models.map((m) => {
@@ -231,21 +242,15 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
           engines,
           requestWindowMs: settings.requestWindowMs,
           onServed: (modelId) => lastCompletion.set(modelId, Date.now()),
-          // A reference engine being started again is a cold model: a request waits for it.
-          engineBoot: (modelId, signal) => referenceEngines.get(modelId)?.whenAlive(signal) ?? null,
+          // A request to a cold model (scaled to zero, or a crashed engine being started again) waits out its boot.
+          coldBoots: {
+            platformOf: (modelId) => platforms.get(modelId),
+            options: { graceMs: settings.engines.graceMs, keepaliveMs: settings.engines.keepaliveMs, deadlineMs: settings.engines.bootDeadlineMs },
+          },
           metering: metering ? { meter: metering, keyOf } : undefined,
         });
         modelRoutes(scope, registry, authenticate);
-        modelStatusRoutes(scope, registry, {
-          boot: (id) => {
-            const engine = referenceEngines.get(id);
-            return engine?.alive && Date.now() - engine.bootedAt < freshForMs ? engine.stage : null;
-          },
-          warm,
-          // The reference engine serves activations from its one process: its stage, which does not age
-          // out as `boot` does. An engine the gateway does not start has no stage it can know.
-          activationBoot: (id) => referenceEngines.get(id)?.stage ?? { stage: 'unknown', at: startedAt },
-        }, authenticate);
+        modelStatusRoutes(scope, registry, modelStatusSource({ platforms, warm, freshMs }), authenticate);
         adminKeyRoutes(scope, { keys, adminToken, db: store, projectionsCaughtUp: () => runner.caughtUp() });
       },
     });
@@ -269,10 +274,11 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
       logger,
       engineUrls,
       enginePids,
+      platforms,
       engineRestarted: async (modelId) => String((await once(restarts, modelId))[0]),
       // Engines are not started again from here on: one that dies now (a terminal's Ctrl-C reaches the
       // whole process group) is part of the shutdown, not a crash.
-      close: () => (closing ??= (referenceEngines.forEach((engine) => engine.shuttingDown()), stopAll()).then(() => new Promise<void>((resolve) => logger.flush(() => resolve())))),
+      close: () => (closing ??= (platforms.forEach((platform) => platform.shuttingDown()), stopAll()).then(() => new Promise<void>((resolve) => logger.flush(() => resolve())))),
     };
   } catch (err) {
     await stopAll();

@@ -16,6 +16,10 @@ export interface ReferenceEngineOptions {
   bootDelayMs?: number;
   /** `crash` chaos exits the process (the CLI); otherwise the in-process engine drops every connection. */
   exitOnCrash?: boolean;
+  /** Failed boot: throw after the boot delay instead of listening (the platforms' boot-failure tests). */
+  bootFail?: boolean;
+  /** Told when the weights start and finish loading (the boot delay counts as loading), for a platform's boot stages. */
+  onStage?: (stage: 'weights_loading' | 'weights_loaded') => void;
 }
 
 export interface RunningEngine {
@@ -27,6 +31,7 @@ export interface RunningEngine {
 export async function startReferenceEngine(model: ModelConfig, opts: ReferenceEngineOptions = {}): Promise<RunningEngine> {
   const arch = model.architecture;
   if (!arch) throw new Error(`model ${model.id} has no architecture: it cannot run on the reference engine`);
+  opts.onStage?.('weights_loading');
   const tokenizer = await loadTokenizer(model.tokenizer);
   const maxModelLen = model.capabilities.max_model_len ?? 2048;
   const net = new Model({
@@ -51,6 +56,8 @@ export async function startReferenceEngine(model: ModelConfig, opts: ReferenceEn
   const envDelay = Number(process.env.SVC_ENGINE_BOOT_DELAY_MS ?? 0);
   const bootDelay = opts.bootDelayMs ?? (opts.chaos && envDelay > 0 ? envDelay : 0);
   if (bootDelay > 0) await new Promise((r) => setTimeout(r, bootDelay));
+  if (opts.bootFail) throw new Error(`model ${model.id}: the boot was told to fail (--boot-fail)`);
+  opts.onStage?.('weights_loaded');
   const host = opts.host ?? '127.0.0.1';
   await new Promise<void>((resolve, reject) => {
     engine.server.once('error', reject);
@@ -75,15 +82,33 @@ export interface SpawnedEngine {
 /** Runs `svc engine --model <id> --port 0` as a child process and resolves once it listens. */
 export function spawnReferenceEngine(
   modelId: string,
-  opts: { configPath: string | null; chaos?: boolean; env?: NodeJS.ProcessEnv; bootDelayMs?: number },
+  opts: {
+    configPath: string | null;
+    chaos?: boolean;
+    env?: NodeJS.ProcessEnv;
+    bootDelayMs?: number;
+    /** The process exits before listening, after its boot delay (a failed boot). */
+    bootFail?: boolean;
+    /** The process waits this long before it reports `container_started` (a boot that stalls before the platform acknowledges it). */
+    startStallMs?: number;
+    /** Each boot stage the process reports on stdout before it listens. */
+    onStage?: (stage: 'container_started' | 'weights_loading' | 'weights_loaded') => void;
+    /** Aborted before the process listens: it is killed (a platform gave up on a stalled boot). */
+    signal?: AbortSignal;
+  },
 ): Promise<SpawnedEngine> {
   const args = [...svcCommand(), 'engine', '--model', modelId, '--port', '0'];
   if (opts.chaos) args.push('--chaos');
   if (opts.bootDelayMs) args.push('--boot-delay-ms', String(opts.bootDelayMs));
+  if (opts.bootFail) args.push('--boot-fail');
+  if (opts.startStallMs) args.push('--start-stall-ms', String(opts.startStallMs));
   const env = { ...process.env, ...opts.env };
   if (opts.configPath) env.SVC_CONFIG = opts.configPath;
   const child = spawn(process.execPath, args, { env, stdio: ['ignore', 'pipe', 'pipe'] });
   const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+  const abandon = () => child.kill('SIGKILL');
+  opts.signal?.addEventListener('abort', abandon, { once: true });
+  void exited.then(() => opts.signal?.removeEventListener('abort', abandon));
   let stderr = '';
   child.stderr!.setEncoding('utf8');
   child.stderr!.on('data', (d: string) => {
@@ -93,14 +118,16 @@ export function spawnReferenceEngine(
     const lines = createInterface({ input: child.stdout! });
     let settled = false;
     lines.on('line', (line) => {
-      let msg: { event?: string; url?: string };
+      let msg: { event?: string; url?: string; stage?: string };
       try {
         msg = JSON.parse(line);
       } catch {
         return;
       }
+      if (msg.event === 'stage' && !settled && (msg.stage === 'container_started' || msg.stage === 'weights_loading' || msg.stage === 'weights_loaded')) opts.onStage?.(msg.stage);
       if (msg.event === 'listening' && typeof msg.url === 'string' && !settled) {
         settled = true;
+        opts.signal?.removeEventListener('abort', abandon);
         resolve({
           url: msg.url,
           pid: child.pid!,

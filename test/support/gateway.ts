@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Writable } from 'node:stream';
 import { loadSettings, type Settings } from '../../src/config/index.ts';
-import { startGateway, type Gateway } from '../../src/gateway/index.ts';
+import { startGateway, type Gateway, type GatewayOptions } from '../../src/gateway/index.ts';
 
 export interface TestGateway extends Gateway {
   /** Every log line the gateway wrote, as text. */
@@ -30,7 +30,7 @@ export async function issueKey(url: string, adminToken: string, body: Record<str
 }
 
 /** A real gateway on port 0 with a fresh PGlite data directory and real reference engine processes. */
-export async function startTestGateway(overrides: Partial<Settings> = {}, options: { chaosEngines?: boolean } = {}): Promise<TestGateway> {
+export async function startTestGateway(overrides: Partial<Settings> = {}, options: Pick<GatewayOptions, 'chaosEngines' | 'engineBootKnobs'> = {}): Promise<TestGateway> {
   const dataDir = mkdtempSync(join(tmpdir(), 'svc-test-'));
   const chunks: string[] = [];
   const logDestination = new Writable({
@@ -39,9 +39,10 @@ export async function startTestGateway(overrides: Partial<Settings> = {}, option
       callback();
     },
   });
-  const settings = loadSettings({ ...process.env, DATA_DIR: dataDir, PORT: '0', HOST: '127.0.0.1', DATABASE_URL: '' }, overrides);
+  // Engines warm at start unless a test says otherwise: most tests are not about cold boots (test/api/cold-boot.test.ts is).
+  const settings = loadSettings({ SVC_ENGINE_WARM_AT_START: 'on', ...process.env, DATA_DIR: dataDir, PORT: '0', HOST: '127.0.0.1', DATABASE_URL: '' }, overrides);
   const adminToken = `svc_admin_test_${randomBytes(12).toString('hex')}`;
-  const gateway = await startGateway(settings, { logDestination: logDestination as never, chaosEngines: options.chaosEngines, adminToken });
+  const gateway = await startGateway(settings, { logDestination: logDestination as never, chaosEngines: options.chaosEngines, engineBootKnobs: options.engineBootKnobs, adminToken });
   let apiKey: string;
   try {
     apiKey = await issueKey(gateway.url, adminToken);
