@@ -264,7 +264,7 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
 
     reply.header('content-type', 'application/json');
     const length = Number(upstream.headers['content-length'] ?? NaN);
-    if ((length <= smallBodyBytes || needsByteOffsets(completion)) && !completion.capture) {
+    if ((length <= smallBodyBytes || needsByteOffsets(completion, length)) && !completion.capture) {
       // A small body is gathered and written in one go: cheaper than a pipe for the common case. One
       // with logprobs is gathered whatever its size: its text_offset is made byte offsets (stream-rewrite.ts).
       const body = bodyWithByteOffsets(Buffer.from(await upstream.body.arrayBuffer()), completion);

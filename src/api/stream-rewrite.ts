@@ -28,8 +28,15 @@ export interface StreamRewriteOptions {
   signal: AbortSignal;
 }
 
-/** True when the engine's `text_offset` must be rewritten: logprobs asked for, on a body small enough to parse (not a full-vocabulary or capture body). */
-export function needsByteOffsets(completion: PreparedCompletion): boolean {
+/** Largest non-streamed body whose offsets are rewritten: it is parsed whole (long prompt_logprobs make bodies of hundreds of MB). */
+export const largestRewrittenBodyBytes = 32 * 1024 * 1024;
+
+/**
+ * True when the engine's `text_offset` must be rewritten: logprobs asked for, on a body that can be
+ * parsed (not a full-vocabulary or capture body, nor one whose `contentLength` is over the bound).
+ */
+export function needsByteOffsets(completion: PreparedCompletion, contentLength?: number): boolean {
+  if (contentLength !== undefined && contentLength > largestRewrittenBodyBytes) return false;
   return completion.engineBody.logprobs != null && !completion.fullVocab && !completion.capture;
 }
 
