@@ -18,6 +18,7 @@ import { bodyWithByteOffsets, needsByteOffsets, rewriteEngineStream } from './st
 import { acceptsGzip, gzipStream, sendUncompressed } from './compression.ts';
 import { SseUsageRelay, UsageTail, usageFrom, type RelayedUsage } from './usage-relay.ts';
 import type { ServedTokens } from './request-log.ts';
+import type { BackendCall } from '../backends/index.ts';
 import { ColdBootWait, type ColdBoots } from './cold-boot.ts';
 
 export interface CompletionRouteOptions {
@@ -31,6 +32,8 @@ export interface CompletionRouteOptions {
   authenticate: onRequestAsyncHookHandler;
   /** Budgets and limits per key; absent only when metering is switched off (SVC_METERING=off). */
   metering?: { meter: Metering; keyOf(request: FastifyRequest): RequestKey | null };
+  /** Each backend's circuit breaker (src/backends): asked before anything is held, told how the engine call went. */
+  backends?: { admit(modelId: string): BackendCall | Promise<BackendCall> };
   /** Each model's platform: a request to a cold model waits out its boot inside itself (cold-boot.ts). */
   coldBoots?: ColdBoots;
 }
@@ -127,6 +130,16 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     // The request's log line (request-log.ts) names the model and, read when it ends, the tokens relayed so far.
     let relayed: RelayedUsage | null = null;
     request.served = { model: model.id, tokens: () => tokensSeen(relayed, prepared) };
+    // The backend's circuit breaker, before anything is held: an open one refuses at once (503 circuit_open, recorded as rejected).
+    let backendCall: BackendCall | null = null;
+    if (options.backends) {
+      try {
+        const admitted = options.backends.admit(model.id);
+        backendCall = admitted instanceof Promise ? await admitted : admitted;
+      } catch (error) {
+        throw refused(error, model.id, prepared.user, prepared.promptTokens);
+      }
+    }
     // Holds the model's engine up until the response closes; waits out a cold boot before the engine call.
     const coldBoot = ColdBootWait.begin(options.coldBoots, model.id, reply, prepared.stream, engines.upstreamHeaders(model.id));
 
@@ -236,11 +249,13 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     } catch (err) {
       // A client that left while the model booted used nothing: the engine was never called.
       settle(controller.signal.aborted && !coldBoot?.leftDuringBoot ? { usage: null, contentFrames: 0, relayedFrames: 0, completed: false } : null, err instanceof ApiError ? err.status : 500, completion);
+      if (!controller.signal.aborted || controller.signal.reason === deadlineReason) backendCall?.failed(err);
       if (controller.signal.aborted && controller.signal.reason !== deadlineReason) return reply; // the client left; nothing to answer
       if (coldBoot?.committed) return coldBoot.fail(err); // 200 went out with the keepalives: the error goes in the body
       throw err;
     }
     upstream.body.once('close', upstream.release);
+    backendCall?.succeeded();
     options.onServed?.(model.id);
 
     reply.headers(engines.upstreamHeaders(model.id));

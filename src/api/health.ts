@@ -1,6 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import { Type, type Static } from 'typebox';
 import { okResponse } from './route-schema.ts';
+import type { BackendSnapshot } from '../backends/index.ts';
 
 export const BackendHealth = Type.Object({
   model_id: Type.String(),
@@ -30,6 +31,15 @@ export interface HealthSources {
   /** The store's round trip; `ok` false when unreachable or slower than the timeout. */
   pingStore(timeoutMs: number): Promise<{ ok: boolean; latencyMs: number }>;
   backends(): BackendHealth[];
+}
+
+/** A backend's breaker fields of the health body, from the breaker as this process holds it (src/backends; memory only). */
+export function breakerHealth(breaker: BackendSnapshot | null): Pick<BackendHealth, 'breaker_state' | 'breaker_consecutive_failures' | 'breaker_last_failure_kind'> {
+  return {
+    breaker_state: breaker?.breaker ?? 'closed',
+    breaker_consecutive_failures: breaker?.consecutiveFailures ?? 0,
+    breaker_last_failure_kind: breaker?.lastFailureKind ?? null,
+  };
 }
 
 const storePingTimeoutMs = 1000;

@@ -1,7 +1,7 @@
 export { buildApp, exposedHeaders, type AppOptions } from './app.ts';
 export { maxBodyBytes } from './body.ts';
 export { createLogger, type Logger } from './logger.ts';
-export { healthBody, HealthBody, BackendHealth, type HealthSources } from './health.ts';
+export { breakerHealth, healthBody, HealthBody, BackendHealth, type HealthSources } from './health.ts';
 export { sendApiError, toApiError } from './error-handler.ts';
 export { completionRoutes, type CompletionRouteOptions, type RequestKey } from './completions.ts';
 export { adminKeyRoutes } from './admin-keys.ts';

@@ -21,6 +21,8 @@ export interface Settings {
   /** Tokens per second the deadline feasibility check assumes. */
   deadlineTokensPerSecond: number;
   logLevel: string;
+  /** Circuit breakers per backend (src/backends): SVC_BREAKER_FAILURE_THRESHOLD, SVC_BREAKER_COOLDOWN_MS, SVC_BREAKER_PROBE_LEASE_MS. */
+  breaker: { failureThreshold: number; cooldownMs: number; probeLeaseMs: number };
   /** How long a shutdown waits for in-flight requests before closing their connections. */
   shutdownGraceMs: number;
   /** Budget reservations, rate and concurrency limits per key. Off only to measure the gateway without them. */
@@ -163,6 +165,11 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env, overrides: Pa
     requestWindowMs: intFromEnv(env, 'SVC_REQUEST_WINDOW_MS', 14 * 60 * 1000, 1, 24 * 3600 * 1000),
     deadlineTokensPerSecond: 20,
     logLevel: env.LOG_LEVEL || 'info',
+    breaker: {
+      failureThreshold: intFromEnv(env, 'SVC_BREAKER_FAILURE_THRESHOLD', 5, 1, 1_000_000),
+      cooldownMs: intFromEnv(env, 'SVC_BREAKER_COOLDOWN_MS', 60_000, 0, 24 * 3600 * 1000),
+      probeLeaseMs: intFromEnv(env, 'SVC_BREAKER_PROBE_LEASE_MS', 30_000, 1, 24 * 3600 * 1000),
+    },
     shutdownGraceMs: intFromEnv(env, 'SVC_SHUTDOWN_GRACE_MS', 60_000, 0, 3600_000),
     metering: switchFromEnv(env, 'SVC_METERING', true),
     reservationTtlMs: intFromEnv(env, 'SVC_RESERVATION_TTL_MS', 20 * 60 * 1000, 100, 7 * 24 * 3600 * 1000),

@@ -3,6 +3,7 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { DestinationStream } from 'pino';
 import {
   adminKeyRoutes,
+  breakerHealth,
   buildApp,
   completionRoutes,
   createLogger,
@@ -19,6 +20,7 @@ import { Metering } from '../metering/index.ts';
 import { resolveAdminToken, type ModelConfig, type Settings } from '../config/index.ts';
 import { CommandHandler } from '../command-handler/index.ts';
 import { KeyService } from '../keys/index.ts';
+import { BackendService } from '../backends/index.ts';
 import { EngineClient } from '../engine-client/index.ts';
 import { ModelRegistry } from '../registry/index.ts';
 import { openEventStore, serveReadOnlySql, type EventStore } from '../store/index.ts';
@@ -57,6 +59,8 @@ export interface Gateway {
   commands: CommandHandler;
   /** API keys: authentication, current state for the metering re-check, administration. */
   keys: KeyService;
+  /** Each backend's circuit breaker and boot stages (src/backends). */
+  backends: BackendService;
   /** Resolves once every projection has applied every event committed before the call. */
   projectionsCaughtUp(): Promise<void>;
   logger: Logger;
@@ -174,6 +178,15 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     const keys = new KeyService({ handler: commands });
     await keys.start();
     stoppers.push(() => keys.stop());
+    // Circuit breakers: every backend's state in memory, kept fresh from the log; checked before each engine call.
+    const backendService = new BackendService({
+      handler: commands,
+      settings: settings.breaker,
+      upstreamHeaders: (modelId) => engines?.upstreamHeaders(modelId) ?? {},
+      onError: (error, what) => logger.error({ err: (error as Error)?.message }, `backend breaker: ${what} failed`),
+    });
+    await backendService.start(settings.models.map((m) => ({ id: m.id })));
+    stoppers.push(() => backendService.stop());
     const adminToken = options.adminToken ?? resolveAdminToken(process.env, settings.dataDir).token;
     const authenticate = requireApiKey(keys);
     const metering = settings.metering
@@ -222,9 +235,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
           model_id: m.id,
           status: m.status ?? 'live',
           gpu_shape: m.gpu_shape,
-          breaker_state: 'closed',
-          breaker_consecutive_failures: 0,
-          breaker_last_failure_kind: null,
+          ...breakerHealth(backendService.snapshot(m.id)),
           last_completion_at: last === null ? null : new Date(last).toISOString(),
           last_completion_seconds_ago: last === null ? null : Math.floor((Date.now() - last) / 1000),
           warm_estimate: warm(m.id) ? 'warm' : 'cold',
@@ -248,6 +259,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
             options: { graceMs: settings.engines.graceMs, keepaliveMs: settings.engines.keepaliveMs, deadlineMs: settings.engines.bootDeadlineMs },
           },
           metering: metering ? { meter: metering, keyOf } : undefined,
+          backends: backendService,
         });
         modelRoutes(scope, registry, authenticate);
         modelStatusRoutes(scope, registry, modelStatusSource({ platforms, warm, freshMs }), authenticate);
@@ -270,6 +282,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
       registry,
       commands,
       keys,
+      backends: backendService,
       projectionsCaughtUp: () => runner.caughtUp(),
       logger,
       engineUrls,
