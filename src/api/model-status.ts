@@ -55,14 +55,34 @@ function stageValue(published: PublishedStage, now: number): StageValue {
   return { stage: published.stage, at: new Date(published.at).toISOString(), age_seconds: Math.max(0, Math.floor((now - published.at) / 1000)), reason: published.reason };
 }
 
+/** A stage as the backend streams record it (`BootStagePublished`, read back by the backend service). */
+export interface LoggedStage {
+  stage: BootStageName;
+  at: string;
+  reason: string | null;
+}
+
 /**
- * Status from each model's platform in this process. A stage is fresh while a boot is under way, or
+ * Status from each model's platform. A platform that runs its engine here (local-process) knows its
+ * stages itself; for one that publishes none here (static), the stage comes from the log, as any
+ * process that boots it recorded it (`loggedStage`). A stage is fresh while a boot is under way, or
  * within `freshMs` (the idle window) of being published. The reference engine serves activations from
  * the same process, so its activation stage is its one stage.
  */
-export function modelStatusSource(sources: { platforms: Map<string, Platform>; warm(modelId: string): boolean; freshMs: number }): ModelStatusSource {
-  const fresh = (modelId: string): StageValue | null => {
-    const published = sources.platforms.get(modelId)?.latestStage() ?? null;
+export function modelStatusSource(sources: {
+  platforms: Map<string, Platform>;
+  warm(modelId: string): boolean;
+  freshMs: number;
+  loggedStage?: (modelId: string, backend: 'completion' | 'activation') => LoggedStage | null;
+}): ModelStatusSource {
+  const latest = (modelId: string, backend: 'completion' | 'activation'): PublishedStage | null => {
+    const platform = sources.platforms.get(modelId);
+    if (platform?.kind === 'local-process') return platform.latestStage();
+    const logged = sources.loggedStage?.(modelId, backend) ?? null;
+    return logged ? { stage: logged.stage, at: Date.parse(logged.at), reason: logged.reason } : null;
+  };
+  const fresh = (modelId: string, backend: 'completion' | 'activation' = 'completion'): StageValue | null => {
+    const published = latest(modelId, backend);
     const now = Date.now();
     if (!published) return null;
     const booting = published.stage !== 'serving' && published.stage !== 'failed';
@@ -71,7 +91,8 @@ export function modelStatusSource(sources: { platforms: Map<string, Platform>; w
   return {
     boot: fresh,
     warm: (modelId) => ({ warm: sources.warm(modelId), runners: sources.platforms.get(modelId)?.runners() ?? null }),
-    activationBoot: (modelId) => fresh(modelId) ?? { stage: null, at: null, age_seconds: null, reason: null },
+    activationBoot: (modelId) =>
+      (sources.platforms.get(modelId)?.kind === 'local-process' ? fresh(modelId) : fresh(modelId, 'activation')) ?? { stage: null, at: null, age_seconds: null, reason: null },
   };
 }
 

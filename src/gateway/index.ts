@@ -187,6 +187,13 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     });
     await backendService.start(settings.models.map((m) => ({ id: m.id })));
     stoppers.push(() => backendService.stop());
+    // Boot stages are events on the backend streams from here on; a stage reached before (a warm start) goes first.
+    publishStage = (modelId, backend, stage, reason) =>
+      void backendService.publishBootStage(modelId, backend, stage, reason).catch((err) => logger.error({ model: modelId, stage, err: (err as Error)?.message }, 'boot stage not recorded'));
+    for (const platform of platforms.values()) {
+      const latest = platform.latestStage();
+      if (latest) publishStage(platform.modelId, 'completion', latest.stage, latest.reason);
+    }
     const adminToken = options.adminToken ?? resolveAdminToken(process.env, settings.dataDir).token;
     const authenticate = requireApiKey(keys);
     const metering = settings.metering
@@ -262,7 +269,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
           backends: backendService,
         });
         modelRoutes(scope, registry, authenticate);
-        modelStatusRoutes(scope, registry, modelStatusSource({ platforms, warm, freshMs }), authenticate);
+        modelStatusRoutes(scope, registry, modelStatusSource({ platforms, warm, freshMs, loggedStage: (id, backend) => backendService.snapshot(id, backend)?.boot ?? null }), authenticate);
         adminKeyRoutes(scope, { keys, adminToken, db: store, projectionsCaughtUp: () => runner.caughtUp() });
       },
     });

@@ -13,6 +13,7 @@ import type { EngineBootKnobs, LocalProcessPlatform } from '../../src/platforms/
 import { meterDecider } from '../../commands/meter.ts';
 import { foldEvents } from '../../src/event-sourcing/index.ts';
 import { meterEvents, meterStream, utcDay } from '../../events/meter.ts';
+import { backendEvents, backendStream } from '../../events/backend.ts';
 
 const knobs: EngineBootKnobs = {};
 const it = suite<{ gw: TestGateway }>('cold boots');
@@ -82,6 +83,14 @@ it('a slow boot: 200 at once, keepalive whitespace, then the engine body; status
   assert.is(warm.warm, true);
   assert.is(warm.runners, 1);
   assert.is(warm.activation_boot.stage, 'serving');
+  // Every stage is an event on the model's backend stream, in boot order.
+  const logged = await until('the boot stages in the log', async () => {
+    await gw.commands.settled();
+    const read = await gw.store.readStream(backendStream('ref-byte'));
+    const stages = read.events.map((e) => backendEvents.parse(e)).flatMap((e) => (e.type === 'BootStagePublished' ? [e.data.stage] : []));
+    return stages.includes('serving') ? stages : null;
+  }, 10_000, 25);
+  assert.equal(logged, ['waiting_for_gpu', 'container_started', 'weights_loading', 'weights_loaded', 'engine_ready', 'serving']);
 });
 
 it('the official openai client reads a body that follows keepalive whitespace', async ({ gw }) => {
