@@ -1,6 +1,7 @@
 // `local-process`: the gateway runs the model's reference engine as a child process, started on demand
 // and stopped after an idle window (scale to zero). Every boot publishes its stages; a crashed engine is
 // started again with backoff, and requests meanwhile wait out that boot as they would a cold one.
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import { spawnReferenceEngine, type SpawnedEngine } from '../reference-engine/index.ts';
 import { BootFailed, BootStalled, type Boot, type BootStage, type BootStageListener, type Platform, type PublishedStage } from './types.ts';
@@ -147,7 +148,8 @@ export class LocalProcessPlatform implements Platform {
     };
     this.#publish('waiting_for_gpu');
     const run = async () => {
-      if (delayMs > 0) await new Promise((resolve) => setTimeout(resolve, delayMs).unref());
+      // A crash's backoff; a stop cancels it.
+      if (delayMs > 0) await sleep(delayMs, undefined, { signal: abandon.signal }).catch(() => {});
       if (this.#stopping) throw new BootFailed('the gateway is stopping');
       const knobs = this.options.knobs ?? {};
       // The process must report that it started within the acknowledgement timeout, or it is given up.

@@ -60,14 +60,14 @@ interface Started {
   outputClosed: Promise<unknown>;
 }
 
-/** `npm start`, as the README says, in a process group of its own (as a shell runs a job). */
+/** `npm start`, as the README says, in a process group of its own (as a shell runs a job); its engines warm at start, so their stop is checked too. */
 async function npmStart(): Promise<Started> {
   const dataDir = mkdtempSync(join(tmpdir(), 'svc-npm-start-'));
   const port = await freePort();
   const npm = spawn('npm', ['start'], {
     cwd: root,
     detached: true,
-    env: { ...process.env, DATA_DIR: dataDir, PORT: String(port), DATABASE_URL: '', SVC_ADMIN_TOKEN: '', SVC_SHUTDOWN_GRACE_MS: String(graceMs), npm_config_update_notifier: 'false' },
+    env: { ...process.env, DATA_DIR: dataDir, PORT: String(port), DATABASE_URL: '', SVC_ADMIN_TOKEN: '', SVC_SHUTDOWN_GRACE_MS: String(graceMs), npm_config_update_notifier: 'false', SVC_ENGINE_WARM_AT_START: 'on' },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let output = '';
