@@ -5,6 +5,7 @@ export { breakerHealth, healthBody, HealthBody, BackendHealth, type HealthSource
 export { sendApiError, toApiError } from './error-handler.ts';
 export { completionRoutes, type CompletionRouteOptions, type RequestKey } from './completions.ts';
 export { adminKeyRoutes } from './admin-keys.ts';
+export { metricsRoutes, type MetricsSources } from './metrics.ts';
 export { decorateAuthenticatedRequest, requireApiKey, requireAdminToken } from './auth.ts';
 export { modelRoutes } from './models.ts';
 export { modelStatusRoutes, modelStatusSource, type ModelStatusSource } from './model-status.ts';

@@ -6,6 +6,7 @@ import {
   breakerHealth,
   buildApp,
   completionRoutes,
+  metricsRoutes,
   createLogger,
   decorateAuthenticatedRequest,
   modelRoutes,
@@ -271,6 +272,8 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
         modelRoutes(scope, registry, authenticate);
         modelStatusRoutes(scope, registry, modelStatusSource({ platforms, warm, freshMs, loggedStage: (id, backend) => backendService.snapshot(id, backend)?.boot ?? null }), authenticate);
         adminKeyRoutes(scope, { keys, adminToken, db: store, projectionsCaughtUp: () => runner.caughtUp() });
+        // Prometheus metrics for operators, behind the admin token.
+        metricsRoutes(scope, { adminToken, backends: () => backendService.snapshots(), projectionLag: () => runner.status() });
       },
     });
     stoppers.push(() => drainAndClose(app, settings.shutdownGraceMs));

@@ -1,0 +1,110 @@
+/**
+ * `GET /metrics`: the Prometheus text format (prom-client, as vLLM and LiteLLM expose theirs), for
+ * operators; behind the admin token. Request counts and durations are kept by one onResponse hook
+ * (a label lookup and an increment per request); everything else (breakers, boot stages, projection
+ * lag) is read when Prometheus scrapes, from memory and one small query per projection.
+ */
+import type { FastifyInstance } from 'fastify';
+import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+import { requireAdminToken } from './auth.ts';
+import { adminSecurity, adminTag, errorResponses } from './route-schema.ts';
+import type { BackendSnapshot } from '../backends/index.ts';
+
+export interface MetricsSources {
+  /** The operators' token (the admin API's). */
+  adminToken: string;
+  /** Every backend's breaker and boot stage, from memory (src/backends). */
+  backends(): BackendSnapshot[];
+  /** Each projection's lag behind the log, in events (the projection runner's status). */
+  projectionLag?(): Promise<{ name: string; lag: number }[]>;
+}
+
+const breakerStates = ['closed', 'open', 'half_open'] as const;
+const bootStages = ['waiting_for_gpu', 'container_started', 'weights_loading', 'weights_loaded', 'engine_ready', 'serving', 'failed'] as const;
+
+export function metricsRoutes(app: FastifyInstance, sources: MetricsSources): Registry {
+  const registry = new Registry();
+  const requests = new Counter({ name: 'svc_http_requests_total', help: 'HTTP requests answered, by route, model and status.', labelNames: ['route', 'model', 'status'] as const, registers: [registry] });
+  const duration = new Histogram({
+    name: 'svc_http_request_duration_seconds',
+    help: 'Time from the request\'s arrival to its response\'s end, by route (an engine call\'s time included).',
+    labelNames: ['route'] as const,
+    buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900],
+    registers: [registry],
+  });
+  new Gauge({
+    name: 'svc_backend_breaker_state',
+    help: 'Circuit breaker state per backend: 1 for the current state, 0 for the others.',
+    labelNames: ['model', 'backend', 'state'] as const,
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const b of sources.backends()) for (const state of breakerStates) this.set({ model: b.modelId, backend: b.backend, state }, b.breaker === state ? 1 : 0);
+    },
+  });
+  new Gauge({
+    name: 'svc_backend_consecutive_failures',
+    help: 'Failures in a row per backend (the breaker opens at the configured threshold).',
+    labelNames: ['model', 'backend'] as const,
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const b of sources.backends()) this.set({ model: b.modelId, backend: b.backend }, b.consecutiveFailures);
+    },
+  });
+  new Gauge({
+    name: 'svc_backend_boot_stage',
+    help: 'Latest published boot stage per backend: 1 for the current stage, 0 for the others (no series before any stage).',
+    labelNames: ['model', 'backend', 'stage'] as const,
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const b of sources.backends()) {
+        if (b.boot) for (const stage of bootStages) this.set({ model: b.modelId, backend: b.backend, stage }, b.boot.stage === stage ? 1 : 0);
+      }
+    },
+  });
+  new Gauge({
+    name: 'svc_backend_boot_stage_timestamp_seconds',
+    help: 'When the latest boot stage was published (Unix seconds), per backend.',
+    labelNames: ['model', 'backend'] as const,
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const b of sources.backends()) if (b.boot) this.set({ model: b.modelId, backend: b.backend }, Date.parse(b.boot.at) / 1000);
+    },
+  });
+  if (sources.projectionLag) {
+    const lagOf = sources.projectionLag;
+    new Gauge({
+      name: 'svc_projection_lag_events',
+      help: 'Events in the log that a projection has not applied yet.',
+      labelNames: ['projection'] as const,
+      registers: [registry],
+      async collect() {
+        this.reset();
+        for (const { name, lag } of await lagOf()) this.set({ projection: name }, lag);
+      },
+    });
+  }
+
+  app.addHook('onResponse', (request, reply, done) => {
+    const route = request.routeOptions.url ?? 'unmatched';
+    requests.inc({ route, model: request.served?.model ?? '', status: reply.statusCode });
+    duration.observe({ route }, reply.elapsedTime / 1000);
+    done();
+  });
+
+  const schema = {
+    summary: 'Operational metrics in the Prometheus text format (admin token)',
+    tags: [adminTag],
+    security: adminSecurity,
+    hide: true,
+    response: errorResponses(401),
+  };
+  app.get('/metrics', { schema, onRequest: requireAdminToken(sources.adminToken) }, async (_request, reply) => {
+    const text = await registry.metrics();
+    return reply.header('content-type', registry.contentType).send(text);
+  });
+  return registry;
+}
