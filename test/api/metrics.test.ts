@@ -41,7 +41,7 @@ it('refused without the admin token, and with an API key', async () => {
   assert.is((await fetch(`${gw.url}/metrics`)).status, 401);
   const res = await fetch(`${gw.url}/metrics`, { headers: gw.authHeaders() });
   assert.is(res.status, 401);
-  assert.is((await res.json()).error.code, 'invalid_api_key');
+  assert.is(((await res.json()) as { error: { code: string } }).error.code, 'invalid_api_key');
 });
 
 it('requests by route, model and status, and their durations', async () => {
