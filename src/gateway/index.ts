@@ -147,8 +147,11 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
       projections,
       onError: (projection, error) => logger.error({ projection, err: (error as Error)?.message }, 'projection batch failed; retrying'),
     });
-    await runner.start();
-    stoppers.push(() => runner.stop());
+    if (settings.projections) {
+      await runner.start();
+      stoppers.push(() => runner.stop());
+    }
+    const projectionsCaughtUp = () => (settings.projections ? runner.caughtUp() : Promise.resolve());
 
     const commands = new CommandHandler({ store });
     stoppers.push(() => commands.settled());
@@ -246,7 +249,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
           // out as `boot` does. An engine the gateway does not start has no stage it can know.
           activationBoot: (id) => referenceEngines.get(id)?.stage ?? { stage: 'unknown', at: startedAt },
         }, authenticate);
-        adminKeyRoutes(scope, { keys, adminToken, db: store, projectionsCaughtUp: () => runner.caughtUp() });
+        adminKeyRoutes(scope, { keys, adminToken, db: store, projectionsCaughtUp });
       },
     });
     stoppers.push(() => drainAndClose(app, settings.shutdownGraceMs));
@@ -265,7 +268,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
       registry,
       commands,
       keys,
-      projectionsCaughtUp: () => runner.caughtUp(),
+      projectionsCaughtUp,
       logger,
       engineUrls,
       enginePids,
