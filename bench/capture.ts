@@ -88,12 +88,14 @@ for (let i = 0; i < (parts.has('small') ? rounds : 0); i++) {
 // 610 MB: twice each way, interleaved.
 const largeDirect: number[] = [];
 const largeGateway: number[] = [];
+const largeBuffer: number[] = [];
 let largeBytes = 0;
 for (let i = 0; i < (parts.has('large') ? 2 : 0); i++) {
   const d = await timeOne(direct(large));
   largeDirect.push(d.ms);
   largeBytes = d.bytes;
   largeGateway.push((await timeOne(viaGateway(large))).ms);
+  largeBuffer.push((await timeOne(viaBare('buffer')(large))).ms);
 }
 
 const mb = (bytes: number) => (bytes / 1e6).toFixed(1);
@@ -101,8 +103,8 @@ const ms = (x: number) => x.toFixed(1);
 const lines = [
   `capture relay bench (store: ${storeKind}) — ${new Date().toISOString()} — ${cpus().length} cores (${cpus()[0]?.model}), ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.version}`,
   `11 MB capture (${mb(smallBytes)} MB, 16 x 129 x 2048 bf16), median of ${rounds} interleaved: direct ${ms(median(smallDirect))} ms | gateway ${ms(median(smallGateway))} ms | gateway speed ${(median(smallDirect) / median(smallGateway)).toFixed(2)} of direct (target >= 0.8)`,
-  `  for scale, bare Node.js relays in their own process, same rounds: streaming ${ms(median(smallPipe))} ms (${(median(smallDirect) / median(smallPipe)).toFixed(2)} of direct), holding the body ${ms(median(smallBuffer))} ms (${(median(smallDirect) / median(smallBuffer)).toFixed(2)} of direct)`,
-  `610 MB capture (${mb(largeBytes)} MB, 16 x 6,980 x 2048 bf16): direct ${largeDirect.map((x) => (x / 1000).toFixed(2)).join(', ')} s | gateway ${largeGateway.map((x) => (x / 1000).toFixed(2)).join(', ')} s`,
+  `  bare Node.js relays in their own process, same rounds: streaming ${ms(median(smallPipe))} ms (${(median(smallDirect) / median(smallPipe)).toFixed(2)} of direct), holding the body ${ms(median(smallBuffer))} ms (${(median(smallDirect) / median(smallBuffer)).toFixed(2)} of direct); the gateway, with a key, at ${(median(smallBuffer) / median(smallGateway)).toFixed(2)} of the holding relay's speed (target >= 0.9)`,
+  `610 MB capture (${mb(largeBytes)} MB, 16 x 6,980 x 2048 bf16): direct ${largeDirect.map((x) => (x / 1000).toFixed(2)).join(', ')} s | gateway ${largeGateway.map((x) => (x / 1000).toFixed(2)).join(', ')} s | bare holding relay ${largeBuffer.map((x) => (x / 1000).toFixed(2)).join(', ')} s: the gateway at ${(median(largeBuffer) / median(largeGateway)).toFixed(2)} of its speed`,
   `4 concurrent 610 MB captures through the gateway: ${(concurrentMs / 1000).toFixed(1)} s; gateway RSS ${beforeMb.toFixed(0)} MB before, peak ${peakMb.toFixed(0)} MB; bodies in flight ${inFlightMb.toFixed(0)} MB, so the bound (bodies + 200 MB) is ${(inFlightMb + 200).toFixed(0)} MB: ${peakMb <= inFlightMb + 200 ? 'met' : 'NOT met'} (peak - before = ${(peakMb - beforeMb).toFixed(0)} MB)`,
 ];
 process.stdout.write(`${lines.join('\n')}\n`);

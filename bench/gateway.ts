@@ -3,7 +3,11 @@
 // one with metering on (reservations and settlements appended to the store) and one with
 // SVC_METERING=off. Prints, for each: latency (p50/p99) against an engine that answers at once,
 // streaming time to first byte, requests/s at 64 connections, the added p50 against an engine that
-// takes 20 ms, and the gateway's RSS while relaying a 1 GB full-vocabulary body.
+// takes 20 ms, and the gateway's RSS while relaying a 1 GB full-vocabulary body. Beside them, in the same
+// run: Portkey's open-source gateway (bench/support.ts startPortkey: installed into a scratch folder on
+// first use; BENCH_PORTKEY=off leaves it out) in front of the same engines, and, for the throughput
+// part, a third gateway with metering on that does not keep the analyst tables (SVC_PROJECTIONS=off),
+// so that the projections' share of a metered request's CPU (gateway and PostgreSQL) is read off.
 //
 // Keys: every /v1/completions call needs one, and metering allows a key 600 request starts per rolling
 // minute and 16 running at once (the bench keeps the production limits). Each gateway gets its own pool
@@ -26,7 +30,7 @@ import { join } from 'node:path';
 import { Agent, request } from 'undici';
 import autocannon from 'autocannon';
 import { execFileSync } from 'node:child_process';
-import { benchAdminToken, cpuPerRequest, gatewayServeArgs, issueKeys, memoryOf, percentile, root, scratchDatabase, spawnWithUrl, stop } from './support.ts';
+import { benchAdminToken, cpuPerRequest, gatewayServeArgs, issueKeys, memoryOf, percentile, portkeyHeaders, portkeyVersion, root, scratchDatabase, spawnWithUrl, startPortkey, stop } from './support.ts';
 
 // BENCH_PARTS=latency,slow,throughput,relay picks parts (all by default).
 const parts = new Set((process.env.BENCH_PARTS ?? 'latency,slow,throughput,relay').split(','));
@@ -55,6 +59,9 @@ async function main(): Promise<void> {
   cleanups.push(() => stop(engine.child));
   const slowEngine = await spawnWithUrl(['--import', 'tsx', 'bench/instant-engine.ts', 'bench/slow20', '20'], process.env);
   cleanups.push(() => stop(slowEngine.child));
+  // Portkey's open-source gateway in front of the same engines, for the figures the issue compares with.
+  const portkey = await startPortkey();
+  if (portkey) cleanups.push(() => stop(portkey.child));
   const capabilities = {
     max_model_len: 32768,
     max_logprobs: 100,
@@ -84,7 +91,8 @@ async function main(): Promise<void> {
   execFileSync(process.execPath, [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', join(root, 'tsconfig.build.json')], { stdio: 'inherit' });
 
   interface Gw {
-    name: 'on' | 'off';
+    /** Metering on, off, or on in a process that does not keep the analyst tables (what the projections cost). */
+    name: 'on' | 'off' | 'noproj';
     url: string;
     pid: number;
     keys: string[];
@@ -93,7 +101,7 @@ async function main(): Promise<void> {
     next: number;
     sent: number;
   }
-  async function startGateway(name: 'on' | 'off'): Promise<Gw> {
+  async function startGateway(name: Gw['name']): Promise<Gw> {
     const env: NodeJS.ProcessEnv = {
       ...process.env,
       SVC_CONFIG: join(dir, 'models.json'),
@@ -101,7 +109,8 @@ async function main(): Promise<void> {
       PORT: '0',
       LOG_LEVEL: 'warn',
       SVC_ADMIN_TOKEN: benchAdminToken,
-      SVC_METERING: name,
+      SVC_METERING: name === 'off' ? 'off' : 'on',
+      SVC_PROJECTIONS: name === 'noproj' ? 'off' : 'on',
     };
     if (process.env.DATABASE_URL) {
       const db = await scratchDatabase(process.env.DATABASE_URL, `gw_${name}`);
@@ -115,6 +124,7 @@ async function main(): Promise<void> {
   }
   const on = await startGateway('on');
   const off = await startGateway('off');
+  const noproj = parts.has('throughput') ? await startGateway('noproj') : null;
   /** The next key of the gateway's pool, round-robin over every request it is sent. */
   const keyOf = (gw: Gw) => {
     gw.sent++;
@@ -133,12 +143,14 @@ async function main(): Promise<void> {
   cleanups.push(() => dispatcher.close());
 
   /** A target: a URL, a body, and the gateway whose keys it uses (none: the engine, which takes a dummy header). */
-  type Target = { url: string; payload: string; gw: Gw | null; key?: string };
+  type Target = { url: string; payload: string; gw: Gw | null; key?: string; headers?: Record<string, string> };
+  /** Portkey in front of `engineUrl`, when it runs. */
+  const viaPortkey = (engineUrl: string, payload: string): Target | null => (portkey ? { url: `${portkey.url}/v1/completions`, payload, gw: null, headers: portkeyHeaders(engineUrl) } : null);
   const auth = (t: Target) => (t.key ? `Bearer ${t.key}` : t.gw ? keyOf(t.gw) : 'Bearer direct');
 
   async function timeOne(t: Target, firstByte: boolean): Promise<number> {
     const started = performance.now();
-    const res = await request(t.url, { method: 'POST', body: t.payload, headers: { 'content-type': 'application/json', authorization: auth(t) }, dispatcher });
+    const res = await request(t.url, { method: 'POST', body: t.payload, headers: { 'content-type': 'application/json', authorization: auth(t), ...t.headers }, dispatcher });
     if (res.statusCode !== 200) throw new Error(`${t.url}: ${res.statusCode} ${await res.body.text()}`);
     let ttfb = 0;
     for await (const chunk of res.body) {
@@ -161,7 +173,7 @@ async function main(): Promise<void> {
   async function timeSplit(t: Target, into: { before: number[]; after: number[] }): Promise<number> {
     const sentAt = performance.timeOrigin + performance.now();
     const started = performance.now();
-    const res = await request(t.url, { method: 'POST', body: t.payload, headers: { 'content-type': 'application/json', authorization: auth(t) }, dispatcher });
+    const res = await request(t.url, { method: 'POST', body: t.payload, headers: { 'content-type': 'application/json', authorization: auth(t), ...t.headers }, dispatcher });
     const text = await res.body.text();
     const total = performance.now() - started;
     const doneAt = performance.timeOrigin + performance.now();
@@ -224,7 +236,7 @@ async function main(): Promise<void> {
 
   // Every key once before any timing: a key's first metered request opens its meter day (loads, an
   // opening balance and an append), a cost paid once per key and day, not per request.
-  for (const gw of [on, off]) {
+  for (const gw of [on, off, ...(noproj ? [noproj] : [])]) {
     await Promise.all(
       Array.from({ length: 16 }, async () => {
         while (gw.next < gw.keys.length) await timeOne({ url: `${gw.url}/v1/completions`, payload: body, gw }, false);
@@ -239,14 +251,16 @@ async function main(): Promise<void> {
   // Interleave direct, metered and unmetered rounds so machine noise hits all three alike.
   const rounds = 4;
   const perRound = 1000;
-  const fast = { direct: [] as Pair[], on: [] as Pair[], off: [] as Pair[] };
+  const fast = { direct: [] as Pair[], on: [] as Pair[], off: [] as Pair[], portkey: [] as Pair[] };
   const ttfb = { direct: [] as Pair[], on: [] as Pair[], off: [] as Pair[] };
-  const slow = { direct: [] as Pair[], on: [] as Pair[], off: [] as Pair[] };
+  const slow = { direct: [] as Pair[], on: [] as Pair[], off: [] as Pair[], portkey: [] as Pair[] };
   const gwTarget = (gw: Gw, payload: string): Target => ({ url: `${gw.url}/v1/completions`, payload, gw });
   for (let r = 0; r < (parts.has('latency') ? rounds : 0); r++) {
     fast.direct.push(await latency({ url: `${engine.url}/v1/completions`, payload: engineBody, gw: null }, false, perRound, 300));
     fast.on.push(await latency(gwTarget(on, body), false, perRound, 300));
     fast.off.push(await latency(gwTarget(off, body), false, perRound, 300));
+    const pk = viaPortkey(engine.url, engineBody);
+    if (pk) fast.portkey.push(await latency(pk, false, perRound, 300));
     ttfb.direct.push(await latency({ url: `${engine.url}/v1/completions`, payload: engineStreamBody, gw: null }, true, perRound / 2, 100));
     ttfb.on.push(await latency(gwTarget(on, streamBody), true, perRound / 2, 100));
     ttfb.off.push(await latency(gwTarget(off, streamBody), true, perRound / 2, 100));
@@ -276,12 +290,16 @@ async function main(): Promise<void> {
     slow.direct.push(await slowLatency({ url: `${slowEngine.url}/v1/completions`, payload: slowEngineBody, gw: null }, split.direct, slowPerRound, 20, slowGapMs));
     slow.on.push(await slowLatency(gwTarget(on, slowBody), split.on, slowPerRound, 20, slowGapMs));
     slow.off.push(await slowLatency(gwTarget(off, slowBody), split.off, slowPerRound, 20, slowGapMs));
+    // Portkey rewrites the engine's body (the engine's timing fields do not come through): end to end only.
+    const pk = viaPortkey(slowEngine.url, slowEngineBody);
+    if (pk) slow.portkey.push(await latency(pk, false, slowPerRound, 20, slowGapMs));
   }
 
   /** CPU per request of each throughput run, µs: the gateway, the engine, the client (this process), PostgreSQL. */
-  const cpu = { on: [] as Record<string, number>[], off: [] as Record<string, number>[] };
+  const cpu = { on: [] as Record<string, number>[], off: [] as Record<string, number>[], noproj: [] as Record<string, number>[], portkey: [] as Record<string, number>[] };
   async function throughput(t: Target): Promise<number> {
-    const meter = cpuPerRequest({ gateway: t.gw?.pid ?? engine.child.pid!, engine: engine.child.pid!, client: process.pid });
+    const viaPk = portkey !== null && t.url.startsWith(portkey.url);
+    const meter = cpuPerRequest({ gateway: t.gw?.pid ?? (viaPk ? portkey.child.pid! : engine.child.pid!), engine: engine.child.pid!, client: process.pid });
     const result = await autocannon({
       url: t.url,
       connections: 64,
@@ -293,20 +311,26 @@ async function main(): Promise<void> {
           body: t.payload,
           headers: { 'content-type': 'application/json' },
           // Every request takes the next key of the pool (the engine gets a dummy header: same client work).
-          setupRequest: (req: Record<string, unknown>) => ({ ...req, headers: { 'content-type': 'application/json', authorization: auth(t) } }),
+          setupRequest: (req: Record<string, unknown>) => ({ ...req, headers: { 'content-type': 'application/json', authorization: auth(t), ...t.headers } }),
         },
       ],
     } as Parameters<typeof autocannon>[0]);
     if (result.non2xx > 0 || result.errors > 0) throw new Error(`${t.url}: ${result.non2xx} non-2xx, ${result.errors} errors`);
     if (t.gw) cpu[t.gw.name].push(meter.stop(result.requests.total));
+    else if (viaPk) cpu.portkey.push(meter.stop(result.requests.total));
     return result.requests.average;
   }
   // Two runs each way, alternated (off, on, on, off), after the direct run.
-  const rps = { direct: [] as number[], on: [] as number[], off: [] as number[] };
+  const rps = { direct: [] as number[], on: [] as number[], off: [] as number[], noproj: [] as number[], portkey: [] as number[] };
   if (parts.has('throughput')) {
+    const pk = viaPortkey(engine.url, engineBody);
     rps.direct.push(await throughput({ url: `${engine.url}/v1/completions`, payload: engineBody, gw: null }));
     rps.off.push(await throughput(gwTarget(off, body)));
     rps.on.push(await throughput(gwTarget(on, body)));
+    if (pk) rps.portkey.push(await throughput(pk));
+    rps.noproj.push(await throughput(gwTarget(noproj!, body)));
+    rps.noproj.push(await throughput(gwTarget(noproj!, body)));
+    if (pk) rps.portkey.push(await throughput(pk));
     rps.on.push(await throughput(gwTarget(on, body)));
     rps.off.push(await throughput(gwTarget(off, body)));
   }
@@ -318,15 +342,23 @@ async function main(): Promise<void> {
     const { plain, gzip } = relays.get(gw)!;
     return `1 GB full-vocabulary relay, metering ${gw.name}: plain ${(plain.bytes / 2 ** 20).toFixed(0)} MiB in ${plain.seconds.toFixed(1)} s, gateway RSS ${plain.beforeMb.toFixed(0)} MB before, peak ${plain.peakMb.toFixed(0)} MB | gzip ${(gzip.bytes / 2 ** 20).toFixed(0)} MiB on the wire in ${gzip.seconds.toFixed(1)} s, RSS ${gzip.beforeMb.toFixed(0)} MB before, peak ${gzip.peakMb.toFixed(0)} MB`;
   };
+  const cpuOf = (name: keyof typeof cpu, k: string) => mean(cpu[name].map((c) => c[k]));
+  const addedP50 = (rows: Pair[]) => col(rows, 'p50') - col(fast.direct, 'p50');
+  const slowAddedP50 = (rows: Pair[]) => col(rows, 'p50') - col(slow.direct, 'p50');
+  const pkName = `Portkey ${portkeyVersion}`;
   const lines = [
-    `gateway overhead bench, metering on vs off (store: ${storeKind}) — ${startedAt.toISOString()} to ${new Date().toISOString()} — ${cpus().length} cores (${cpus()[0]?.model}), ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.version}, load average ${loadAtStart.toFixed(1)} at start, ${loadavg()[0].toFixed(1)} at end`,
-    `non-streaming latency ms, engine answers at once (median of ${rounds} rounds x ${perRound}): direct p50 ${f(col(fast.direct, 'p50'))} p99 ${f(col(fast.direct, 'p99'))} | metering on p50 ${f(col(fast.on, 'p50'))} p99 ${f(col(fast.on, 'p99'))}, added p50 ${added(fast.on, fast.direct, 'p50')} p99 ${added(fast.on, fast.direct, 'p99')} | metering off p50 ${f(col(fast.off, 'p50'))} p99 ${f(col(fast.off, 'p99'))}, added p50 ${added(fast.off, fast.direct, 'p50')} p99 ${added(fast.off, fast.direct, 'p99')}`,
+    `gateway overhead bench, metering on vs off${portkey ? `, beside ${pkName}` : ''} (store: ${storeKind}) — ${startedAt.toISOString()} to ${new Date().toISOString()} — ${cpus().length} cores (${cpus()[0]?.model}), ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.version}, load average ${loadAtStart.toFixed(1)} at start, ${loadavg()[0].toFixed(1)} at end`,
+    `non-streaming latency ms, engine answers at once (median of ${rounds} rounds x ${perRound}): direct p50 ${f(col(fast.direct, 'p50'))} p99 ${f(col(fast.direct, 'p99'))} | metering on p50 ${f(col(fast.on, 'p50'))} p99 ${f(col(fast.on, 'p99'))}, added p50 ${added(fast.on, fast.direct, 'p50')} p99 ${added(fast.on, fast.direct, 'p99')} | metering off p50 ${f(col(fast.off, 'p50'))} p99 ${f(col(fast.off, 'p99'))}, added p50 ${added(fast.off, fast.direct, 'p50')} p99 ${added(fast.off, fast.direct, 'p99')} | ${pkName} p50 ${f(col(fast.portkey, 'p50'))} p99 ${f(col(fast.portkey, 'p99'))}, added p50 ${added(fast.portkey, fast.direct, 'p50')} p99 ${added(fast.portkey, fast.direct, 'p99')}`,
+    `  metered added p50: ${f(addedP50(fast.on) - addedP50(fast.off))} over unmetered (target <= 0.3), ${f(addedP50(fast.on) - addedP50(fast.portkey))} over Portkey's (target < 0)`,
     `streaming time to first byte ms (median of ${rounds} rounds x ${perRound / 2}): direct p50 ${f(col(ttfb.direct, 'p50'))} | metering on p50 ${f(col(ttfb.on, 'p50'))}, added p50 ${added(ttfb.on, ttfb.direct, 'p50')} p99 ${added(ttfb.on, ttfb.direct, 'p99')} | metering off p50 ${f(col(ttfb.off, 'p50'))}, added p50 ${added(ttfb.off, ttfb.direct, 'p50')} p99 ${added(ttfb.off, ttfb.direct, 'p99')}`,
-    `non-streaming latency ms, engine takes 20 ms, keys in steady use (median of ${slowRounds} rounds x ${slowPerRound}${slowGapMs > 0 ? `, ${slowGapMs} ms between requests` : ''}): direct p50 ${f(col(slow.direct, 'p50'))} p99 ${f(col(slow.direct, 'p99'))} | metering on p50 ${f(col(slow.on, 'p50'))}, added p50 ${added(slow.on, slow.direct, 'p50')} p99 ${added(slow.on, slow.direct, 'p99')} | metering off p50 ${f(col(slow.off, 'p50'))}, added p50 ${added(slow.off, slow.direct, 'p50')} p99 ${added(slow.off, slow.direct, 'p99')} | metering's own share at p50 (on - off) ${f(col(slow.on, 'p50') - col(slow.off, 'p50'))} (target < 0.5)`,
+    `non-streaming latency ms, engine takes 20 ms, keys in steady use (median of ${slowRounds} rounds x ${slowPerRound}${slowGapMs > 0 ? `, ${slowGapMs} ms between requests` : ''}): direct p50 ${f(col(slow.direct, 'p50'))} p99 ${f(col(slow.direct, 'p99'))} | metering on p50 ${f(col(slow.on, 'p50'))}, added p50 ${added(slow.on, slow.direct, 'p50')} p99 ${added(slow.on, slow.direct, 'p99')} | metering off p50 ${f(col(slow.off, 'p50'))}, added p50 ${added(slow.off, slow.direct, 'p50')} p99 ${added(slow.off, slow.direct, 'p99')} | ${pkName} p50 ${f(col(slow.portkey, 'p50'))}, added p50 ${added(slow.portkey, slow.direct, 'p50')} p99 ${added(slow.portkey, slow.direct, 'p99')}`,
+    `  metering's own share at p50 (on - off): ${f(slowAddedP50(slow.on) - slowAddedP50(slow.off))} (target <= 0.2); metered added p50 over Portkey's ${f(slowAddedP50(slow.on) - slowAddedP50(slow.portkey))}`,
     `a key's first request in its gateway process, engine takes 20 ms (${freshKeyCount} fresh keys, one request each; metered, it takes the process's slot lease, so the engine waits for that append): direct p50 ${f(median(firstUse.direct))} | metering on p50 ${f(median(firstUse.on))}, added ${f(median(firstUse.on) - median(firstUse.direct))} | metering off p50 ${f(median(firstUse.off))}, added ${f(median(firstUse.off) - median(firstUse.direct))} | on - off ${f(median(firstUse.on) - median(firstUse.off))}`,
     `  split at the engine, p50 ms (before: sent until the engine had it; after: engine answered until the client had it; offsets between clocks cancel in on - off): direct before ${f(median(split.direct.before))} after ${f(median(split.direct.after))} | metering on before ${f(median(split.on.before))} after ${f(median(split.on.after))} | metering off before ${f(median(split.off.before))} after ${f(median(split.off.after))} | on - off: before ${f(median(split.on.before) - median(split.off.before))}, after ${f(median(split.on.after) - median(split.off.after))}`,
-    `requests/s at 64 connections (${throughputSeconds} s each, autocannon in-process; runs in order direct, off, on, on, off): direct ${rps.direct.map(Math.round).join(', ')} | metering off ${rps.off.map(Math.round).join(', ')} (mean ${Math.round(mean(rps.off))}) | metering on ${rps.on.map(Math.round).join(', ')} (mean ${Math.round(mean(rps.on))}) | on/off ${(mean(rps.on) / mean(rps.off)).toFixed(2)} (target >= 0.70)`,
-    `  CPU per request in those runs, µs (mean; user + system, read from /proc): ${(['on', 'off'] as const).map((name) => `metering ${name}: ${['gateway', 'postgres', 'engine', 'client'].map((k) => `${k} ${Math.round(mean(cpu[name].map((c) => c[k])))}`).join(', ')}`).join(' | ')} (postgres: this machine's server processes, the other gateway's idle ones included)`,
+    `requests/s at 64 connections (${throughputSeconds} s each, autocannon in-process; runs in order direct, off, on, ${portkey ? 'Portkey, ' : ''}on without projections x2, ${portkey ? 'Portkey, ' : ''}on, off): direct ${rps.direct.map(Math.round).join(', ')} | metering off ${rps.off.map(Math.round).join(', ')} (mean ${Math.round(mean(rps.off))}) | metering on ${rps.on.map(Math.round).join(', ')} (mean ${Math.round(mean(rps.on))}) | metering on, no projections in the process ${rps.noproj.map(Math.round).join(', ')} (mean ${Math.round(mean(rps.noproj))}) | ${pkName} ${rps.portkey.map(Math.round).join(', ')} (mean ${Math.round(mean(rps.portkey))})`,
+    `  metered / unmetered ${(mean(rps.on) / mean(rps.off)).toFixed(2)}; metered / Portkey ${(mean(rps.on) / mean(rps.portkey)).toFixed(2)} (target >= 2)`,
+    `  CPU per request in those runs, µs (mean; user + system, read from /proc): ${(['on', 'noproj', 'off', 'portkey'] as const).map((name) => `${{ on: 'metering on', noproj: 'metering on without projections', off: 'metering off', portkey: pkName }[name]}: ${['gateway', 'postgres', 'engine', 'client'].map((k) => `${k} ${Math.round(cpuOf(name, k))}`).join(', ')}`).join(' | ')} (postgres: this machine's server processes, the idle gateways' included)`,
+    `  gateway CPU per request, metered / unmetered: ${(cpuOf('on', 'gateway') / cpuOf('off', 'gateway')).toFixed(2)} (target <= 2); the projections' share of a metered request (on - on without projections): gateway ${Math.round(cpuOf('on', 'gateway') - cpuOf('noproj', 'gateway'))} µs, PostgreSQL ${Math.round(cpuOf('on', 'postgres') - cpuOf('noproj', 'postgres'))} µs of ${Math.round(cpuOf('on', 'postgres'))}`,
     relayLine(on),
     relayLine(off),
     `keys: ${keyCount} per gateway, round-robin over every request: metering on received ${on.sent} requests (at most ${Math.ceil(on.sent / keyCount)} starts on any key in the whole run; limit 600 per minute), metering off ${off.sent}`,

@@ -1,6 +1,9 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
-import { readFileSync, readdirSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { createServer, type AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { randomBytes } from 'node:crypto';
 import pg from 'pg';
@@ -188,4 +191,52 @@ export async function withScratchSchemaStore(url: string, fn: (store: EventStore
     await client.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
     await client.end();
   }
+}
+
+/** The Portkey gateway the benches measure beside ours: its open-source Node.js build, from npm. */
+export const portkeyVersion = '1.15.2';
+
+/**
+ * Starts Portkey's open-source gateway (`@portkey-ai/gateway`, from npm) in its own process, installed
+ * on first use into a scratch folder under the system's temp directory (never a dependency of this
+ * project). Null when BENCH_PORTKEY=off. Requests reach an OpenAI-compatible engine through it with
+ * `portkeyHeaders(engineUrl)`.
+ */
+export async function startPortkey(): Promise<{ child: ChildProcess; url: string } | null> {
+  if (process.env.BENCH_PORTKEY === 'off') return null;
+  const dir = join(tmpdir(), `svc-bench-portkey-${portkeyVersion}`);
+  const server = join(dir, 'node_modules', '@portkey-ai', 'gateway', 'build', 'start-server.js');
+  if (!existsSync(server)) {
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(join(dir, 'package.json'), JSON.stringify({ name: 'svc-bench-portkey', private: true }));
+    execFileSync('npm', ['install', '--no-audit', '--no-fund', '--loglevel=error', `@portkey-ai/gateway@${portkeyVersion}`], { cwd: dir, stdio: ['ignore', 'ignore', 'inherit'] });
+  }
+  const port = await freePort();
+  const child = spawn(process.execPath, [server, `--port=${port}`, '--headless'], { cwd: dir, env: { ...process.env, NODE_ENV: 'production' }, stdio: 'ignore' });
+  children.add(child);
+  child.once('exit', () => children.delete(child));
+  const url = `http://127.0.0.1:${port}`;
+  for (const started = Date.now(); ; ) {
+    if (child.exitCode !== null) throw new Error(`Portkey's gateway exited with ${child.exitCode}`);
+    const up = await fetch(url).then(() => true, () => false);
+    if (up) return { child, url };
+    if (Date.now() - started > 60_000) throw new Error("Portkey's gateway did not answer in 60 s");
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+/** The headers that send a request through Portkey to an OpenAI-compatible engine at `engineUrl`. */
+export function portkeyHeaders(engineUrl: string): Record<string, string> {
+  return { 'x-portkey-provider': 'openai', 'x-portkey-custom-host': `${engineUrl}/v1` };
+}
+
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const probe = createServer();
+    probe.once('error', reject);
+    probe.listen(0, '127.0.0.1', () => {
+      const { port } = probe.address() as AddressInfo;
+      probe.close(() => resolve(port));
+    });
+  });
 }

@@ -9,6 +9,7 @@ import { apiError, ApiError } from '../errors/index.ts';
 import { BootStalled, type Platform } from '../platforms/index.ts';
 import type { EngineResponse } from '../engine-client/index.ts';
 import { checkCapture } from './capture-relay.ts';
+import type { RelayedUsage } from './usage-relay.ts';
 import { toApiError } from './error-handler.ts';
 
 export interface ColdBootOptions {
@@ -171,9 +172,9 @@ export class ColdBootWait {
   }
 
   /** A capture is checked whole (capture-relay.ts) before its bytes follow the keepalives; a short one is an error in the body. */
-  async sendCapture(upstream: EngineResponse, expectedLayers: number | null, signal: AbortSignal): Promise<FastifyReply> {
+  async sendCapture(upstream: EngineResponse, expectedLayers: number | null, signal: AbortSignal, relayed: RelayedUsage): Promise<FastifyReply> {
     try {
-      const checked = await checkCapture(upstream, expectedLayers, this.upstreamHeaders, signal);
+      const checked = await checkCapture(upstream, expectedLayers, this.upstreamHeaders, signal, relayed);
       if (checked === null) return this.reply; // the client left
       this.#stopKeepalive();
       if (!Array.isArray(checked.body)) return this.pipe(checked.body);

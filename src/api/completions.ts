@@ -288,6 +288,17 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
       if (coldBoot?.committed) return coldBoot.end(body);
       return reply.send(body); // gzipped on its way out when the client accepts it (compression.ts)
     }
+    if (completion.capture) {
+      const captured: RelayedUsage = { usage: null, contentFrames: 0, relayedFrames: 0, completed: false };
+      relayed = captured;
+      // Settled once the response is over: sent whole, refused (502), or left by the client.
+      reply.raw.once('close', () => {
+        upstream.body.destroy();
+        settle(captured, reply.statusCode, completion);
+      });
+      if (coldBoot?.committed) return coldBoot.sendCapture(upstream, completion.captureLayerCount, controller.signal, captured);
+      return sendCapture(reply, completion, upstream, engines.upstreamHeaders(model.id), controller.signal, captured);
+    }
     // Larger bodies flow through a tap that keeps their first and last bytes, where `usage` is.
     const tail = new UsageTail();
     relayed = tail.result;
@@ -298,10 +309,7 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
       settle(tail.result, reply.statusCode, completion);
     });
     reply.raw.once('close', () => tail.destroy());
-    if (coldBoot?.committed) {
-      return completion.capture ? coldBoot.sendCapture({ ...upstream, body: tail as unknown as EngineResponse['body'] }, completion.captureLayerCount, controller.signal) : coldBoot.pipe(tail);
-    }
-    if (completion.capture) return sendCapture(reply, completion, { ...upstream, body: tail as unknown as EngineResponse['body'] }, engines.upstreamHeaders(model.id), controller.signal);
+    if (coldBoot?.committed) return coldBoot.pipe(tail);
 
     if (acceptsGzip(request)) {
       // Fed with backpressure from the tap (a full-vocabulary body can be a gigabyte).
@@ -401,8 +409,8 @@ function relayEvents(upstream: EngineResponse, requestId: string, headers: Recor
 }
 
 /** A capture is relayed unchanged once its envelope holds every requested layer (see capture-relay.ts). */
-async function sendCapture(reply: FastifyReply, prepared: PreparedCompletion, upstream: EngineResponse, headers: Record<string, string>, signal: AbortSignal): Promise<FastifyReply> {
-  const checked = await checkCapture(upstream, prepared.captureLayerCount, headers, signal);
+async function sendCapture(reply: FastifyReply, prepared: PreparedCompletion, upstream: EngineResponse, headers: Record<string, string>, signal: AbortSignal, relayed: RelayedUsage): Promise<FastifyReply> {
+  const checked = await checkCapture(upstream, prepared.captureLayerCount, headers, signal, relayed);
   if (checked === null) return reply; // the client left; nothing to answer
   sendUncompressed(reply);
   if (checked.length !== null) reply.header('content-length', checked.length);

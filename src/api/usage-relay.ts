@@ -138,21 +138,15 @@ export class SseUsageRelay extends Transform {
  */
 export class UsageTail extends Transform {
   readonly result: RelayedUsage = { usage: null, contentFrames: 0, relayedFrames: 0, completed: false };
-  #head: Buffer[] = [];
-  #headBytes = 0;
-  #tail: Buffer = Buffer.alloc(0);
+  readonly #ends = new BodyEnds();
 
   override _transform(chunk: Buffer, _encoding: BufferEncoding, callback: TransformCallback): void {
-    if (this.#headBytes < headBytes) {
-      this.#head.push(chunk.subarray(0, headBytes - this.#headBytes));
-      this.#headBytes += Math.min(chunk.length, headBytes - this.#headBytes);
-    }
-    this.#tail = keepTail(this.#tail, chunk);
+    this.#ends.add(chunk);
     callback(null, chunk);
   }
 
   override _flush(callback: TransformCallback): void {
-    this.result.usage = usageFrom(this.#tail) ?? usageFrom(Buffer.concat(this.#head));
+    this.result.usage = this.#ends.usage();
     this.result.completed = true;
     callback();
   }
@@ -161,6 +155,29 @@ export class UsageTail extends Transform {
 const headBytes = 64 * 1024;
 
 const tailBytes = 4096;
+
+/**
+ * The first and last bytes of a body, kept chunk by chunk: a completion's `usage` object is in its
+ * last bytes (vLLM writes it after the choices), or near its start when a large part follows it (a
+ * capture's `activations`, written last).
+ */
+export class BodyEnds {
+  readonly #head: Buffer[] = [];
+  #headBytes = 0;
+  #tail: Buffer = Buffer.alloc(0);
+
+  add(chunk: Buffer): void {
+    if (this.#headBytes < headBytes) {
+      this.#head.push(chunk.subarray(0, headBytes - this.#headBytes));
+      this.#headBytes += Math.min(chunk.length, headBytes - this.#headBytes);
+    }
+    this.#tail = keepTail(this.#tail, chunk);
+  }
+
+  usage(): EngineUsage | null {
+    return usageFrom(this.#tail) ?? usageFrom(Buffer.concat(this.#head));
+  }
+}
 
 function keepTail(tail: Buffer, chunk: Buffer): Buffer {
   if (chunk.length >= tailBytes) return Buffer.from(chunk.subarray(chunk.length - tailBytes));

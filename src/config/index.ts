@@ -27,6 +27,11 @@ export interface Settings {
   shutdownGraceMs: number;
   /** Budget reservations, rate and concurrency limits per key. Off only to measure the gateway without them. */
   metering: boolean;
+  /**
+   * This process keeps the analyst tables (the projection runner). Off only to measure what they cost:
+   * the tables stand still until a process runs them again, and catch up from their checkpoints then.
+   */
+  projections: boolean;
   /** A hold whose request died (its process was killed) is expired this long after it was made or renewed. */
   reservationTtlMs: number;
   /** Daily GPU spend (in the configuration's cost units) past which the service answers 429 spend_cap; null: none. */
@@ -172,6 +177,7 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env, overrides: Pa
     },
     shutdownGraceMs: intFromEnv(env, 'SVC_SHUTDOWN_GRACE_MS', 60_000, 0, 3600_000),
     metering: switchFromEnv(env, 'SVC_METERING', true),
+    projections: switchFromEnv(env, 'SVC_PROJECTIONS', true),
     reservationTtlMs: intFromEnv(env, 'SVC_RESERVATION_TTL_MS', 20 * 60 * 1000, 100, 7 * 24 * 3600 * 1000),
     dailySpendCap: numberFromEnv(env, 'SVC_DAILY_SPEND_CAP'),
     engines: {

@@ -159,8 +159,11 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
       projections,
       onError: (projection, error) => logger.error({ projection, err: (error as Error)?.message }, 'projection batch failed; retrying'),
     });
-    await runner.start();
-    stoppers.push(() => runner.stop());
+    if (settings.projections) {
+      await runner.start();
+      stoppers.push(() => runner.stop());
+    }
+    const projectionsCaughtUp = () => (settings.projections ? runner.caughtUp() : Promise.resolve());
 
     const commands = new CommandHandler({ store });
     stoppers.push(() => commands.settled());
@@ -271,7 +274,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
         });
         modelRoutes(scope, registry, authenticate);
         modelStatusRoutes(scope, registry, modelStatusSource({ platforms, warm, freshMs, loggedStage: (id, backend) => backendService.snapshot(id, backend)?.boot ?? null }), authenticate);
-        adminKeyRoutes(scope, { keys, adminToken, db: store, projectionsCaughtUp: () => runner.caughtUp() });
+        adminKeyRoutes(scope, { keys, adminToken, db: store, projectionsCaughtUp });
         // Prometheus metrics for operators, behind the admin token.
         metricsRoutes(scope, { adminToken, backends: () => backendService.snapshots(), projectionLag: () => runner.status() });
       },
@@ -293,7 +296,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
       commands,
       keys,
       backends: backendService,
-      projectionsCaughtUp: () => runner.caughtUp(),
+      projectionsCaughtUp,
       logger,
       engineUrls,
       enginePids,

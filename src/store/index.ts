@@ -75,6 +75,11 @@ export interface OpenEventStoreOptions {
   keepAliveMs?: number;
   /** Postgres: send cross-process wake-up hints (default true; false only to measure what they cost). */
   notifyOtherProcesses?: boolean;
+  /**
+   * Postgres: at most one cross-process hint per this many ms (default 10): other processes' readers
+   * hear of this one's commits up to that much later (they poll besides, every pollIntervalMs).
+   */
+  hintIntervalMs?: number;
   /** Told when a whole append batch fails (a broken connection, a deadlock). */
   onBatchError?: (error: unknown) => void;
   /**
@@ -111,6 +116,7 @@ export async function openEventStore(options: OpenEventStoreOptions = {}): Promi
     maxBatchEvents: options.maxBatchEvents,
     pollIntervalMs: options.pollIntervalMs,
     notifyOtherProcesses: options.notifyOtherProcesses,
+    hintIntervalMs: options.hintIntervalMs,
     onBatchError: options.onBatchError,
     nestedCallCheck: options.nestedCallCheck,
   };

@@ -34,6 +34,8 @@ export interface SqlStoreOptions {
   pollIntervalMs?: number;
   /** Send cross-process wake-up hints after commits (default true; false only to measure what they cost). */
   notifyOtherProcesses?: boolean;
+  /** At most one cross-process hint per this many ms (default 10; see OpenEventStoreOptions). */
+  hintIntervalMs?: number;
   /** Told when a whole append batch fails (a broken connection, a deadlock): for logs and tests. */
   onBatchError?: (error: unknown) => void;
   /** Refuse the store's own calls inside a `transaction` callback (default true; see OpenEventStoreOptions). */
@@ -219,16 +221,35 @@ const pendingRecheckMs = 40;
 export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOptions = {}): Promise<EventStore> {
   const { internalSchema } = await migrate(driver);
   const hub = new WakeHub();
+  /** Told of every commit: with its events when this process made it, with null for another process's hint. */
+  const commitListeners = new Set<(events: readonly (readonly NewEvent[])[] | null) => void>();
   /** Set while one of this store's `transaction` callbacks runs: its other calls refuse inside it (null: not tracked). */
   const insideTransaction = options.nestedCallCheck === false ? null : new AsyncLocalStorage<boolean>();
-  await driver.listen(() => hub.notify());
+  await driver.listen(() => {
+    hub.notify();
+    for (const listener of commitListeners) listener(null);
+  });
   const pollIntervalMs = options.pollIntervalMs ?? 1000;
   const subscriptions = new Set<{ stop(): Promise<void> }>();
   let closed = false;
 
-  const committed = () => {
+  // Other processes hear of this one's commits at most once per interval, after the commits that
+  // call for it: a hint is a NOTIFY, a transaction of its own that wakes every listening process, and
+  // one per commit cost a metered request about a fifth of its time in front of an engine that answers
+  // at once (BENCHMARKS.md, gateway). Readers poll besides, so a hint is never needed for correctness.
+  const hintIntervalMs = options.hintIntervalMs ?? 10;
+  let hintTimer: NodeJS.Timeout | null = null;
+  let lastHintAt = -Infinity;
+  const sendHint = () => {
+    hintTimer = null;
+    lastHintAt = performance.now();
+    if (!closed) driver.hint();
+  };
+  const committed = (events: readonly (readonly NewEvent[])[]) => {
     hub.notify();
-    if (options.notifyOtherProcesses !== false) driver.hint();
+    for (const listener of commitListeners) listener(events);
+    if (options.notifyOtherProcesses === false || hintTimer) return;
+    hintTimer = setTimeout(sendHint, Math.max(0, lastHintAt + hintIntervalMs - performance.now()));
   };
 
   const committer = new GroupCommitter({
@@ -236,7 +257,8 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
     maxBatchEvents: options.maxBatchEvents ?? 1000,
     async execute(batch) {
       const outcomes = await runBatch(driver, batch);
-      if (outcomes.some((o) => 'ok' in o && !o.ok.idempotent)) committed();
+      const stored = batch.filter((_, i) => { const o = outcomes[i]; return 'ok' in o && !o.ok.idempotent; }).map((append) => append.events);
+      if (stored.length > 0) committed(stored);
       return outcomes;
     },
     onBatchError: options.onBatchError,
@@ -300,6 +322,13 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
     const gatherMs = opts.gatherMs ?? 0;
     const skip = opts.skipMetadata ?? null;
     const types = opts.eventTypes ?? null;
+    // Woken by another process's hint, and by this process's commits unless every event of one is passed over.
+    const wakes = new WakeHub();
+    const passedOver = (event: NewEvent) => (skip !== null && event.metadata?.[skip.key] === skip.value) || (types !== null && !types.includes(event.type));
+    const onCommit = (events: readonly (readonly NewEvent[])[] | null) => {
+      if (events === null || !events.every((list) => list.every(passedOver))) wakes.notify();
+    };
+    commitListeners.add(onCommit);
     const abort = new AbortController();
     let position = opts.after ?? logStart;
     let waiters: { target: GlobalPosition; resolve(): void; reject(e: unknown): void }[] = [];
@@ -315,7 +344,7 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
     const follow = async () => {
       let shortDelay = 0;
       while (!abort.signal.aborted) {
-        const generation = hub.generation;
+        const generation = wakes.generation;
         let batch: RecordedEvent[];
         let pending = false;
         try {
@@ -341,7 +370,7 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
         // Commits wait behind an older transaction, whose end sends no hint: re-read at 5, 10, 20, 40,
         // 40 ... ms until they can be read, rather than at the next poll. A hint still wakes it at once.
         shortDelay = pending ? Math.min(shortDelay === 0 ? 5 : shortDelay * 2, pendingRecheckMs, poll) : 0;
-        await hub.wait(generation, pending ? shortDelay : poll, abort.signal);
+        await wakes.wait(generation, pending ? shortDelay : poll, abort.signal);
       }
     };
     const loop = insideTransaction ? insideTransaction.exit(follow) : follow();
@@ -358,6 +387,7 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
       },
       async stop() {
         abort.abort();
+        commitListeners.delete(onCommit);
         await loop;
         subscriptions.delete(subscription);
         for (const w of waiters) w.reject(new Error('subscription stopped'));
@@ -438,7 +468,7 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
 
     async transaction<T>(fn: (tx: StoreTransaction) => Promise<T>): Promise<T> {
       ensureOpen('transaction');
-      let appended = false;
+      const appended: (readonly NewEvent[])[] = [];
       const result = await driver.transaction((tx) => {
         const inside = () => fn({
           query: (sql, params) => tx.query(sql, params),
@@ -451,14 +481,14 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
               const [outcome] = await runBatch(tx, [{ streamId, events, expected, encoded }]);
               if ('retry' in outcome) continue; // another process's append to this stream went first; `any` goes on top
               if ('error' in outcome) throw outcome.error;
-              appended ||= !outcome.ok.idempotent;
+              if (!outcome.ok.idempotent) appended.push(events);
               return outcome.ok;
             }
           },
         });
         return insideTransaction ? insideTransaction.run(true, inside) : inside();
       });
-      if (appended) committed();
+      if (appended.length > 0) committed(appended);
       return result;
     },
 
@@ -490,6 +520,10 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
       if (closed) return;
       for (const s of [...subscriptions]) await s.stop();
       await committer.drained();
+      if (hintTimer) {
+        clearTimeout(hintTimer);
+        sendHint(); // the last commits' hint, before the connections close
+      }
       closed = true;
       try {
         await driver.close();

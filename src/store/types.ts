@@ -114,7 +114,9 @@ export interface SubscribeOptions {
   /**
    * Events whose metadata holds this value under this key are passed over: not handed to `handle`, and
    * their data and metadata not even read (the position still moves past them). A process following
-   * other processes' writes skips its own this way, which under load is nearly all of them.
+   * other processes' writes skips its own this way, which under load is nearly all of them. A commit of
+   * this process whose events are all passed over (here or by `eventTypes`) does not wake the
+   * subscription: it reads them with the next one that does, another process's hint, or its poll.
    */
   skipMetadata?: { key: string; value: string };
   /**

@@ -98,4 +98,27 @@ capture('the engine connection breaking inside the data: 502 upstream_unreachabl
   assert.is(after.status, 200, 'the gateway serves the next capture');
 });
 
+capture('each capture is settled with the usage its body carries, or refused and settled as 502', async () => {
+  // The stub writes usage before the activations (vLLM's order): it is read from the body's first bytes.
+  const whole = await viaGateway(captureRequest('whole', POSITIONS), { 'x-request-id': 'settle-whole' });
+  const first = await viaGateway(captureRequest('first', POSITIONS), { 'x-request-id': 'settle-first' });
+  const fewer = await viaGateway(captureRequest('fewer', POSITIONS), { 'x-request-id': 'settle-fewer' });
+  assert.equal([whole.status, first.status, fewer.status], [200, 200, 502]);
+  type Settled = { status: number; basis: string; input_tokens: number; output_tokens: number; disconnected: boolean };
+  const settled = async (id: string): Promise<Settled> => {
+    for (let i = 0; i < 100; i++) {
+      const { rows } = await gw.store.query<{ data: Settled }>(`SELECT data FROM events WHERE event_type = 'UsageSettled' AND data->>'request_id' LIKE $1`, [`${id}.%`]);
+      if (rows[0]) return rows[0].data;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    throw new Error(`${id} was not settled`);
+  };
+  for (const id of ['settle-whole', 'settle-first']) {
+    const s = await settled(id);
+    assert.equal([s.status, s.basis, s.input_tokens, s.output_tokens, s.disconnected], [200, 'engine_usage', POSITIONS, 1, false], id);
+  }
+  const refused = await settled('settle-fewer');
+  assert.equal([refused.status, refused.basis, refused.input_tokens, refused.output_tokens], [502, 'engine_usage', POSITIONS, 1]);
+});
+
 capture.run();
