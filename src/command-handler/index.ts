@@ -61,7 +61,8 @@ export interface CommandOptions {
   expectedVersion?: ExpectedVersion;
   /**
    * For a write nothing waits on at once (a settlement, say): its append may wait this long for later
-   * decisions on the stream to leave with it. A decision without it sends what is pending at once.
+   * decisions to leave with it. A decision without it sends at once what is pending on its stream and
+   * what lingers on every other, so that they reach the store in one group commit.
    */
   lingerMs?: number;
 }
@@ -124,7 +125,7 @@ interface Slot {
   catchingUp: Promise<void> | null;
   /** Another writer may have changed the stream: catch up before the next decision. */
   stale: boolean;
-  /** Pending decisions that may linger (CommandOptions.lingerMs) leave when this fires, or with the next decision that may not. */
+  /** Pending decisions that may linger (CommandOptions.lingerMs) leave when this fires, or with the next decision (on any stream) that may not. */
   lingering: NodeJS.Timeout | null;
   /** Conflicts since this slot's last stored append. */
   conflicts: number;
@@ -144,6 +145,8 @@ export class CommandHandler {
   readonly #loading = new Map<string, Promise<Slot>>();
   /** Durability promises of decisions still on their way to the store. */
   readonly #underway = new Set<Promise<unknown>>();
+  /** Streams whose pending decisions linger (CommandOptions.lingerMs). */
+  readonly #lingering = new Set<Slot>();
 
   constructor(options: CommandHandlerOptions) {
     this.#store = options.store;
@@ -250,8 +253,16 @@ export class CommandHandler {
       const tracked = durable.catch(() => {}).finally(() => this.#underway.delete(tracked));
       this.#underway.add(tracked);
       const linger = options.lingerMs ?? 0;
-      if (linger <= 0) this.#flush(slot);
-      else slot.lingering ??= setTimeout(() => this.#flush(slot), linger);
+      if (linger <= 0) {
+        // What lingers on other streams leaves now too: the store's group commit takes all of it into
+        // this append's batch, one commit where there would have been two (a key's settlement rides on
+        // the next request's reservation, whichever key that is).
+        for (const other of this.#lingering) this.#flush(other);
+        this.#flush(slot);
+      } else if (!slot.lingering) {
+        slot.lingering = setTimeout(() => this.#flush(slot), linger);
+        this.#lingering.add(slot);
+      }
     }
     return { outcome: decided, get superseded() { return supersededSignal(entry); }, durable };
   }
@@ -295,8 +306,11 @@ export class CommandHandler {
   // --- becoming durable -----------------------------------------------------------------------
 
   #flush(slot: Slot): void {
-    if (slot.lingering) clearTimeout(slot.lingering);
-    slot.lingering = null;
+    if (slot.lingering) {
+      clearTimeout(slot.lingering);
+      slot.lingering = null;
+      this.#lingering.delete(slot);
+    }
     if (slot.inflight || slot.catchingUp || slot.pending.length === 0) return;
     // One append at a time per stream; it takes every decision made meanwhile, up to a pinned one (sent alone).
     const pinnedAt = slot.pending.findIndex((e) => e.options.expectedVersion !== undefined);
@@ -304,6 +318,7 @@ export class CommandHandler {
     slot.inflight = batch;
     const expected = batch[0].options.expectedVersion ?? slot.confirmed.version;
     const events = batch.flatMap((e) => e.toAppend);
+(globalThis as any).__T?.('ch.flush:'+batch.map(e=>(e.command as any).type).join('+'));
     void this.#appendWithResends(slot.streamId, events, expected).then(
       (result) => this.#stored(slot, batch, result),
       (error) => this.#failed(slot, batch, error),
@@ -323,6 +338,7 @@ export class CommandHandler {
   }
 
   #stored(slot: Slot, batch: Entry[], result: AppendResult): void {
+(globalThis as any).__T?.('ch.stored:'+batch.map(e=>(e.command as any).type).join('+'));
     slot.inflight = null;
     // Nothing decided on top of this batch: the state it leaves is the latest, evolved already when
     // its decisions were made. Else it is evolved again from the confirmed state.
