@@ -224,6 +224,22 @@ it('a lingering decision waits for its linger, or leaves at once with the next d
   await handler.settled();
 });
 
+it("a decision that may not wait takes along what lingers on other streams, into the store's same group commit", async ({ store }) => {
+  const sent: string[] = [];
+  const handler = new CommandHandler({ store: { ...store, append: (id, events, expected) => (sent.push(id), store.append(id, events, expected)) } });
+  const [settledHere, reservedThere] = [stream(), stream()];
+  await handler.load(settledHere, tickets);
+  await handler.load(reservedThere, tickets);
+  const lingering = await handler.decide(settledHere, { type: 'Note', text: 'settled' }, tickets, { lingerMs: 60_000 });
+  assert.equal(sent, [], 'lingering');
+  const urgent = await handler.decide(reservedThere, issue, tickets);
+  // Both reached the store in the turn the urgent decision was made: its group commit sends them as one batch.
+  assert.equal(sent.sort(), [settledHere, reservedThere].sort());
+  const [a, b] = await Promise.all([lingering.durable, urgent.durable]);
+  assert.equal([a.version, b.version], [1, 1]);
+  await handler.settled();
+});
+
 it('commands on one stream never conflict with each other inside the process', async ({ store }) => {
   const { store: counted, counts } = counting(store);
   const handler = new CommandHandler({ store: counted, cacheSize: 0 });
