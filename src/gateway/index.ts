@@ -1,4 +1,6 @@
 import { EventEmitter, once } from 'node:events';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { Socket } from 'node:net';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { DestinationStream } from 'pino';
 import {
@@ -83,8 +85,11 @@ const freshForMs = 15 * 60_000;
  * Stops accepting, lets in-flight requests finish (up to `graceMs`), and closes keep-alive connections
  * as soon as they fall idle, so a client's pooled connection does not hold the process open.
  */
-async function drainAndClose(app: FastifyInstance, graceMs: number): Promise<void> {
-  const idleSweep = setInterval(() => app.server.closeIdleConnections(), 50);
+async function drainAndClose(app: FastifyInstance, graceMs: number, connections: { closeUnused(): void }): Promise<void> {
+  const idleSweep = setInterval(() => {
+    app.server.closeIdleConnections();
+    connections.closeUnused();
+  }, 50);
   const force = setTimeout(() => app.server.closeAllConnections(), graceMs);
   try {
     await app.close();
@@ -92,6 +97,29 @@ async function drainAndClose(app: FastifyInstance, graceMs: number): Promise<voi
     clearInterval(idleSweep);
     clearTimeout(force);
   }
+}
+
+/**
+ * The server's sockets, each with the number of its responses under way. Node counts a connection on
+ * which no request has arrived yet as busy until its headersTimeout (60 s), and closeIdleConnections
+ * leaves it open: a client's spare connection (undici opens one after an aborted fetch) held the
+ * drain for the whole grace. `closeUnused` closes every socket with no response under way.
+ */
+function trackConnections(server: FastifyInstance['server']): { closeUnused(): void } {
+  const open = new Map<Socket, number>();
+  server.on('connection', (socket: Socket) => {
+    open.set(socket, 0);
+    socket.once('close', () => open.delete(socket));
+  });
+  server.on('request', (request: IncomingMessage, response: ServerResponse) => {
+    const socket = request.socket;
+    open.set(socket, (open.get(socket) ?? 0) + 1);
+    response.once('close', () => {
+      const n = open.get(socket);
+      if (n !== undefined) open.set(socket, n - 1);
+    });
+  });
+  return { closeUnused: () => open.forEach((n, socket) => n <= 0 && socket.destroy()) };
 }
 
 /**
@@ -279,7 +307,8 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
         metricsRoutes(scope, { adminToken, backends: () => backendService.snapshots(), projectionLag: () => runner.status() });
       },
     });
-    stoppers.push(() => drainAndClose(app, settings.shutdownGraceMs));
+    const connections = trackConnections(app.server);
+    stoppers.push(() => drainAndClose(app, settings.shutdownGraceMs, connections));
     // The port was checked before anything started (preflight.ts); another process can still take it meanwhile.
     const address = await app.listen({ port: settings.port, host: settings.host }).catch((err: NodeJS.ErrnoException) => {
       throw portBlocked(err, settings.port, settings.host, 'PORT') ?? err;

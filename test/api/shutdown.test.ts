@@ -13,7 +13,7 @@ const svc = fileURLToPath(new URL('../../bin/svc.js', import.meta.url));
 test('SIGTERM drains an in-flight stream, refuses new connections, stops engines and exits 0', async () => {
   const dataDir = mkdtempSync(join(tmpdir(), 'svc-shutdown-'));
   const child = spawn(process.execPath, [svc, 'serve'], {
-    env: { ...process.env, DATA_DIR: dataDir, PORT: '0', DATABASE_URL: '', SVC_ENGINE_CHAOS: '1', SVC_ADMIN_TOKEN: '' },
+    env: { ...process.env, DATA_DIR: dataDir, PORT: '0', DATABASE_URL: '', SVC_ENGINE_CHAOS: '1', SVC_ADMIN_TOKEN: '', SVC_ENGINE_WARM_AT_START: 'on' },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   try {
