@@ -1,4 +1,4 @@
-/** A TCP proxy in front of PostgreSQL that a test controls: forward, go silent, or cut after a commit. */
+/** A TCP proxy in front of PostgreSQL that a test controls: forward, go silent, cut after a commit, or hold answers back. */
 import net from 'node:net';
 
 export interface TcpProxy {
@@ -14,6 +14,13 @@ export interface TcpProxy {
    * Resolves when the cut happened.
    */
   cutAfterReplyTo(marker: string): Promise<void>;
+  /**
+   * From now on, the server's answer to every message containing `marker` (a statement's text or its
+   * prepared name) reaches the client `ms` later, and whatever the server sends on that connection
+   * after it waits behind it: the statement runs and commits at once, its acknowledgement comes late.
+   * `ms` 0 stops it.
+   */
+  delayRepliesTo(marker: string, ms: number): void;
   close(): Promise<void>;
 }
 
@@ -22,12 +29,13 @@ const readyForQuery = Buffer.from([0x5a, 0, 0, 0, 5]);
 
 export async function startProxy(databaseUrl: string): Promise<TcpProxy> {
   const target = new URL(databaseUrl);
-  const pairs = new Set<{ client: net.Socket; server: net.Socket; silent: boolean; cutting: boolean }>();
+  const pairs = new Set<{ client: net.Socket; server: net.Socket; silent: boolean; cutting: boolean; delaying: boolean; held: Promise<void>; waiting: number }>();
   let silent = false;
   let cut: { marker: Buffer; done(): void } | null = null;
+  let delay: { marker: Buffer; ms: number } | null = null;
   const proxy = net.createServer((client) => {
     const server = net.connect(Number(target.port || 5432), target.hostname);
-    const pair = { client, server, silent, cutting: false };
+    const pair = { client, server, silent, cutting: false, delaying: false, held: Promise.resolve(), waiting: 0 };
     pairs.add(pair);
     const end = () => {
       client.destroy();
@@ -39,6 +47,12 @@ export async function startProxy(databaseUrl: string): Promise<TcpProxy> {
     client.on('data', (chunk) => {
       if (pair.silent) return;
       if (cut && chunk.includes(cut.marker)) pair.cutting = true;
+      if (delay && chunk.includes(delay.marker)) {
+        // Everything the server sends from here waits `ms` (in order, behind earlier held chunks).
+        const ms = delay.ms;
+        pair.held = pair.held.then(() => new Promise((resolve) => setTimeout(resolve, ms)));
+        pair.delaying = true;
+      }
       server.write(chunk);
     });
     server.on('data', (chunk) => {
@@ -50,6 +64,15 @@ export async function startProxy(databaseUrl: string): Promise<TcpProxy> {
           end();
           done();
         }
+        return;
+      }
+      if (pair.delaying || pair.waiting > 0) {
+        pair.waiting++;
+        pair.held = pair.held.then(() => {
+          pair.waiting--;
+          client.write(chunk);
+        });
+        if (chunk.includes(readyForQuery)) pair.delaying = false;
         return;
       }
       client.write(chunk);
@@ -67,6 +90,9 @@ export async function startProxy(databaseUrl: string): Promise<TcpProxy> {
     },
     heal() {
       silent = false;
+    },
+    delayRepliesTo(marker, ms) {
+      delay = ms > 0 ? { marker: Buffer.from(marker), ms } : null;
     },
     cutAfterReplyTo(marker) {
       return new Promise((resolve) => {
