@@ -61,12 +61,9 @@ outage.before(async () => {
   await admin(`CREATE DATABASE ${dbName}`);
   const direct = new URL(databaseUrl!);
   direct.pathname = `/${dbName}`;
-  proxy = await startTcpProxy({ host: direct.hostname, port: Number(direct.port || 5432) });
-  const proxied = new URL(direct);
-  proxied.hostname = '127.0.0.1';
-  proxied.port = String(proxy.port);
+  proxy = await startTcpProxy(direct.toString());
   dataDir = mkdtempSync(join(tmpdir(), 'svc-outage-'));
-  const settings = loadSettings({ ...process.env, DATA_DIR: dataDir, PORT: '0', HOST: '127.0.0.1', DATABASE_URL: proxied.toString() });
+  const settings = loadSettings({ ...process.env, DATA_DIR: dataDir, PORT: '0', HOST: '127.0.0.1', DATABASE_URL: proxy.url });
   const adminToken = `svc_admin_test_${randomBytes(12).toString('hex')}`;
   const quiet = new Writable({ write: (_chunk, _encoding, callback) => callback() });
   gateway = await startGateway(settings, { logDestination: quiet as never, adminToken });
@@ -140,7 +137,7 @@ it('the database goes down: /health 503 within a second, completions 503 store_u
 });
 
 it('the network stops answering: /health 503 on its one-second ping timeout, then 200 again by itself', async () => {
-  proxy.blackhole();
+  proxy.blackHole();
   const down = await health();
   assert.is(down.status, 503);
   assert.is(down.body.status, 'down');

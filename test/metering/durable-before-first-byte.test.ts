@@ -16,7 +16,7 @@ import { request } from 'undici';
 import { loadSettings } from '../../src/config/index.ts';
 import { startGateway, type Gateway } from '../../src/gateway/index.ts';
 import { issueKey } from '../support/gateway.ts';
-import { startProxy, type TcpProxy } from '../store/proxy.ts';
+import { startTcpProxy, type TcpProxy } from '../support/tcp-proxy.ts';
 
 const databaseUrl = process.env.DATABASE_URL || null;
 const ackDelayMs = 400;
@@ -58,7 +58,7 @@ test.before(async () => {
   await admin(`CREATE DATABASE ${dbName}`);
   const url = new URL(databaseUrl!);
   url.pathname = `/${dbName}`;
-  proxy = await startProxy(url.toString());
+  proxy = await startTcpProxy(url.toString());
   dataDir = mkdtempSync(join(tmpdir(), 'svc-durable-'));
   const settings = loadSettings({ ...process.env, DATA_DIR: dataDir, PORT: '0', HOST: '127.0.0.1', DATABASE_URL: proxy.url, SVC_ENGINE_WARM_AT_START: 'on' });
   const adminToken = `svc_admin_test_${randomBytes(12).toString('hex')}`;

@@ -25,7 +25,7 @@ import {
 import pg from 'pg';
 import { randomBytes } from 'node:crypto';
 import { adaptersUnderTest, deferred, event, uniqueStream } from './adapters.ts';
-import { startProxy } from './proxy.ts';
+import { startTcpProxy } from '../support/tcp-proxy.ts';
 import { within } from '../support/within.ts';
 
 /**
@@ -823,7 +823,7 @@ for (const adapter of adaptersUnderTest()) {
 
   // PostgreSQL only (this and the next): PGlite runs in this process, there is no connection to lose.
   if (adapter.name === 'postgres') it('a black-holed connection fails appends fast with StoreUnavailable; the store then recovers by itself', async ({ store }) => {
-    const proxy = await startProxy(process.env.DATABASE_URL!);
+    const proxy = await startTcpProxy(process.env.DATABASE_URL!);
     const timeouts = { connectTimeoutMs: 500, statementTimeoutMs: 500, keepAliveMs: 1000 };
     const through = await adapter.open({ databaseUrl: proxy.url, ...timeouts });
     try {
@@ -859,7 +859,7 @@ for (const adapter of adaptersUnderTest()) {
   });
 
   if (adapter.name === 'postgres') it('an append whose connection is cut after its commit: StoreUnavailable (outcome unknown), and resending the same ids at the same expected version is an idempotent success', async ({ store }) => {
-    const proxy = await startProxy(process.env.DATABASE_URL!);
+    const proxy = await startTcpProxy(process.env.DATABASE_URL!);
     const through = await adapter.open({ databaseUrl: proxy.url, statementTimeoutMs: 2000 });
     try {
       for (const expected of [1, 'any', 'stream_exists'] as const) {
