@@ -149,34 +149,8 @@ export async function issueKeys(gatewayUrl: string, count: number, label = 'benc
   return keys;
 }
 
-/**
- * A fresh PostgreSQL database next to the one DATABASE_URL names (created with that connection, dropped
- * by `drop`), so a gateway under benchmark starts on an empty store and runs never collide.
- */
-export async function scratchDatabase(url: string, label: string): Promise<{ url: string; drop(): Promise<void> }> {
-  const name = `svc_bench_${label}_${randomBytes(4).toString('hex')}`;
-  const admin = new pg.Client({ connectionString: url });
-  await admin.connect();
-  try {
-    await admin.query(`CREATE DATABASE "${name}"`);
-  } finally {
-    await admin.end();
-  }
-  const scratch = new URL(url);
-  scratch.pathname = `/${name}`;
-  return {
-    url: scratch.toString(),
-    drop: async () => {
-      const client = new pg.Client({ connectionString: url });
-      await client.connect();
-      try {
-        await client.query(`DROP DATABASE IF EXISTS "${name}" WITH (FORCE)`);
-      } finally {
-        await client.end();
-      }
-    },
-  };
-}
+/** A fresh PostgreSQL database beside DATABASE_URL's, for a gateway under benchmark (test/support/postgres.ts). */
+export { scratchDatabase } from '../test/support/postgres.ts';
 
 /** Runs `fn` on an event store in a scratch schema of `url`'s database; the schema is dropped afterwards. */
 export async function withScratchSchemaStore(url: string, fn: (store: EventStore) => Promise<void>): Promise<void> {

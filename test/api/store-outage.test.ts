@@ -10,32 +10,18 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Writable } from 'node:stream';
-import pg from 'pg';
 import { loadSettings } from '../../src/config/index.ts';
 import { startGateway, type Gateway } from '../../src/gateway/index.ts';
 import { openEventStore, type EventStore } from '../../src/store/index.ts';
 import { meterEvents, meterStream, utcDay } from '../../events/meter.ts';
 import { issueKey, json } from '../support/gateway.ts';
 import { startTcpProxy, type TcpProxy } from '../support/tcp-proxy.ts';
+import { postgresUnavailable, scratchDatabase } from '../support/postgres.ts';
 import { until } from '../support/until.ts';
 
 const databaseUrl = process.env.DATABASE_URL || null;
 
-async function reachable(url: string | null): Promise<string | null> {
-  if (!url) return 'DATABASE_URL is not set';
-  const client = new pg.Client({ connectionString: url, connectionTimeoutMillis: 3000 });
-  try {
-    await client.connect();
-    await client.query('SELECT 1');
-    return null;
-  } catch (error) {
-    return `PostgreSQL at DATABASE_URL cannot be reached (${(error as Error).message})`;
-  } finally {
-    await client.end().catch(() => {});
-  }
-}
-
-const skipReason = await reachable(databaseUrl);
+const skipReason = await postgresUnavailable(databaseUrl);
 const outage = suite('store outage: the gateway\'s PostgreSQL taken away through a proxy and given back');
 const it = skipReason ? outage.skip : outage;
 if (skipReason) console.log(`store outage tests skipped: ${skipReason}`);
@@ -44,31 +30,23 @@ let proxy: TcpProxy;
 let gateway: Gateway;
 let store: EventStore;
 let dataDir: string;
-let dbName: string;
+let database: Awaited<ReturnType<typeof scratchDatabase>> | undefined;
 let apiKey: string;
 /** Request ids of completions answered 200. */
 const acknowledged: string[] = [];
 
-async function admin(sql: string): Promise<void> {
-  const client = new pg.Client({ connectionString: databaseUrl! });
-  await client.connect();
-  await client.query(sql).finally(() => client.end());
-}
 
 outage.before(async () => {
   if (skipReason) return;
-  dbName = `svc_outage_${randomBytes(5).toString('hex')}`;
-  await admin(`CREATE DATABASE ${dbName}`);
-  const direct = new URL(databaseUrl!);
-  direct.pathname = `/${dbName}`;
-  proxy = await startTcpProxy(direct.toString());
+  database = await scratchDatabase(databaseUrl!, 'outage');
+  proxy = await startTcpProxy(database.url);
   dataDir = mkdtempSync(join(tmpdir(), 'svc-outage-'));
   const settings = loadSettings({ ...process.env, DATA_DIR: dataDir, PORT: '0', HOST: '127.0.0.1', DATABASE_URL: proxy.url });
   const adminToken = `svc_admin_test_${randomBytes(12).toString('hex')}`;
   const quiet = new Writable({ write: (_chunk, _encoding, callback) => callback() });
   gateway = await startGateway(settings, { logDestination: quiet as never, adminToken });
   apiKey = await issueKey(gateway.url, adminToken);
-  store = await openEventStore({ databaseUrl: direct.toString() });
+  store = await openEventStore({ databaseUrl: database.url });
 });
 
 outage.after(async () => {
@@ -77,7 +55,7 @@ outage.after(async () => {
   await store?.close();
   await proxy?.close();
   if (dataDir) rmSync(dataDir, { recursive: true, force: true });
-  if (dbName) await admin(`DROP DATABASE IF EXISTS ${dbName} WITH (FORCE)`);
+  await database?.drop();
 });
 
 function complete(): Promise<Response> {

@@ -17,24 +17,12 @@ import { loadSettings } from '../../src/config/index.ts';
 import { startGateway, type Gateway } from '../../src/gateway/index.ts';
 import { issueKey } from '../support/gateway.ts';
 import { startTcpProxy, type TcpProxy } from '../support/tcp-proxy.ts';
+import { postgresUnavailable, scratchDatabase } from '../support/postgres.ts';
 
 const databaseUrl = process.env.DATABASE_URL || null;
 const ackDelayMs = 400;
 
-async function unreachable(url: string | null): Promise<string | null> {
-  if (!url) return 'DATABASE_URL is not set';
-  const client = new pg.Client({ connectionString: url, connectionTimeoutMillis: 3000 });
-  try {
-    await client.connect();
-    return null;
-  } catch (error) {
-    return `PostgreSQL at DATABASE_URL cannot be reached (${(error as Error).message})`;
-  } finally {
-    await client.end().catch(() => {});
-  }
-}
-
-const skipReason = await unreachable(databaseUrl);
+const skipReason = await postgresUnavailable(databaseUrl);
 const test = suite('metered responses start only once their reservation is durable');
 const it = skipReason ? test.skip : test;
 if (skipReason) console.log(`durable-before-first-byte tests skipped: ${skipReason}`);
@@ -43,29 +31,20 @@ let proxy: TcpProxy;
 let gateway: Gateway;
 let direct: pg.Client;
 let dataDir: string;
-let dbName: string;
+let database: Awaited<ReturnType<typeof scratchDatabase>>;
 let apiKey: string;
-
-async function admin(sql: string): Promise<void> {
-  const client = new pg.Client({ connectionString: databaseUrl! });
-  await client.connect();
-  await client.query(sql).finally(() => client.end());
-}
 
 test.before(async () => {
   if (skipReason) return;
-  dbName = `svc_durable_${randomBytes(5).toString('hex')}`;
-  await admin(`CREATE DATABASE ${dbName}`);
-  const url = new URL(databaseUrl!);
-  url.pathname = `/${dbName}`;
-  proxy = await startTcpProxy(url.toString());
+  database = await scratchDatabase(databaseUrl!, 'durable');
+  proxy = await startTcpProxy(database.url);
   dataDir = mkdtempSync(join(tmpdir(), 'svc-durable-'));
   const settings = loadSettings({ ...process.env, DATA_DIR: dataDir, PORT: '0', HOST: '127.0.0.1', DATABASE_URL: proxy.url, SVC_ENGINE_WARM_AT_START: 'on' });
   const adminToken = `svc_admin_test_${randomBytes(12).toString('hex')}`;
   const quiet = new Writable({ write: (_chunk, _encoding, callback) => callback() });
   gateway = await startGateway(settings, { logDestination: quiet as never, adminToken });
   apiKey = await issueKey(gateway.url, adminToken);
-  direct = new pg.Client({ connectionString: url.toString() });
+  direct = new pg.Client({ connectionString: database.url });
   await direct.connect();
 });
 
@@ -75,7 +54,7 @@ test.after(async () => {
   await direct?.end();
   await proxy?.close();
   rmSync(dataDir, { recursive: true, force: true });
-  await admin(`DROP DATABASE IF EXISTS ${dbName} WITH (FORCE)`);
+  await database?.drop();
 });
 
 /** Sends a completion and resolves at its first byte: the time it took, and whether its reservation was stored then. */
