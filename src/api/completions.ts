@@ -26,8 +26,8 @@ export interface CompletionRouteOptions {
   engines: EngineClient;
   /** Non-streaming request window (the contract's 14 minutes). */
   requestWindowMs: number;
-  /** Called when a backend served a completion, for health's last_completion_at. */
-  onServed?: (modelId: string) => void;
+  /** Called when a backend served a completion (for health and /metrics), with the time the gateway added to it so far. */
+  onServed?: (modelId: string, addedMs: number) => void;
   /** The API-key hook (src/api/auth.ts): sets request.keyPrefix and request.apiKey, or answers 401. */
   authenticate: onRequestAsyncHookHandler;
   /** Budgets and limits per key; absent only when metering is switched off (SVC_METERING=off). */
@@ -173,11 +173,19 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     }
     const atLimit = (reservation: Reservation) => lowerMaxTokens(prepared, reservation.maxTokens);
     const gpuStarted = performance.now();
+    // The gateway's own time before the engine call that answered (a cold boot's wait excluded), and when that call's headers came.
+    const engineCall = { gatewayMs: 0, answeredAt: 0 };
     const dispatch = async (completion: PreparedCompletion, signal: AbortSignal): Promise<EngineResponse> => {
       const deadline = completion.stream ? null : setTimeout(() => controller.abort(deadlineReason), requestWindowMs);
       try {
+        const entered = performance.now();
         await coldBoot?.waitOut(signal, admission?.durable ?? Promise.resolve(), completion.maxTokensClamped);
-        return await engines.post(model.id, '/v1/completions', JSON.stringify(completion.engineBody), signal);
+        const response = await engines.post(model.id, '/v1/completions', JSON.stringify(completion.engineBody), signal);
+        if (!signal.aborted) {
+          engineCall.gatewayMs = entered - started;
+          engineCall.answeredAt = performance.now();
+        }
+        return response;
       } catch (err) {
         if (controller.signal.reason === deadlineReason) {
           throw apiError('upstream_deadline', `generation did not finish within the ${Math.round(requestWindowMs / 1000)} s request window and was cancelled`, {
@@ -256,7 +264,7 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     }
     upstream.body.once('close', upstream.release);
     backendCall?.succeeded();
-    options.onServed?.(model.id);
+    options.onServed?.(model.id, engineCall.gatewayMs + performance.now() - engineCall.answeredAt);
 
     reply.headers(engines.upstreamHeaders(model.id));
     if (completion.maxTokensClamped) reply.header('x-svc-max-tokens-clamped', completion.maxTokensClamped);

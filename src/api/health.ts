@@ -42,6 +42,63 @@ export function breakerHealth(breaker: BackendSnapshot | null): Pick<BackendHeal
   };
 }
 
+/**
+ * Each model's last served completion across every gateway process, as the backend_health projection
+ * has it, read again every `everyMs` (1 s): /health answers from memory, and the projection is kept
+ * current by the runner from the settlements on the meter streams. `latest(id)` is the later of that
+ * and this process's own last completion (`servedHere`), which is known before its settlement is
+ * projected (and is all there is with metering off, when nothing is settled).
+ */
+export class LastCompletions {
+  readonly #shared = new Map<string, number>();
+  readonly #servedHere = new Map<string, number>();
+  #timer: NodeJS.Timeout | null = null;
+  #reading: Promise<void> | null = null;
+
+  constructor(private readonly read: (() => Promise<Map<string, number>>) | null, private readonly everyMs = 1000) {}
+
+  /** This process served a completion of the model now. */
+  served(modelId: string, at = Date.now()): void {
+    this.#servedHere.set(modelId, at);
+  }
+
+  /** The latest completion of the model known here (epoch ms), or undefined. */
+  latest(modelId: string): number | undefined {
+    const shared = this.#shared.get(modelId);
+    const here = this.#servedHere.get(modelId);
+    return shared === undefined ? here : here === undefined ? shared : Math.max(shared, here);
+  }
+
+  /** Reads the projection now and then every `everyMs` (nothing when there is no projection to read). */
+  async start(): Promise<void> {
+    if (!this.read) return;
+    await this.refresh();
+    const tick = () => {
+      this.#timer = setTimeout(() => void this.refresh().finally(() => this.#timer && tick()), this.everyMs).unref();
+    };
+    tick();
+  }
+
+  async stop(): Promise<void> {
+    if (this.#timer) clearTimeout(this.#timer);
+    this.#timer = null;
+    await this.#reading;
+  }
+
+  /** One read of the projection; a failed one (the store is down) keeps what was read before. */
+  refresh(): Promise<void> {
+    if (!this.read) return Promise.resolve();
+    this.#reading ??= this.read()
+      .then((rows) => {
+        for (const [id, at] of rows) this.#shared.set(id, at);
+      }, () => {})
+      .finally(() => {
+        this.#reading = null;
+      });
+    return this.#reading;
+  }
+}
+
 const storePingTimeoutMs = 1000;
 const startedAt = Date.now();
 

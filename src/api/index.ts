@@ -1,11 +1,11 @@
 export { buildApp, exposedHeaders, type AppOptions } from './app.ts';
 export { maxBodyBytes } from './body.ts';
 export { createLogger, type Logger } from './logger.ts';
-export { breakerHealth, healthBody, HealthBody, BackendHealth, type HealthSources } from './health.ts';
+export { breakerHealth, healthBody, HealthBody, BackendHealth, LastCompletions, type HealthSources } from './health.ts';
 export { sendApiError, toApiError } from './error-handler.ts';
 export { completionRoutes, type CompletionRouteOptions, type RequestKey } from './completions.ts';
 export { adminKeyRoutes } from './admin-keys.ts';
-export { metricsRoutes, type MetricsSources } from './metrics.ts';
+export { metricsRoutes, Observed, type MetricsSources } from './metrics.ts';
 export { decorateAuthenticatedRequest, requireApiKey, requireAdminToken } from './auth.ts';
 export { modelRoutes } from './models.ts';
 export { modelStatusRoutes, modelStatusSource, type ModelStatusSource } from './model-status.ts';

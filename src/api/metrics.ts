@@ -2,7 +2,10 @@
  * `GET /metrics`: the Prometheus text format (prom-client, as vLLM and LiteLLM expose theirs), for
  * operators; behind the admin token. Request counts and durations are kept by one onResponse hook
  * (a label lookup and an increment per request); everything else (breakers, boot stages, projection
- * lag) is read when Prometheus scrapes, from memory and one small query per projection.
+ * lag, active and queued requests) is read when Prometheus scrapes, from memory and one small query
+ * per projection. Two histograms are fed where their times are known, before the routes exist
+ * (`Observed`): each store append batch's time (the store's onAppend) and the time the gateway added
+ * to each served completion (the completion route's onServed).
  */
 import type { FastifyInstance } from 'fastify';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
@@ -17,6 +20,37 @@ export interface MetricsSources {
   backends(): BackendSnapshot[];
   /** Each projection's lag behind the log, in events (the projection runner's status). */
   projectionLag?(): Promise<{ name: string; lag: number }[]>;
+  /** This process's metered requests holding a reservation, and waiting in a key's queue (absent when metering is off). */
+  requests?(): { running: number; queued: number };
+  /** The histograms fed from the store and the completion route. */
+  observed?: Observed;
+}
+
+const latencyBuckets = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10];
+
+/** Histograms observed on the request path (a bucket increment each), made before the store opens. */
+export class Observed {
+  readonly storeAppend = new Histogram({
+    name: 'svc_store_append_seconds',
+    help: 'Time to store one group commit (one transaction carrying the appends of concurrent decisions), failed ones included.',
+    buckets: latencyBuckets,
+    registers: [],
+  });
+  readonly addedLatency = new Histogram({
+    name: 'svc_added_latency_seconds',
+    help: 'Time the gateway added to a served completion, by model: its time before the engine call (a cold boot\'s wait excluded) plus from the engine\'s response headers to the response being handed on.',
+    labelNames: ['model'] as const,
+    buckets: latencyBuckets,
+    registers: [],
+  });
+
+  appended(ms: number): void {
+    this.storeAppend.observe(ms / 1000);
+  }
+
+  served(modelId: string, addedMs: number): void {
+    this.addedLatency.observe({ model: modelId }, Math.max(0, addedMs) / 1000);
+  }
 }
 
 const breakerStates = ['closed', 'open', 'half_open'] as const;
@@ -74,6 +108,29 @@ export function metricsRoutes(app: FastifyInstance, sources: MetricsSources): Re
       for (const b of sources.backends()) if (b.boot) this.set({ model: b.modelId, backend: b.backend }, Date.parse(b.boot.at) / 1000);
     },
   });
+  if (sources.requests) {
+    const counts = sources.requests;
+    new Gauge({
+      name: 'svc_requests_active',
+      help: 'Metered requests of this process holding a reservation (calling the engine, relaying, or settling).',
+      registers: [registry],
+      collect() {
+        this.set(counts().running);
+      },
+    });
+    new Gauge({
+      name: 'svc_requests_queued',
+      help: 'Metered requests of this process waiting for one of their key\'s active slots.',
+      registers: [registry],
+      collect() {
+        this.set(counts().queued);
+      },
+    });
+  }
+  if (sources.observed) {
+    registry.registerMetric(sources.observed.storeAppend);
+    registry.registerMetric(sources.observed.addedLatency);
+  }
   if (sources.projectionLag) {
     const lagOf = sources.projectionLag;
     new Gauge({

@@ -9,6 +9,8 @@ import {
   buildApp,
   completionRoutes,
   metricsRoutes,
+  Observed,
+  LastCompletions,
   createLogger,
   decorateAuthenticatedRequest,
   modelRoutes,
@@ -33,6 +35,7 @@ import { ProjectionRunner } from '../projection-runner/index.ts';
 import { WorkflowProcessor } from '../workflow-processor/index.ts';
 import { workflows } from '../../commands/index.ts';
 import { projections } from '../../projections/index.ts';
+import { lastCompletions } from '../../projections/backend-health.ts';
 
 export { checkServeCanStart, ServeBlocked } from './preflight.ts';
 
@@ -167,8 +170,10 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     const startEngine = async (model: ModelConfig) => {
       if (settings.engines.warmAtStart) await platforms.get(model.id)!.warmUp();
     };
+    // /metrics' histograms fed on the request path: each store append batch's time, the time added to each completion.
+    const observed = new Observed();
     const openStore = async () => {
-      const opened = await openEventStore({ databaseUrl: settings.databaseUrl, dataDir: settings.dataDir, purpose: 'svc serve', nestedCallCheck: options.storeNestedCallCheck });
+      const opened = await openEventStore({ databaseUrl: settings.databaseUrl, dataDir: settings.dataDir, purpose: 'svc serve', nestedCallCheck: options.storeNestedCallCheck, onAppend: (ms) => observed.appended(ms) });
       stoppers.push(() => opened.close());
       return opened;
     };
@@ -256,7 +261,10 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     );
     stoppers.push(() => engines.close());
 
-    const lastCompletion = new Map<string, number>();
+    // Each model's last completion across processes: the backend_health projection's, read every second, or this process's own if later.
+    const lastCompletion = new LastCompletions(settings.projections ? () => lastCompletions(store) : null);
+    await lastCompletion.start();
+    stoppers.push(() => lastCompletion.stop());
     // A boot stage or a completion counts as recent within the idle window (the default's 15 minutes when engines never idle out).
     const freshMs = settings.engines.idleMs || freshForMs;
     // One warmth rule for /health and the status route: the platform's runner count when it knows one,
@@ -264,12 +272,12 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     const warm = (id: string): boolean => {
       const runners = platforms.get(id)?.runners() ?? null;
       if (runners !== null) return runners > 0;
-      const last = lastCompletion.get(id);
+      const last = lastCompletion.latest(id);
       return last !== undefined && Date.now() - last < freshMs;
     };
     const backends = (): BackendHealth[] =>
       settings.models.map((m) => {
-        const last = lastCompletion.get(m.id) ?? null;
+        const last = lastCompletion.latest(m.id) ?? null;
         return {
           model_id: m.id,
           status: m.status ?? 'live',
@@ -291,7 +299,10 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
           context: { registry, requestWindowMs: settings.requestWindowMs, deadlineTokensPerSecond: settings.deadlineTokensPerSecond },
           engines,
           requestWindowMs: settings.requestWindowMs,
-          onServed: (modelId) => lastCompletion.set(modelId, Date.now()),
+          onServed: (modelId, addedMs) => {
+            lastCompletion.served(modelId);
+            observed.served(modelId, addedMs);
+          },
           // A request to a cold model (scaled to zero, or a crashed engine being started again) waits out its boot.
           coldBoots: {
             platformOf: (modelId) => platforms.get(modelId),
@@ -304,7 +315,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
         modelStatusRoutes(scope, registry, modelStatusSource({ platforms, warm, freshMs, loggedStage: (id, backend) => backendService.snapshot(id, backend)?.boot ?? null }), authenticate);
         adminKeyRoutes(scope, { keys, adminToken, db: store, projectionsCaughtUp });
         // Prometheus metrics for operators, behind the admin token.
-        metricsRoutes(scope, { adminToken, backends: () => backendService.snapshots(), projectionLag: () => runner.status() });
+        metricsRoutes(scope, { adminToken, backends: () => backendService.snapshots(), projectionLag: () => runner.status(), requests: metering ? () => metering.counts() : undefined, observed });
       },
     });
     const connections = trackConnections(app.server);

@@ -156,6 +156,11 @@ export class Metering {
     return this.#enqueue(request);
   }
 
+  /** This process's requests holding a reservation (running or settling) and waiting for a slot (for /metrics). */
+  counts(): { running: number; queued: number } {
+    return { running: this.#running.size, queued: this.#queue.waitingTotal() };
+  }
+
   /** Settles a reservation with the engine's real usage and releases the hold (also a hold carried into today). */
   settle(reservation: Reservation, facts: RequestFactsData, usage: Usage): Promise<void> {
     return this.#track(this.#settle(reservation, facts, usage));

@@ -73,6 +73,13 @@ export class RequestQueue<Request extends QueueableRequest, Admitted> {
     return this.#lines.get(keyId)?.waiters.length ?? 0;
   }
 
+  /** Requests waiting in this process, every key's (for /metrics). */
+  waitingTotal(): number {
+    let n = 0;
+    for (const line of this.#lines.values()) n += line.waiters.length;
+    return n;
+  }
+
   /** Records that the request waits (or refuses it `queue_full`), then waits, first come first served, for a slot. */
   async enqueue(request: Request): Promise<Admitted> {
     if (request.signal.aborted) throw leftQueue();

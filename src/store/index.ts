@@ -89,6 +89,8 @@ export interface OpenEventStoreOptions {
    * `svc serve` turns it off; tests and the CLI's tools keep it, and catch such a call where it is written.
    */
   nestedCallCheck?: boolean;
+  /** Told how long each group commit's batch took to store (ms), for /metrics. */
+  onAppend?: (ms: number) => void;
 }
 
 /** A timeout from the environment (ms), or undefined when unset; a bad value stops the start, naming the variable. */
@@ -119,6 +121,7 @@ export async function openEventStore(options: OpenEventStoreOptions = {}): Promi
     hintIntervalMs: options.hintIntervalMs,
     onBatchError: options.onBatchError,
     nestedCallCheck: options.nestedCallCheck,
+    onAppend: options.onAppend,
   };
   if (options.databaseUrl) {
     const driver = await createPostgresDriver({

@@ -40,6 +40,8 @@ export interface SqlStoreOptions {
   onBatchError?: (error: unknown) => void;
   /** Refuse the store's own calls inside a `transaction` callback (default true; see OpenEventStoreOptions). */
   nestedCallCheck?: boolean;
+  /** Told how long each group commit's batch took to store (ms), failed ones included (for /metrics). */
+  onAppend?: (ms: number) => void;
   /** Extra work at close (the data-directory lock, say). */
   onClose?: () => Promise<void> | void;
 }
@@ -256,7 +258,8 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
     maxInFlight: driver.maxInFlight,
     maxBatchEvents: options.maxBatchEvents ?? 1000,
     async execute(batch) {
-      const outcomes = await runBatch(driver, batch);
+      const started = options.onAppend ? performance.now() : 0;
+      const outcomes = await runBatch(driver, batch).finally(() => options.onAppend?.(performance.now() - started));
       const stored = batch.filter((_, i) => { const o = outcomes[i]; return 'ok' in o && !o.ok.idempotent; }).map((append) => append.events);
       if (stored.length > 0) committed(stored);
       return outcomes;
