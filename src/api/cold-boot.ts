@@ -6,7 +6,7 @@
 import type { Readable } from 'node:stream';
 import type { FastifyReply } from 'fastify';
 import { apiError, ApiError } from '../errors/index.ts';
-import { BootStalled, type Platform } from '../platforms/index.ts';
+import { BootStalled, type Boot, type Platform } from '../platforms/index.ts';
 import type { EngineResponse } from '../engine-client/index.ts';
 import { checkCapture } from './capture-relay.ts';
 import type { RelayedUsage } from './usage-relay.ts';
@@ -43,6 +43,8 @@ export class ColdBootWait {
   leftDuringBoot = false;
   #keepalive: NodeJS.Timeout | null = null;
   readonly #platform: Platform;
+  /** The boot whose grace `beforeAdmission` already waited out: `waitOut` commits without waiting it again. */
+  #graceSpentOn: Boot | null = null;
 
   constructor(
     private readonly reply: FastifyReply,
@@ -62,6 +64,59 @@ export class ColdBootWait {
   static begin(boots: ColdBoots | undefined, modelId: string, reply: FastifyReply, stream: boolean, upstreamHeaders: Record<string, string>): ColdBootWait | null {
     const platform = boots?.platformOf(modelId);
     return platform && boots ? new ColdBootWait(reply, stream, upstreamHeaders, boots.options, platform) : null;
+  }
+
+  /**
+   * Before anything is held (no reservation yet): a cold model's boot is waited for until the platform
+   * acknowledges it, then up to the grace. A boot that stalls or fails meanwhile throws its 503
+   * platform_cold_boot, for the route to refuse the request (recorded as rejected, nothing to release);
+   * one still booting after the grace returns, and `waitOut` commits as soon as the reservation is
+   * durable. Null, with no wait at all, when the engine serves. A client that leaves throws its
+   * signal's reason.
+   */
+  beforeAdmission(signal: AbortSignal): Promise<void> | null {
+    const boot = this.#platform.ensureRunning();
+    return boot ? this.#acknowledgedWithinGrace(boot, signal) : null;
+  }
+
+  async #acknowledgedWithinGrace(boot: Boot, signal: AbortSignal): Promise<void> {
+    let grace: NodeJS.Timeout | undefined;
+    try {
+      await this.#raced(boot.acknowledged, signal);
+      // The grace runs from the acknowledgement, as in waitOut.
+      const over = new Promise<void>((resolve) => {
+        grace = setTimeout(resolve, this.options.graceMs);
+      });
+      await this.#raced(Promise.race([boot.ready, over]), signal);
+      this.#graceSpentOn = boot;
+    } catch (err) {
+      if (signal.aborted && err === signal.reason) throw err;
+      throw this.#bootError(err);
+    } finally {
+      clearTimeout(grace);
+    }
+  }
+
+  /** `work`, or the signal's reason once it aborts, or BootDeadline past the safety deadline. */
+  async #raced<T>(work: Promise<T>, signal: AbortSignal): Promise<T> {
+    let deadline: NodeJS.Timeout | undefined;
+    let onAbort = () => {};
+    try {
+      return await Promise.race([
+        work,
+        new Promise<never>((_, reject) => {
+          onAbort = () => reject(signal.reason);
+          if (signal.aborted) onAbort();
+          else signal.addEventListener('abort', onAbort, { once: true });
+        }),
+        new Promise<never>((_, reject) => {
+          deadline = setTimeout(() => reject(new BootDeadline()), this.options.deadlineMs);
+        }),
+      ]);
+    } finally {
+      clearTimeout(deadline);
+      signal.removeEventListener('abort', onAbort);
+    }
   }
 
   /**
@@ -86,8 +141,10 @@ export class ColdBootWait {
     });
     try {
       await Promise.race([boot.acknowledged, aborted, pastDeadline]);
+      // Waited out already before admission (the same boot): commit once the reservation is durable.
+      const graceMs = this.#graceSpentOn === boot ? 0 : this.options.graceMs;
       const graceOver = new Promise<'grace'>((resolve) => {
-        grace = setTimeout(() => resolve('grace'), this.options.graceMs);
+        grace = setTimeout(() => resolve('grace'), graceMs);
       });
       if ((await Promise.race([boot.ready, graceOver, aborted, pastDeadline])) !== 'grace') return;
       // A refused or voided reservation answers otherwise: this call's result is dropped, nothing is committed.

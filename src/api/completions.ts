@@ -148,6 +148,18 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     reply.raw.once('close', () => {
       if (!reply.raw.writableFinished) controller.abort();
     });
+    // A cold model's boot, up to its acknowledgement and the grace, before anything is held: one that
+    // stalls or fails by then is refused (recorded as rejected), with no reservation made or left.
+    const booting = coldBoot?.beforeAdmission(controller.signal);
+    if (booting) {
+      try {
+        await booting;
+      } catch (error) {
+        if (controller.signal.aborted) return reply; // the client left; nothing was held
+        backendCall?.failed(error);
+        throw refused(error, model.id, prepared.user, prepared.promptTokens);
+      }
+    }
 
     // Admission: the worst case is reserved in memory (limits and budgets decided at once, queueing if
     // the key's slots are taken); the route waits for it to be durable before calling the engine.
