@@ -113,11 +113,35 @@ export async function createPostgresDriver(options: PostgresDriverOptions): Prom
   let closed = false;
   let reconnectTimer: NodeJS.Timeout | undefined;
   let checkTimer: NodeJS.Timeout | undefined;
+  // Every process's LISTEN connection carries this name, so a process can tell whether any other one
+  // listens on this database: alone, it sends no hints at all (each one is a transaction of its own).
+  // A process that starts listening says so with a hint of its own, and another process's hint proves
+  // it listens: either makes this one hint again at once, without waiting for the next count.
+  const listenerName = `svc listen ${channel}`.slice(0, 63);
+  let othersListening = true;
+  let foreignHintAt = 0;
+  const countOthers = () => {
+    if (closed) return;
+    const askedAt = performance.now();
+    pool
+      .query<{ n: number }>(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1 AND pid <> $2`, [listenerName, (listener as unknown as { processID?: number } | null)?.processID ?? 0])
+      .then(
+        ({ rows }) => {
+          if (foreignHintAt < askedAt) othersListening = rows[0].n > 0;
+        },
+        () => (othersListening = true),
+      );
+  };
+  const othersTimer = setInterval(countOthers, 1000);
+  othersTimer.unref();
 
   async function connectListener(onHint: () => void): Promise<void> {
-    const client = new pg.Client(config);
+    const client = new pg.Client({ ...config, application_name: listenerName });
     client.on('notification', (message) => {
-      if (!ownBackends.has(message.processId)) onHint();
+      if (ownBackends.has(message.processId)) return;
+      foreignHintAt = performance.now();
+      othersListening = true;
+      onHint();
     });
     const lost = () => {
       if (listener !== client) return;
@@ -132,6 +156,8 @@ export async function createPostgresDriver(options: PostgresDriverOptions): Prom
     listener = client;
     await client.connect();
     await client.query(`LISTEN ${quoteIdent(channel)}`);
+    countOthers();
+    announce();
     // A LISTEN connection only receives: a silent death shows only when it is asked something.
     clearInterval(checkTimer);
     let checking = false;
@@ -163,8 +189,13 @@ export async function createPostgresDriver(options: PostgresDriverOptions): Prom
   // At most one NOTIFY in flight per process; commits meanwhile are covered by one more after it.
   let hinting = false;
   let hintAgain = false;
+  /** Tells the other processes this one listens (they may have stopped hinting, alone until now). */
+  function announce(): void {
+    pool.query(`SELECT pg_notify($1, '')`, [channel]).catch(() => {});
+  }
+
   function hint(): void {
-    if (closed) return;
+    if (closed || !othersListening) return;
     if (hinting) {
       hintAgain = true;
       return;
@@ -231,6 +262,7 @@ export async function createPostgresDriver(options: PostgresDriverOptions): Prom
       closed = true;
       clearTimeout(reconnectTimer);
       clearInterval(checkTimer);
+      clearInterval(othersTimer);
       const client = listener;
       listener = null;
       await client?.end().catch(() => {});
