@@ -8,7 +8,7 @@ import type { FastifyReply } from 'fastify';
 import { apiError, ApiError } from '../errors/index.ts';
 import { BootStalled, type Boot, type Platform } from '../platforms/index.ts';
 import type { EngineResponse } from '../engine-client/index.ts';
-import { checkCapture } from './capture-relay.ts';
+import { checkCapture, type CheckedCapture } from './capture-relay.ts';
 import type { RelayedUsage } from './usage-relay.ts';
 import { toApiError } from './error-handler.ts';
 
@@ -229,9 +229,10 @@ export class ColdBootWait {
   }
 
   /** A capture is checked whole (capture-relay.ts) before its bytes follow the keepalives; a short one is an error in the body. */
-  async sendCapture(upstream: EngineResponse, expectedLayers: number | null, signal: AbortSignal, relayed: RelayedUsage): Promise<FastifyReply> {
+  /** `started`: the capture's check, when the route began it as the engine answered. */
+  async sendCapture(upstream: EngineResponse, expectedLayers: number | null, signal: AbortSignal, relayed: RelayedUsage, started: Promise<CheckedCapture | null> | null = null): Promise<FastifyReply> {
     try {
-      const checked = await checkCapture(upstream, expectedLayers, this.upstreamHeaders, signal, relayed);
+      const checked = await (started ?? checkCapture(upstream, expectedLayers, this.upstreamHeaders, signal, relayed));
       if (checked === null) return this.reply; // the client left
       this.#stopKeepalive();
       if (!Array.isArray(checked.body)) return this.pipe(checked.body);

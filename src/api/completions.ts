@@ -12,7 +12,7 @@ import { refusalOf, type Admission, type MeteredKey, type Metering, type Reserva
 import type { RequestFactsData } from '../../events/index.ts';
 import { billingBasis } from '../../commands/billing.ts';
 import { apiKeySecurity, compileRouteSchema, errorResponses, okResponse } from './route-schema.ts';
-import { checkCapture } from './capture-relay.ts';
+import { checkCapture, type CheckedCapture } from './capture-relay.ts';
 import { EngineContextLengths } from './engine-context.ts';
 import { bodyWithByteOffsets, needsByteOffsets, rewriteEngineStream } from './stream-rewrite.ts';
 import { acceptsGzip, gzipStream, sendUncompressed } from './compression.ts';
@@ -245,6 +245,7 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
 
     let completion = prepared;
     let upstream: EngineResponse;
+    let earlyCapture: { relayed: RelayedUsage; checked: Promise<CheckedCapture | null> } | null = null;
     try {
       if (admission) {
         // A reservation in this process's slot lease starts the engine now, its append alongside (no
@@ -253,6 +254,14 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
         // slot or budget first), and an engine call made on it would count against the key's 16 at the
         // engine. Either way no byte reaches the client before the reservation is durable.
         const early = admission.startNow ? startEarly(atLimit(admission), admission.voided) : null;
+        // A capture's body is read and checked as it arrives, while the reservation becomes durable too
+        // (only sending it waits for that): held back, the engine's socket would stall meanwhile.
+        if (early && prepared.capture) {
+          const relayedEarly: RelayedUsage = { usage: null, contentFrames: 0, relayedFrames: 0, completed: false };
+          const checked = early.then((r) => checkCapture(r, prepared.captureLayerCount, engines.upstreamHeaders(model.id), controller.signal, relayedEarly));
+          checked.catch(() => {}); // awaited, and its error thrown, only if the early call is the one answered
+          earlyCapture = { relayed: relayedEarly, checked };
+        }
         let stored: Reservation;
         try {
           stored = await admission.durable;
@@ -262,7 +271,11 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
         }
         completion = atLimit(stored);
         // Voided: decided again otherwise (fewer tokens now fit, say); the early call was cancelled.
-        upstream = early && !admission.voided.aborted ? await early : await dispatch(completion, controller.signal);
+        if (early && !admission.voided.aborted) upstream = await early;
+        else {
+          earlyCapture = null;
+          upstream = await dispatch(completion, controller.signal);
+        }
       } else {
         upstream = await dispatch(completion, controller.signal);
       }
@@ -309,15 +322,15 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
       return reply.send(body); // gzipped on its way out when the client accepts it (compression.ts)
     }
     if (completion.capture) {
-      const captured: RelayedUsage = { usage: null, contentFrames: 0, relayedFrames: 0, completed: false };
+      const captured: RelayedUsage = earlyCapture?.relayed ?? { usage: null, contentFrames: 0, relayedFrames: 0, completed: false };
       relayed = captured;
       // Settled once the response is over: sent whole, refused (502), or left by the client.
       reply.raw.once('close', () => {
         upstream.body.destroy();
         settle(captured, reply.statusCode, completion);
       });
-      if (coldBoot?.committed) return coldBoot.sendCapture(upstream, completion.captureLayerCount, controller.signal, captured);
-      return sendCapture(reply, completion, upstream, engines.upstreamHeaders(model.id), controller.signal, captured);
+      if (coldBoot?.committed) return coldBoot.sendCapture(upstream, completion.captureLayerCount, controller.signal, captured, earlyCapture?.checked ?? null);
+      return sendCapture(reply, completion, upstream, engines.upstreamHeaders(model.id), controller.signal, captured, earlyCapture?.checked ?? null);
     }
     // Larger bodies flow through a tap that keeps their first and last bytes, where `usage` is.
     const tail = new UsageTail();
@@ -429,8 +442,8 @@ function relayEvents(upstream: EngineResponse, requestId: string, headers: Recor
 }
 
 /** A capture is relayed unchanged once its envelope holds every requested layer (see capture-relay.ts). */
-async function sendCapture(reply: FastifyReply, prepared: PreparedCompletion, upstream: EngineResponse, headers: Record<string, string>, signal: AbortSignal, relayed: RelayedUsage): Promise<FastifyReply> {
-  const checked = await checkCapture(upstream, prepared.captureLayerCount, headers, signal, relayed);
+async function sendCapture(reply: FastifyReply, prepared: PreparedCompletion, upstream: EngineResponse, headers: Record<string, string>, signal: AbortSignal, relayed: RelayedUsage, started: Promise<CheckedCapture | null> | null): Promise<FastifyReply> {
+  const checked = await (started ?? checkCapture(upstream, prepared.captureLayerCount, headers, signal, relayed));
   if (checked === null) return reply; // the client left; nothing to answer
   sendUncompressed(reply);
   if (checked.length !== null) reply.header('content-length', checked.length);
