@@ -23,7 +23,7 @@ let doc: any;
 it.before(async () => {
   engine = await startFailingEngine('ok');
   // A short shutdown grace: a request whose client left (the last tests) holds the drain to its end (see the report of issue 28).
-  gw = await startTestGateway({ models: [staticModel(engine.url)], shutdownGraceMs: 1_000, breaker: { failureThreshold: threshold, cooldownMs: 1_000, probeLeaseMs: 10_000 } });
+  gw = await startTestGateway({ models: [staticModel(engine.url)], shutdownGraceMs: 1_000, requestWindowMs: 1_500, breaker: { failureThreshold: threshold, cooldownMs: 1_000, probeLeaseMs: 10_000 } });
   doc = await json(await fetch(`${gw.url}/openapi.json`));
 });
 it.after(async () => {
@@ -173,6 +173,17 @@ it('out of memory, engine dead and unreachable each count, with their kinds', as
     await expectStatus(503, 'circuit_open');
     await closeBreaker();
   }
+});
+
+it('an engine that hangs past the request window counts as a timeout', async () => {
+  engine.mode = 'ok';
+  engine.delayMs = 10_000; // never within the 1.5 s window
+  await openBreaker(504);
+  const b = await breaker();
+  assert.is(b.breaker_state, 'open');
+  assert.is(b.breaker_last_failure_kind, 'timeout');
+  await expectStatus(503, 'circuit_open');
+  await closeBreaker();
 });
 
 it('a 4xx from the engine never counts: the breaker stays closed', async () => {
