@@ -8,6 +8,7 @@ import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { startTestGateway, type TestGateway } from '../support/gateway.ts';
 import { startFailingEngine, staticModel, type FailingEngine } from '../support/failing-engine.ts';
+import { completeOnce, scrape, seriesValue } from '../support/metrics.ts';
 import { until } from '../support/until.ts';
 
 const it = suite('GET /metrics: requests, store appends, added latency');
@@ -25,21 +26,9 @@ it.after(async () => {
   await engine?.close();
 });
 
-const complete = async () => {
-  const res = await fetch(`${gw.url}/v1/completions`, { method: 'POST', headers: { ...gw.authHeaders(), 'content-type': 'application/json' }, body: JSON.stringify({ prompt: 'hi', max_tokens: 1 }) });
-  await res.arrayBuffer();
-  return res.status;
-};
-const metrics = async () => {
-  const res = await fetch(`${gw.url}/metrics`, { headers: gw.adminHeaders() });
-  assert.is(res.status, 200);
-  return res.text();
-};
-/** The value of one series, by its exact name and labels as printed. */
-const value = (text: string, series: string): number | null => {
-  const line = text.split('\n').find((l) => l.startsWith(`${series} `));
-  return line === undefined ? null : Number(line.slice(series.length + 1));
-};
+const complete = () => completeOnce(gw);
+const metrics = () => scrape(gw);
+const value = seriesValue;
 
 it('active and queued requests follow a key\'s one slot: one running, one waiting, then none', async () => {
   let text = await metrics();

@@ -6,6 +6,7 @@ import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { startTestGateway, type TestGateway } from '../support/gateway.ts';
 import { startFailingEngine, staticModel, type FailingEngine } from '../support/failing-engine.ts';
+import { completeOnce, scrape, seriesValue } from '../support/metrics.ts';
 
 const it = suite('GET /metrics');
 let gw: TestGateway;
@@ -20,22 +21,9 @@ it.after(async () => {
   await engine?.close();
 });
 
-const complete = async () => {
-  const res = await fetch(`${gw.url}/v1/completions`, { method: 'POST', headers: { ...gw.authHeaders(), 'content-type': 'application/json' }, body: JSON.stringify({ prompt: 'hi', max_tokens: 1 }) });
-  await res.arrayBuffer();
-  return res.status;
-};
-const metrics = async () => {
-  const res = await fetch(`${gw.url}/metrics`, { headers: gw.adminHeaders() });
-  assert.is(res.status, 200);
-  assert.match(res.headers.get('content-type') ?? '', /^text\/plain; version=0\.0\.4/);
-  return res.text();
-};
-/** The value of one series, by its exact name and labels as printed. */
-const value = (text: string, series: string): number | null => {
-  const line = text.split('\n').find((l) => l.startsWith(`${series} `));
-  return line === undefined ? null : Number(line.slice(series.length + 1));
-};
+const complete = () => completeOnce(gw);
+const metrics = () => scrape(gw);
+const value = seriesValue;
 
 it('refused without the admin token, and with an API key', async () => {
   assert.is((await fetch(`${gw.url}/metrics`)).status, 401);
