@@ -19,8 +19,10 @@ import { meterEvents, meterStream, utcDay, type MeterEvent } from '../../events/
 const knobs: EngineBootKnobs = {};
 const it = suite<{ gw: TestGateway }>('a request refused by a failed boot');
 it.before(async (context) => {
-  // A grace long enough that a boot told to fail fails within it, and a short acknowledgement timeout.
-  const engines = { ...loadSettings({}, { models: [] }).engines, warmAtStart: false, idleMs: 1_000, ackTimeoutMs: 3_000, graceMs: 4_000, keepaliveMs: 200 };
+  // A grace long enough that a boot told to fail fails within it, and an acknowledgement timeout inside
+  // the grace: both well over a reference engine's start under tsx on a loaded 2-core CI machine (3 s and
+  // more), so that a boot told to fail is not taken for a stalled one.
+  const engines = { ...loadSettings({}, { models: [] }).engines, warmAtStart: false, idleMs: 1_000, ackTimeoutMs: 10_000, graceMs: 12_000, keepaliveMs: 200 };
   context.gw = await startTestGateway({ engines }, { engineBootKnobs: knobs });
 });
 it.after(async ({ gw }) => {
