@@ -236,9 +236,9 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
   let closed = false;
 
   // Other processes hear of this one's commits at most once per interval, after the commits that
-  // call for it: a hint is a NOTIFY, a transaction of its own that wakes every listening process, and
-  // one per commit cost a metered request about a fifth of its time in front of an engine that answers
-  // at once (BENCHMARKS.md, gateway). Readers poll besides, so a hint is never needed for correctness.
+  // call for it: a hint is a NOTIFY, a transaction of its own that wakes every listening process (this
+  // one's too), and one per commit ran beside the next request's append (BENCHMARKS.md, gateway).
+  // Readers poll besides, so a hint is never needed for correctness.
   const hintIntervalMs = options.hintIntervalMs ?? 10;
   let hintTimer: NodeJS.Timeout | null = null;
   let lastHintAt = -Infinity;
