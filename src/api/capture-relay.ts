@@ -85,6 +85,9 @@ export async function checkCapture(upstream: EngineResponse, expectedLayers: num
     const onError = () => finish(signal.aborted ? 'left' : new Error('the engine connection broke'));
     const onLeft = () => finish('left');
     if (signal.aborted) return resolve('left');
+    // The engine call's abort (the client left) destroys the body with an error a tick after the
+    // signal fired, when the listeners below may be gone: an 'error' with no listener would throw.
+    body.on('error', () => {});
     body.on('data', onData);
     body.once('end', onEnd);
     body.once('error', onError);

@@ -144,6 +144,8 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     const coldBoot = ColdBootWait.begin(options.coldBoots, model.id, reply, prepared.stream, engines.upstreamHeaders(model.id));
 
     const controller = new AbortController();
+    /** The client went away (the route's only other abort is the request window's deadline). */
+    const clientLeft = () => controller.signal.aborted && controller.signal.reason !== deadlineReason;
     // A client that goes away cancels the upstream request (and leaves the key's queue).
     reply.raw.once('close', () => {
       if (!reply.raw.writableFinished) controller.abort();
@@ -315,7 +317,16 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     if ((length <= smallBodyBytes || needsByteOffsets(completion, length)) && !completion.capture) {
       // A small body is gathered and written in one go: cheaper than a pipe for the common case. One
       // with logprobs is gathered whatever its size: its text_offset is made byte offsets (stream-rewrite.ts).
-      const body = bodyWithByteOffsets(Buffer.from(await upstream.body.arrayBuffer()), completion);
+      let whole: ArrayBuffer;
+      try {
+        whole = await upstream.body.arrayBuffer();
+      } catch {
+        // The client left (the engine call was cancelled) or the engine's connection broke: settled as cut short.
+        settle({ usage: null, contentFrames: 0, relayedFrames: 0, completed: false }, 502, completion);
+        if (clientLeft()) return reply;
+        throw apiError('upstream_unreachable', 'the model server connection broke while sending the completion', { headers: engines.upstreamHeaders(model.id) });
+      }
+      const body = bodyWithByteOffsets(Buffer.from(whole), completion);
       relayed = { usage: usageFrom(body.subarray(Math.max(0, body.length - 4096))), contentFrames: 0, relayedFrames: 0, completed: true };
       settle(relayed, 200, completion);
       if (coldBoot?.committed) return coldBoot.end(body);
@@ -324,11 +335,17 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     if (completion.capture) {
       const captured: RelayedUsage = earlyCapture?.relayed ?? { usage: null, contentFrames: 0, relayedFrames: 0, completed: false };
       relayed = captured;
-      // Settled once the response is over: sent whole, refused (502), or left by the client.
-      reply.raw.once('close', () => {
+      // Settled once the response is over: sent whole, refused (502), or left by the client (maybe
+      // already, while the engine answered: then its 'close' has been and gone).
+      const over = () => {
         upstream.body.destroy();
         settle(captured, reply.statusCode, completion);
-      });
+      };
+      if (clientLeft()) {
+        over();
+        return reply;
+      }
+      reply.raw.once('close', over);
       if (coldBoot?.committed) return coldBoot.sendCapture(upstream, completion.captureLayerCount, controller.signal, captured, earlyCapture?.checked ?? null);
       return sendCapture(reply, completion, upstream, engines.upstreamHeaders(model.id), controller.signal, captured, earlyCapture?.checked ?? null);
     }

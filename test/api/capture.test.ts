@@ -1,6 +1,7 @@
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { startTestGateway, type TestGateway } from '../support/gateway.ts';
+import { until } from '../support/until.ts';
 import { captureRequest, engineCaptureBody, postHashed, startCaptureStub, stubModel, STUB_CHECKPOINT, type CaptureStub } from '../support/capture.ts';
 
 // An 11 MB capture (16 layers x 129 positions x 2048, bf16) from a stub engine process that answers at
@@ -119,6 +120,32 @@ capture('each capture is settled with the usage its body carries, or refused and
   }
   const refused = await settled('settle-fewer');
   assert.equal([refused.status, refused.basis, refused.input_tokens, refused.output_tokens], [502, 'engine_usage', POSITIONS, 1]);
+});
+
+capture('clients that leave while the capture is read: each settled, the gateway serves on', async () => {
+  // Left at different moments: before the engine call, while its body is read and held, while it is written.
+  for (let i = 0; i < 40; i++) {
+    const controller = new AbortController();
+    const res = fetch(`${gw.url}/v1/completions`, {
+      method: 'POST',
+      headers: { ...gw.authHeaders(), 'content-type': 'application/json', 'x-request-id': `left-${i}` },
+      body: JSON.stringify(captureRequest('whole', POSITIONS)),
+      signal: controller.signal,
+    }).then((r) => r.arrayBuffer(), () => null);
+    setTimeout(() => controller.abort(), i);
+    await res;
+  }
+  const after = await viaGateway(captureRequest('whole', POSITIONS));
+  assert.is(after.status, 200, 'the gateway serves the next capture');
+  for (let i = 0; i < 40; i++) {
+    const id = `left-${i}`;
+    // A request that reached the gateway was reserved; every reservation is settled.
+    await until(`${id} settled if it was reserved`, async () => {
+      const { rows } = await gw.store.query<{ event_type: string }>(`SELECT event_type FROM events WHERE data->>'request_id' LIKE $1`, [`${id}.%`]);
+      const types = rows.map((r) => r.event_type);
+      return !types.includes('BudgetReserved') || types.includes('UsageSettled') || null;
+    });
+  }
 });
 
 capture.run();
