@@ -131,7 +131,9 @@ capture('clients that leave while the capture is read: each settled, the gateway
       headers: { ...gw.authHeaders(), 'content-type': 'application/json', 'x-request-id': `left-${i}` },
       body: JSON.stringify(captureRequest('whole', POSITIONS)),
       signal: controller.signal,
-    }).then((r) => r.arrayBuffer(), () => null);
+    })
+      .then((r) => r.arrayBuffer())
+      .catch(() => null); // left before or after the headers: either way the fetch ends aborted
     setTimeout(() => controller.abort(), i);
     await res;
   }
