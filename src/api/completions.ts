@@ -259,7 +259,7 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
         // A capture's body is read and checked as it arrives, while the reservation becomes durable too
         // (only sending it waits for that): held back, the engine's socket would stall meanwhile.
         if (early && prepared.capture) {
-          const relayedEarly: RelayedUsage = { usage: null, contentFrames: 0, relayedFrames: 0, completed: false };
+          const relayedEarly: RelayedUsage = cutShort();
           const checked = early.then((r) => checkCapture(r, prepared.captureLayerCount, engines.upstreamHeaders(model.id), controller.signal, relayedEarly));
           checked.catch(() => {}); // awaited, and its error thrown, only if the early call is the one answered
           earlyCapture = { relayed: relayedEarly, checked };
@@ -283,9 +283,9 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
       }
     } catch (err) {
       // A client that left while the model booted used nothing: the engine was never called.
-      settle(controller.signal.aborted && !coldBoot?.leftDuringBoot ? { usage: null, contentFrames: 0, relayedFrames: 0, completed: false } : null, err instanceof ApiError ? err.status : 500, completion);
-      if (!controller.signal.aborted || controller.signal.reason === deadlineReason) backendCall?.failed(err);
-      if (controller.signal.aborted && controller.signal.reason !== deadlineReason) return reply; // the client left; nothing to answer
+      settle(controller.signal.aborted && !coldBoot?.leftDuringBoot ? cutShort() : null, err instanceof ApiError ? err.status : 500, completion);
+      if (clientLeft()) return reply; // the client left: nothing to answer, and no fault of the backend's
+      backendCall?.failed(err);
       if (coldBoot?.committed) return coldBoot.fail(err); // 200 went out with the keepalives: the error goes in the body
       throw err;
     }
@@ -322,7 +322,7 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
         whole = await upstream.body.arrayBuffer();
       } catch {
         // The client left (the engine call was cancelled) or the engine's connection broke: settled as cut short.
-        settle({ usage: null, contentFrames: 0, relayedFrames: 0, completed: false }, 502, completion);
+        settle(cutShort(), 502, completion);
         if (clientLeft()) return reply;
         throw apiError('upstream_unreachable', 'the model server connection broke while sending the completion', { headers: engines.upstreamHeaders(model.id) });
       }
@@ -333,7 +333,7 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
       return reply.send(body); // gzipped on its way out when the client accepts it (compression.ts)
     }
     if (completion.capture) {
-      const captured: RelayedUsage = earlyCapture?.relayed ?? { usage: null, contentFrames: 0, relayedFrames: 0, completed: false };
+      const captured: RelayedUsage = earlyCapture?.relayed ?? cutShort();
       relayed = captured;
       // Settled once the response is over: sent whole, refused (502), or left by the client (maybe
       // already, while the engine answered: then its 'close' has been and gone).
@@ -392,6 +392,9 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     });
   });
 }
+
+/** What the relay saw of a body that did not come through whole (nothing yet, or cut short). */
+const cutShort = (): RelayedUsage => ({ usage: null, contentFrames: 0, relayedFrames: 0, completed: false });
 
 /** A request's tokens for its log line: the engine's usage when it came through, else what the relay saw. */
 function tokensSeen(relayed: RelayedUsage | null, request: PreparedCompletion): ServedTokens {
