@@ -9,6 +9,8 @@ import type { WorkflowCommand } from '../src/event-sourcing/index.ts';
 import { spendStream, utcDay } from '../events/index.ts';
 import type { MeterCommand } from './meter.ts';
 import type { SpendCommand } from './spend.ts';
+import { harvestStream } from '../events/harvest.ts';
+import type { HarvestCommand } from './harvest.ts';
 
 export interface Tick {
   readonly now: string;
@@ -43,4 +45,55 @@ export function watchSpend(tick: Tick, view: { spendMicros: number; capMicros: n
   const { spendMicros, capMicros } = view;
   if (capMicros === null || view.reachedDay === day) return [];
   return [{ stream: spendStream(day), commandId: `spend-check:${day}:${spendMicros}`, command: { type: 'CheckSpend', day, spendMicros, capMicros, now: tick.now } }];
+}
+
+/** A pending or running harvest job as the harvest_jobs projection lists it (`resumableHarvestJobs`). */
+export interface ResumableHarvest {
+  readonly jobId: string;
+  readonly status: string;
+  readonly leaseUntil: Date | null;
+  readonly startedAt: Date | null;
+  readonly submittedAt: Date;
+  /** Times it was redispatched so far: names the next attempt, so one lapse gives one command id. */
+  readonly redispatches: number;
+  /** The last redispatch (an unclaimed job's lease runs from it); absent: from its start. */
+  readonly redispatchedAt?: Date | null;
+}
+
+/**
+ * The harvest resumer: a running job whose worker is gone (its claim's lease lapsed, or no claim came
+ * within a lease of its dispatch) is redispatched on its own stream, and a pending job that was never
+ * started (the process that accepted it died) is started, both by `Redispatch`; the harvest decider
+ * judges again on the stream's state (the view may lag) and fails a job lost too often. The command's
+ * id names the lapse: the job and the attempt it would be (a pending job: its start), so every process
+ * may send it and the first appends; a view that lags sends the same id again, which appends nothing.
+ */
+export function resumeHarvests(
+  tick: Tick,
+  view: { jobs: readonly ResumableHarvest[]; leaseMs: number; maxRedispatches: number },
+): WorkflowCommand<Extract<HarvestCommand, { type: 'Redispatch' }>>[] {
+  const now = Date.parse(tick.now);
+  const { leaseMs, maxRedispatches } = view;
+  const out: WorkflowCommand<Extract<HarvestCommand, { type: 'Redispatch' }>>[] = [];
+  for (const job of view.jobs) {
+    let reason: string;
+    let commandId: string;
+    if (job.status === 'pending') {
+      if (job.submittedAt.getTime() + leaseMs > now) continue;
+      reason = 'never started';
+      commandId = `redispatch:${job.jobId}:start`;
+    } else if (job.status === 'running') {
+      if (job.leaseUntil !== null) {
+        if (job.leaseUntil.getTime() > now) continue;
+        reason = `the claim's lease lapsed at ${job.leaseUntil.toISOString()}`;
+      } else {
+        const since = job.redispatchedAt ?? job.startedAt ?? job.submittedAt;
+        if (since.getTime() + leaseMs > now) continue;
+        reason = `no worker claimed it within ${Math.round(leaseMs / 1000)} s`;
+      }
+      commandId = `redispatch:${job.jobId}:${job.redispatches + 1}`;
+    } else continue;
+    out.push({ stream: harvestStream(job.jobId), commandId, command: { type: 'Redispatch', now: tick.now, leaseMs, maxRedispatches, reason } });
+  }
+  return out;
 }

@@ -3,3 +3,4 @@ export * from './key.ts';
 export * from './meter.ts';
 export * from './spend.ts';
 export * from './backend.ts';
+export * from './harvest.ts';

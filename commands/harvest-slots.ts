@@ -1,0 +1,30 @@
+/**
+ * The harvest-slots workflow: a job that ended (succeeded, failed, cancelled, or whose start failed)
+ * gives its running slot back on its key's quota stream; one whose start failed gives its month's
+ * quota back too (it never engaged a GPU). One job ends once, so there is nothing to remember: the
+ * command's id is derived from the job, and a release sent again (after a crash) appends nothing.
+ * Whichever comes first, this release or a later Admit told the job ended, frees the slot; the other
+ * finds it free and appends nothing.
+ */
+import type { Workflow, WorkflowCommand, WorkflowInput } from '../src/event-sourcing/index.ts';
+import { harvestEvents, harvestQuotaStream, type HarvestEnded } from '../events/harvest.ts';
+import { harvestQuotaDecider, type HarvestQuotaCommand } from './harvest-quota.ts';
+
+type Release = Extract<HarvestQuotaCommand, { type: 'Release' }>;
+export type HarvestSlotsState = Readonly<Record<string, never>>;
+
+const stateless: HarvestSlotsState = {};
+
+export const harvestSlotsWorkflow: Workflow<HarvestEnded, HarvestSlotsState, Release> = {
+  name: 'harvest-slots',
+  inputs: harvestEvents,
+  inputTypes: ['HarvestSucceeded', 'HarvestFailed', 'HarvestCancelled', 'HarvestStartFailed'],
+  target: harvestQuotaDecider,
+  instanceOf: (input: WorkflowInput<HarvestEnded>) => input.data.key_id,
+  initialState: () => stateless,
+  decide(input): WorkflowCommand<Release>[] {
+    const { job_id: jobId, key_id: keyId, at } = input.data;
+    return [{ stream: harvestQuotaStream(keyId), commandId: `release:${jobId}`, command: { type: 'Release', jobId, counted: input.type !== 'HarvestStartFailed', now: at } }];
+  },
+  evolve: (state) => state,
+};

@@ -1,0 +1,279 @@
+/**
+ * The harvest decider: one job's life (stream `harvest-<jobId>`; events/harvest.ts).
+ *
+ * (none) --Submit--> pending --Start--> running --Succeed--> succeeded
+ *                       |                  |
+ *                       +--FailStart--> failed (not counted)      Fail, AgeOut, Redispatch (worker_lost) --> failed
+ *                       +--Cancel, Fail, AgeOut------------------> cancelled / failed
+ *
+ * While running, a worker claims the job (a fencing token: a later claim supersedes it, and the
+ * superseded worker's records are refused), renews its lease, and records shards one by one in
+ * plan order. The resumer redispatches a job whose claim's lease lapsed, and fails it once it was
+ * lost too often. A terminal state is final: whatever races it (a poll, a worker, the resumer) is
+ * refused or appends nothing, so it is never overwritten. Time, ids and limits come in on the
+ * commands.
+ */
+import { reject, type Decider, type Rejection } from '../src/event-sourcing/index.ts';
+import {
+  HarvestCancelled,
+  HarvestClaimed,
+  HarvestClaimRenewed,
+  harvestEvents,
+  HarvestFailed,
+  harvestMessageMax,
+  HarvestRedispatched,
+  HarvestShardWritten,
+  HarvestStarted,
+  HarvestStartFailed,
+  HarvestSubmitted,
+  HarvestSucceeded,
+  type HarvestEvent,
+  type HarvestShardWrittenData,
+  type HarvestSubmittedData,
+} from '../events/harvest.ts';
+
+export type HarvestStatus = 'none' | 'pending' | 'running' | 'succeeded' | 'failed' | 'cancelled';
+export const harvestTerminal: readonly HarvestStatus[] = ['succeeded', 'failed', 'cancelled'];
+export const isHarvestTerminal = (status: HarvestStatus): boolean => harvestTerminal.includes(status);
+
+/** A written shard as the job's state holds it (the event's data without the lease). */
+export type ShardRecord = Omit<HarvestShardWrittenData, 'job_id' | 'lease_until'>;
+
+export interface HarvestClaim {
+  readonly id: string;
+  readonly workerId: string;
+  readonly leaseUntil: string;
+}
+
+export interface HarvestState {
+  readonly status: HarvestStatus;
+  readonly job: HarvestSubmittedData | null;
+  readonly startedAt: string | null;
+  readonly claim: HarvestClaim | null;
+  /** Index = shard number: always the plan's first `shards.length` shards. */
+  readonly shards: readonly ShardRecord[];
+  /** The latest of submitted, started and shard written (claims and renewals are not progress). */
+  readonly lastProgressAt: string | null;
+  readonly redispatches: number;
+  /** The last redispatch: an unclaimed running job's lease is counted from it (else from its start). */
+  readonly redispatchedAt: string | null;
+  readonly finishedAt: string | null;
+  readonly error: { readonly code: string; readonly message: string } | null;
+  /** Whether the job counts against its month's quota: every job but one whose start failed. */
+  readonly counted: boolean;
+}
+
+type Now = { now: string };
+export type HarvestCommand =
+  | { type: 'Submit'; job: HarvestSubmittedData }
+  | ({ type: 'Start'; transport: string } & Now)
+  | ({ type: 'FailStart'; reason: string } & Now)
+  | ({ type: 'Claim'; claimId: string; workerId: string; leaseMs: number } & Now)
+  | ({ type: 'RenewClaim'; claimId: string; leaseMs: number } & Now)
+  | ({
+      type: 'RecordShard';
+      claimId: string;
+      shard: number;
+      file: string;
+      firstPrompt: number;
+      promptCount: number;
+      tokenCount: number;
+      bytes: number;
+      sha256: string;
+      leaseMs: number;
+    } & Now)
+  | ({ type: 'Succeed'; claimId: string | null; manifestSha256: string; manifestBytes: number } & Now)
+  | ({ type: 'Fail'; code: string; message: string; claimId: string | null } & Now)
+  | ({ type: 'Cancel'; byKeyPrefix: string } & Now)
+  | ({ type: 'AgeOut'; staleAfterMs: number } & Now)
+  | ({ type: 'Redispatch'; leaseMs: number; maxRedispatches: number; reason: string } & Now);
+
+export type HarvestRejection = Rejection<
+  'job_exists' | 'job_finished' | 'not_pending' | 'not_started' | 'claim_superseded' | 'shard_out_of_order' | 'shards_missing' | 'not_cancellable' | 'no_such_job'
+>;
+
+const initialState: HarvestState = {
+  status: 'none',
+  job: null,
+  startedAt: null,
+  claim: null,
+  shards: [],
+  lastProgressAt: null,
+  redispatches: 0,
+  redispatchedAt: null,
+  finishedAt: null,
+  error: null,
+  counted: false,
+};
+
+const later = (now: string, ms: number): string => new Date(Date.parse(now) + ms).toISOString();
+const elapsed = (from: string, to: string): number => Date.parse(to) - Date.parse(from);
+const latest = (a: string | null, b: string): string => (a !== null && Date.parse(a) > Date.parse(b) ? a : b);
+const cut = (text: string): string => (text.length > harvestMessageMax ? text.slice(0, harvestMessageMax) : text);
+
+/** Shard `shard` of the job's plan: its first prompt and how many prompts it holds. */
+export function plannedShard(job: Pick<HarvestSubmittedData, 'shard_size' | 'prompt_count'>, shard: number): { firstPrompt: number; promptCount: number } {
+  const firstPrompt = shard * job.shard_size;
+  return { firstPrompt, promptCount: Math.min(job.shard_size, job.prompt_count - firstPrompt) };
+}
+
+/** Whether a running job's worker is gone at `now`: its claim's lease lapsed, or no claim came within a lease of its (re)dispatch. */
+export function harvestLeaseLapsed(state: HarvestState, now: string, leaseMs: number): boolean {
+  if (state.status !== 'running') return false;
+  if (state.claim) return Date.parse(now) >= Date.parse(state.claim.leaseUntil);
+  const since = state.redispatchedAt ?? state.startedAt;
+  return since !== null && elapsed(since, now) >= leaseMs;
+}
+
+const finished = (state: HarvestState): HarvestRejection =>
+  reject('job_finished', `the harvest job has already ${state.status === 'cancelled' ? 'been cancelled' : state.status}`, { status: state.status });
+const superseded = (state: HarvestState, claimId: string): HarvestRejection =>
+  reject('claim_superseded', 'another worker has claimed the job since', { claim_id: claimId, current_claim_id: state.claim?.id ?? null });
+
+export const harvestDecider: Decider<HarvestState, HarvestCommand, HarvestEvent, HarvestRejection> = {
+  events: harvestEvents,
+  initialState: () => initialState,
+  evolve(state, event) {
+    switch (event.type) {
+      case 'HarvestSubmitted':
+        return { ...initialState, status: 'pending', job: event.data, lastProgressAt: event.data.at, counted: true };
+      case 'HarvestStarted':
+        return { ...state, status: 'running', startedAt: event.data.at, lastProgressAt: latest(state.lastProgressAt, event.data.at) };
+      case 'HarvestStartFailed':
+        return { ...state, status: 'failed', finishedAt: event.data.at, error: { code: 'start_failed', message: event.data.reason }, counted: false, claim: null };
+      case 'HarvestClaimed':
+        return { ...state, claim: { id: event.data.claim_id, workerId: event.data.worker_id, leaseUntil: event.data.lease_until } };
+      case 'HarvestClaimRenewed':
+        return state.claim?.id === event.data.claim_id ? { ...state, claim: { ...state.claim, leaseUntil: event.data.lease_until } } : state;
+      case 'HarvestShardWritten': {
+        const { job_id: _job, lease_until: leaseUntil, ...shard } = event.data;
+        const claim = state.claim?.id === event.data.claim_id ? { ...state.claim, leaseUntil } : state.claim;
+        return { ...state, shards: [...state.shards, shard], claim, lastProgressAt: latest(state.lastProgressAt, event.data.at) };
+      }
+      case 'HarvestRedispatched':
+        return { ...state, claim: null, redispatches: event.data.attempt, redispatchedAt: event.data.at };
+      case 'HarvestSucceeded':
+        return { ...state, status: 'succeeded', finishedAt: event.data.at, claim: null };
+      case 'HarvestFailed':
+        return { ...state, status: 'failed', finishedAt: event.data.at, error: { code: event.data.code, message: event.data.message }, claim: null };
+      case 'HarvestCancelled':
+        return { ...state, status: 'cancelled', finishedAt: event.data.at, claim: null };
+      default: {
+        const unhandled: never = event;
+        throw new Error(`unknown harvest event ${JSON.stringify(unhandled)}`);
+      }
+    }
+  },
+  decide(command, state) {
+    if (command.type === 'Submit') {
+      if (state.status !== 'none') return reject('job_exists', 'a harvest job with this id exists already', { job_id: command.job.job_id });
+      const { job } = command;
+      // A plan the shards cannot follow is a caller's bug: RecordShard's order check relies on it.
+      if (job.shard_count !== Math.ceil(job.prompt_count / job.shard_size)) throw new RangeError(`shard_count ${job.shard_count} is not ceil(${job.prompt_count} / ${job.shard_size})`);
+      return HarvestSubmitted(job);
+    }
+    const job = state.job;
+    if (state.status === 'none' || job === null) return reject('no_such_job', 'no harvest job has this id');
+    const { job_id, key_id } = job;
+    const at = command.now;
+    const terminal = isHarvestTerminal(state.status);
+    switch (command.type) {
+      case 'Start':
+        if (terminal) return finished(state);
+        if (state.status === 'running') return [];
+        return HarvestStarted({ job_id, key_id, transport: command.transport, at });
+      case 'FailStart':
+        if (terminal) return finished(state);
+        if (state.status !== 'pending') return reject('not_pending', 'the harvest job has started already');
+        return HarvestStartFailed({ job_id, key_id, reason: cut(command.reason), at });
+      case 'Claim':
+        if (terminal) return finished(state);
+        if (state.status === 'pending') return reject('not_started', 'the harvest job has not started');
+        if (state.claim?.id === command.claimId) return [];
+        return HarvestClaimed({ job_id, claim_id: command.claimId, worker_id: command.workerId, next_shard: state.shards.length, lease_until: later(at, command.leaseMs), at });
+      case 'RenewClaim':
+        if (terminal) return finished(state);
+        if (state.status === 'pending') return reject('not_started', 'the harvest job has not started');
+        if (state.claim?.id !== command.claimId) return superseded(state, command.claimId);
+        return HarvestClaimRenewed({ job_id, claim_id: command.claimId, lease_until: later(at, command.leaseMs), at });
+      case 'RecordShard': {
+        // The very record made before (a lost acknowledgement, sent again): nothing more to do, whatever happened since.
+        const recorded = state.shards[command.shard];
+        if (recorded && recorded.sha256 === command.sha256 && recorded.file === command.file) return [];
+        if (terminal) return finished(state);
+        if (state.status === 'pending') return reject('not_started', 'the harvest job has not started');
+        if (state.claim?.id !== command.claimId) return superseded(state, command.claimId);
+        const expected = state.shards.length;
+        const planned = expected < job.shard_count ? plannedShard(job, expected) : null;
+        if (command.shard !== expected || planned === null || command.firstPrompt !== planned.firstPrompt || command.promptCount !== planned.promptCount) {
+          return reject('shard_out_of_order', `shard ${command.shard} (prompts ${command.firstPrompt}+${command.promptCount}) is not the next in the plan`, {
+            expected_shard: planned ? expected : null,
+            expected_first_prompt: planned?.firstPrompt ?? null,
+            expected_prompt_count: planned?.promptCount ?? null,
+          });
+        }
+        return HarvestShardWritten({
+          job_id,
+          claim_id: command.claimId,
+          shard: command.shard,
+          file: command.file,
+          first_prompt: command.firstPrompt,
+          prompt_count: command.promptCount,
+          token_count: command.tokenCount,
+          bytes: command.bytes,
+          sha256: command.sha256,
+          lease_until: later(at, command.leaseMs),
+          at,
+        });
+      }
+      case 'Succeed': {
+        if (state.status === 'succeeded') return [];
+        if (terminal) return finished(state);
+        if (state.status === 'pending') return reject('not_started', 'the harvest job has not started');
+        if (command.claimId !== null && state.claim?.id !== command.claimId) return superseded(state, command.claimId);
+        if (state.shards.length < job.shard_count) return reject('shards_missing', `${state.shards.length} of ${job.shard_count} shards are recorded`, { recorded: state.shards.length, expected: job.shard_count });
+        const sum = (field: 'prompt_count' | 'token_count' | 'bytes') => state.shards.reduce((total, shard) => total + shard[field], 0);
+        return HarvestSucceeded({
+          job_id,
+          key_id,
+          claim_id: command.claimId,
+          manifest_sha256: command.manifestSha256,
+          manifest_bytes: command.manifestBytes,
+          shard_count: state.shards.length,
+          prompt_count: sum('prompt_count'),
+          token_count: sum('token_count'),
+          bytes: sum('bytes'),
+          at,
+        });
+      }
+      case 'Fail':
+        if (state.status === 'failed') return [];
+        if (terminal) return finished(state);
+        if (command.claimId !== null && state.claim?.id !== command.claimId) return superseded(state, command.claimId);
+        return HarvestFailed({ job_id, key_id, code: command.code, message: cut(command.message), at });
+      case 'Cancel':
+        if (terminal) return reject('not_cancellable', `the harvest job has already ${state.status === 'cancelled' ? 'been cancelled' : state.status}`, { status: state.status });
+        return HarvestCancelled({ job_id, key_id, by_key_prefix: command.byKeyPrefix, at });
+      case 'AgeOut': {
+        if (terminal || state.lastProgressAt === null) return [];
+        const idle = elapsed(state.lastProgressAt, at);
+        if (idle < command.staleAfterMs) return [];
+        return HarvestFailed({ job_id, key_id, code: 'stale', message: `no progress for ${Math.floor(idle / 60_000)} minutes; aged out`, at });
+      }
+      case 'Redispatch':
+        if (state.status === 'pending') {
+          // Submitted but never started: the process that was to start it died in between.
+          return elapsed(job.at, at) >= command.leaseMs ? HarvestStarted({ job_id, key_id, transport: 'resumer', at }) : [];
+        }
+        if (!harvestLeaseLapsed(state, at, command.leaseMs)) return [];
+        if (state.redispatches >= command.maxRedispatches) {
+          return HarvestFailed({ job_id, key_id, code: 'worker_lost', message: `the worker was lost after ${state.redispatches} redispatches (at most ${command.maxRedispatches}); giving up`, at });
+        }
+        return HarvestRedispatched({ job_id, attempt: state.redispatches + 1, reason: cut(command.reason), at });
+      default: {
+        const unhandled: never = command;
+        throw new Error(`unknown harvest command ${JSON.stringify(unhandled)}`);
+      }
+    }
+  },
+};
