@@ -1,0 +1,104 @@
+// A harvest's manifest.json, written last: its presence means the job finished whole. It lists every
+// shard with its prompt range, token count, size and sha256, in shard order.
+import { Type, type Static } from 'typebox';
+import { Compile } from 'typebox/compile';
+
+const Count = Type.Integer({ minimum: 0 });
+
+export const ManifestShard = Type.Object(
+  {
+    index: Count,
+    file: Type.String({ minLength: 1 }),
+    first_prompt: Count,
+    prompt_count: Count,
+    token_count: Count,
+    bytes: Count,
+    sha256: Type.String({ pattern: '^[0-9a-f]{64}$' }),
+  },
+  { additionalProperties: false },
+);
+export type ManifestShard = Static<typeof ManifestShard>;
+
+export const HarvestManifest = Type.Object(
+  {
+    job_id: Type.String({ minLength: 1 }),
+    model: Type.String(),
+    checkpoint: Type.String(),
+    layers: Type.Array(Count),
+    d_model: Type.Union([Count, Type.Null()]),
+    dtype: Type.Literal('bf16'),
+    prompt_count: Count,
+    token_count: Count,
+    bytes: Count,
+    shards: Type.Array(ManifestShard),
+    created_at: Type.String(),
+  },
+  { additionalProperties: false },
+);
+export type HarvestManifest = Static<typeof HarvestManifest>;
+
+const checkManifest = Compile(HarvestManifest);
+
+/** The job's facts the manifest repeats (a HarvestSubmitted's fields). */
+export interface ManifestJob {
+  job_id: string;
+  model: string;
+  checkpoint: string;
+  layers: readonly number[];
+  d_model: number | null;
+}
+
+/** A recorded shard (a HarvestShardWritten's fields). */
+export interface RecordedShard {
+  shard: number;
+  file: string;
+  first_prompt: number;
+  prompt_count: number;
+  token_count: number;
+  bytes: number;
+  sha256: string;
+}
+
+/**
+ * The manifest of a job from its state: every shard recorded, in order from 0, covering the prompts
+ * without a gap. `dModel` fills in a width the job did not know when submitted (the pipeline's result).
+ */
+export function buildManifest(
+  state: { readonly job: ManifestJob | null; readonly shards: readonly RecordedShard[] },
+  options: { createdAt?: string; dModel?: number | null } = {},
+): HarvestManifest {
+  const { job, shards } = state;
+  if (job === null) throw new Error('a manifest needs the submitted job');
+  let nextPrompt = 0;
+  shards.forEach((s, i) => {
+    if (s.shard !== i) throw new Error(`the manifest needs shards 0..${shards.length - 1} in order; found shard ${s.shard} at ${i}`);
+    if (s.first_prompt !== nextPrompt) throw new Error(`shard ${i} starts at prompt ${s.first_prompt}; the shards before end at ${nextPrompt}`);
+    nextPrompt += s.prompt_count;
+  });
+  const sum = (field: 'prompt_count' | 'token_count' | 'bytes') => shards.reduce((n, s) => n + s[field], 0);
+  return {
+    job_id: job.job_id,
+    model: job.model,
+    checkpoint: job.checkpoint,
+    layers: [...job.layers],
+    d_model: job.d_model ?? options.dModel ?? null,
+    dtype: 'bf16',
+    prompt_count: sum('prompt_count'),
+    token_count: sum('token_count'),
+    bytes: sum('bytes'),
+    shards: shards.map((s) => ({ index: s.shard, file: s.file, first_prompt: s.first_prompt, prompt_count: s.prompt_count, token_count: s.token_count, bytes: s.bytes, sha256: s.sha256 })),
+    created_at: options.createdAt ?? new Date().toISOString(),
+  };
+}
+
+/** The manifest's bytes as stored: indented JSON and a final newline (people read it). */
+export function serializeManifest(manifest: HarvestManifest): Buffer {
+  return Buffer.from(`${JSON.stringify(manifest, null, 2)}\n`, 'utf8');
+}
+
+/** Parses stored manifest text; throws when it is not a manifest. */
+export function parseManifest(text: string): HarvestManifest {
+  const value: unknown = JSON.parse(text);
+  if (!checkManifest.Check(value)) throw new Error('manifest.json does not hold a harvest manifest');
+  return value;
+}

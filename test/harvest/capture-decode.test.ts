@@ -1,0 +1,96 @@
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import { Buffer } from 'node:buffer';
+import { CodecError, encodeTensor, encodeTensorZstd, f16BitsToF32, f32ToBf16Bits, type EncodedTensor } from '../../src/codec/index.ts';
+import { CaptureIncomplete, decodeCapture } from '../../src/harvest/capture-decode.ts';
+
+/** A vLLM + vllm-lens completion with a capture: the envelope last, its shape after its data, as vLLM writes it. */
+function captureBody(codec: EncodedTensor | null, extra = ''): Buffer {
+  const envelope = codec && `{"data":"${codec.data}","dtype":"${codec.dtype}","original_dtype":${JSON.stringify(codec.original_dtype ?? null)},"compression":${JSON.stringify(codec.compression ?? null)},"shape":${JSON.stringify(codec.shape)}}`;
+  return Buffer.from(
+    `{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" the \\"data\\"","logprobs":null,"finish_reason":"length","stop_reason":null,"prompt_logprobs":null}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}${extra}${envelope ? `,"activations":{"residual_stream":${envelope}}` : ''}}`,
+  );
+}
+
+const shape = [2, 3, 4];
+const values = Array.from({ length: 24 }, (_, i) => Math.sin(i + 1) * 10 ** ((i % 7) - 3));
+const expect = { layers: 2, dModel: 4 };
+
+function bf16Of(vals: number[]): Buffer {
+  const out = Buffer.alloc(vals.length * 2);
+  vals.forEach((v, i) => out.writeUInt16LE(f32ToBf16Bits(v), i * 2));
+  return out;
+}
+
+test('bf16 passes through byte for byte, whole or in chunks split anywhere, zstd too', async () => {
+  const bf16 = encodeTensor(values, shape, 'bfloat16');
+  const raw = Buffer.from(bf16.data, 'base64');
+  const body = captureBody(bf16);
+  const whole = decodeCapture(body, expect);
+  assert.equal(whole.shape, [2, 3, 4]);
+  assert.equal(whole.bytes, raw);
+  for (let cut = 1; cut < body.length; cut += 5) assert.equal(decodeCapture([body.subarray(0, cut), body.subarray(cut)], expect).bytes, raw, `cut ${cut}`);
+  const packed = await encodeTensorZstd(values, shape, 'bfloat16');
+  assert.equal(decodeCapture(captureBody(packed), expect).bytes, raw);
+  assert.equal(decodeCapture(captureBody(bf16), { layers: 2, dModel: null }).shape, [2, 3, 4], 'an unknown width takes the capture’s');
+});
+
+test('float32 is rounded to bf16 to nearest even, as the codec does, ties and specials included', async () => {
+  const specials = [0, -0, 1, -2.5, Infinity, -Infinity, NaN, 3.4028234663852886e38, -3.4028234663852886e38, 1e-45, -1e-40, 1.0000000596046448, 1.00390625, 1.01171875, 1.0039063692092896, 65504, 1 / 3];
+  const vals = [...specials, ...values].slice(0, 24);
+  const f32 = encodeTensor(vals, shape, 'float32');
+  const expected = bf16Of(vals);
+  assert.equal(decodeCapture(captureBody(f32), expect).bytes, expected);
+  assert.equal(decodeCapture(captureBody(await encodeTensorZstd(vals, shape, 'float32')), expect).bytes, expected);
+  const got = decodeCapture(captureBody(f32), expect).bytes;
+  assert.is(got.readUInt16LE(12 * 2), 0x3f80, '1 + 2^-8 is a tie: down to even');
+  assert.is(got.readUInt16LE(13 * 2), 0x3f82, '1 + 3·2^-8 is a tie: up to even');
+  assert.is(got.readUInt16LE(14 * 2), 0x3f81, 'just above a tie: up');
+  assert.is(got.readUInt16LE(6 * 2) & 0x7fc0, 0x7fc0, 'NaN stays a quiet NaN');
+});
+
+test('float16: every one of the 65,536 halves becomes the bf16 nearest to its value', () => {
+  const halves = Buffer.alloc(65536 * 2);
+  for (let h = 0; h < 65536; h++) halves.writeUInt16LE(h, h * 2);
+  const codec = { data: halves.toString('base64'), dtype: 'float16', original_dtype: 'torch.float16', shape: [4, 8, 2048] };
+  const { bytes } = decodeCapture(captureBody(codec), { layers: 4, dModel: 2048 });
+  for (let h = 0; h < 65536; h++) {
+    const want = f32ToBf16Bits(f16BitsToF32(h));
+    const got = bytes.readUInt16LE(h * 2);
+    if (Number.isNaN(f16BitsToF32(h))) assert.ok((got & 0x7f80) === 0x7f80 && (got & 0x7f) !== 0, `half ${h} is NaN`);
+    else if (got !== want) assert.unreachable(`half 0x${h.toString(16)}: 0x${got.toString(16)}, expected 0x${want.toString(16)}`);
+  }
+});
+
+test('fewer layers than asked, or no capture at all, is CaptureIncomplete', () => {
+  const bf16 = encodeTensor(values, shape, 'bfloat16');
+  assert.throws(() => decodeCapture(captureBody(bf16), { layers: 3, dModel: 4 }), (e: Error) => e instanceof CaptureIncomplete && (e as CaptureIncomplete).code === 'capture_incomplete' && /2 of 3/.test(e.message));
+  assert.throws(() => decodeCapture(captureBody(null), expect), (e: Error) => e instanceof CaptureIncomplete);
+});
+
+test('a malformed body or an envelope that is not a capture is a CodecError', () => {
+  const bf16 = encodeTensor(values, shape, 'bfloat16');
+  const codecError = (re: RegExp) => (e: Error) => e instanceof CodecError && re.test(e.message);
+  assert.throws(() => decodeCapture(captureBody(bf16), { layers: 1, dModel: 4 }), codecError(/2 layers; 1 were requested/));
+  assert.throws(() => decodeCapture(captureBody(bf16), { layers: 2, dModel: 8 }), codecError(/4 wide/));
+  assert.throws(() => decodeCapture(captureBody(encodeTensor(values, [6, 4], 'bfloat16')), { layers: 6, dModel: 4 }), codecError(/\[layers, tokens, d_model\]/));
+  assert.throws(() => decodeCapture(captureBody(encodeTensor(values, shape, 'int16')), expect), codecError(/int16 \(torch.int16\)/));
+  assert.throws(() => decodeCapture(captureBody({ ...bf16, data: bf16.data.slice(4) }), expect), codecError(/base64 characters/));
+  const body = captureBody(bf16);
+  assert.throws(() => decodeCapture(body.subarray(0, body.length - 1), expect), codecError(/ended/));
+});
+
+test('the tensor is never parsed as JSON: JSON.parse is not called', () => {
+  const body = captureBody(encodeTensor(values, shape, 'float32'));
+  const parse = JSON.parse;
+  JSON.parse = () => {
+    throw new Error('JSON.parse was called');
+  };
+  try {
+    assert.is(decodeCapture(body, expect).bytes.length, 48);
+  } finally {
+    JSON.parse = parse;
+  }
+});
+
+test.run();
