@@ -1,0 +1,105 @@
+/**
+ * The harvest quota decider, given / when / then: the month's count is the jobs admitted in that UTC
+ * month minus those whose start failed, a new month starts at 0, 0 or null is unlimited, the running
+ * cap counts slots not yet released, and jobs the caller found ended are released in the admission.
+ */
+import { suite } from 'uvu';
+import * as assert from 'uvu/assert';
+import { harvestJobsCounted, harvestQuotaDecider, type HarvestQuotaCommand } from '../../commands/harvest-quota.ts';
+import { HarvestJobAdmitted, harvestQuotaStream, HarvestSlotReleased, utcMonth } from '../../events/harvest.ts';
+import { deciderSpecification } from '../support/decider-specification.ts';
+
+const it = suite('harvest quota decider');
+const spec = deciderSpecification(harvestQuotaDecider);
+const nov = (day: number, hour = 12) => `2026-11-${String(day).padStart(2, '0')}T${String(hour).padStart(2, '0')}:00:00.000Z`;
+const dec1 = '2026-12-01T00:00:00.000Z';
+const job = (n: number) => `hj_job${n}`;
+
+const admit = (n: number, now: string, over: Partial<Extract<HarvestQuotaCommand, { type: 'Admit' }>> = {}): HarvestQuotaCommand => ({
+  type: 'Admit',
+  jobId: job(n),
+  now,
+  monthlyQuota: 3,
+  runningCap: 2,
+  ended: [],
+  ...over,
+});
+const admitted = (n: number, at: string) => HarvestJobAdmitted({ job_id: job(n), month: utcMonth(at), at });
+const released = (n: number, counted: boolean, at: string) => HarvestSlotReleased({ job_id: job(n), counted, at });
+
+it('the stream is harvest-quota-<keyId>; months are UTC', () => {
+  assert.is(harvestQuotaStream('0c8190d112da'), 'harvest-quota-0c8190d112da');
+  assert.is(utcMonth('2026-11-30T23:59:59.999Z'), '2026-11');
+  assert.is(utcMonth('2026-12-01T00:00:00.000+01:00'), '2026-11');
+});
+
+it('a job under the quota and the cap is admitted, in its UTC month', () => {
+  spec.given([]).when(admit(1, nov(2))).then([admitted(1, nov(2))]);
+  spec.given([]).when(admit(1, nov(2))).thenState((s) => assert.equal([s.month, s.counted, [...s.active.keys()]], ['2026-11', 1, [job(1)]]));
+});
+
+it('the monthly quota: reached, the next job is refused with the quota and what was used', () => {
+  const three = [admitted(1, nov(2)), released(1, true, nov(3)), admitted(2, nov(4)), released(2, true, nov(5)), admitted(3, nov(6)), released(3, true, nov(7))];
+  spec.given(three).when(admit(4, nov(8))).thenRejects('harvest_quota_exceeded', { quota: 3, used: 3 });
+  spec.given(three.slice(0, 4)).when(admit(4, nov(8))).then([admitted(4, nov(8))]);
+});
+
+it('the quota counts only jobs admitted this month minus those whose start failed', () => {
+  const threeOneStartFailed = [admitted(1, nov(2)), released(1, false, nov(2)), admitted(2, nov(4)), released(2, true, nov(5)), admitted(3, nov(6)), released(3, true, nov(7))];
+  spec.given(threeOneStartFailed).when(admit(4, nov(8))).then([admitted(4, nov(8))]);
+  spec.given(threeOneStartFailed).when(admit(4, nov(8))).thenState((s) => assert.is(harvestJobsCounted(s, '2026-11'), 3));
+});
+
+it('a new UTC month starts the count at 0 (a job admitted last month and still running keeps its slot)', () => {
+  const full = [admitted(1, nov(2)), released(1, true, nov(3)), admitted(2, nov(4)), released(2, true, nov(5)), admitted(3, nov(30, 23))];
+  spec.given(full).when(admit(4, '2026-11-30T23:59:59.999Z')).thenRejects('harvest_quota_exceeded', { quota: 3, used: 3 });
+  spec.given(full).when(admit(4, dec1)).then([admitted(4, dec1)]);
+  spec.given(full).when(admit(4, dec1)).thenState((s) => assert.equal([s.month, s.counted, s.active.size], ['2026-12', 1, 2]));
+  // last month's job whose start failed gives nothing back to this month
+  spec.given([...full, admitted(4, dec1), released(3, false, dec1)]).when(admit(5, dec1)).thenState((s) => assert.is(s.counted, 2));
+});
+
+it('a monthly quota of 0 or null is unlimited', () => {
+  const many = [1, 2, 3, 4, 5].flatMap((n) => [admitted(n, nov(n)), released(n, true, nov(n, 13))]);
+  spec.given(many).when(admit(6, nov(9), { monthlyQuota: 0 })).then([admitted(6, nov(9))]);
+  spec.given(many).when(admit(6, nov(9), { monthlyQuota: null })).then([admitted(6, nov(9))]);
+  spec.given(many).when(admit(6, nov(9), { monthlyQuota: 5 })).thenRejects('harvest_quota_exceeded', { quota: 5, used: 5 });
+});
+
+it('the running cap: jobs admitted and not released count, whatever their month; a cap of 0 is none', () => {
+  const two = [admitted(1, nov(30)), admitted(2, dec1)];
+  spec.given(two).when(admit(3, dec1, { monthlyQuota: null })).thenRejects('harvest_concurrency_exceeded', { cap: 2, running: 2 });
+  spec.given([...two, released(1, true, dec1)]).when(admit(3, dec1, { monthlyQuota: null })).then([admitted(3, dec1)]);
+  spec.given(two).when(admit(3, dec1, { monthlyQuota: null, runningCap: 0 })).then([admitted(3, dec1)]);
+});
+
+it('the quota is checked before the cap', () => {
+  spec.given([admitted(1, nov(2)), admitted(2, nov(3))]).when(admit(3, nov(4), { monthlyQuota: 2 })).thenRejects('harvest_quota_exceeded');
+});
+
+it('ended jobs passed to Admit are released first, in the same decision (active ones only, once each)', () => {
+  const two = [admitted(1, nov(2)), admitted(2, nov(3))];
+  const ended = [{ jobId: job(1), counted: true }, { jobId: job(9), counted: true }, { jobId: job(1), counted: true }];
+  spec.given(two).when(admit(3, nov(4), { ended })).then([released(1, true, nov(4)), admitted(3, nov(4))]);
+});
+
+it('an ended job whose start failed, released in the admission, gives its quota back to it', () => {
+  const full = [admitted(1, nov(2)), admitted(2, nov(3)), released(2, true, nov(3)), admitted(3, nov(4)), released(3, true, nov(4))];
+  spec.given(full).when(admit(4, nov(5))).thenRejects('harvest_quota_exceeded', { used: 3 });
+  spec.given(full).when(admit(4, nov(5), { ended: [{ jobId: job(1), counted: false }] })).then([released(1, false, nov(5)), admitted(4, nov(5))]);
+});
+
+it('a job already admitted is not admitted twice (a retried submit under another command id)', () => {
+  spec.given([admitted(1, nov(2))]).when(admit(1, nov(2))).thenNothing();
+  spec.given([admitted(1, nov(2)), admitted(2, nov(3))]).when(admit(1, nov(3), { ended: [{ jobId: job(2), counted: true }] })).then([released(2, true, nov(3))]);
+});
+
+it('Release frees an active slot, with or without its count; a job not active releases nothing', () => {
+  spec.given([admitted(1, nov(2))]).when({ type: 'Release', jobId: job(1), counted: true, now: nov(3) }).then([released(1, true, nov(3))]);
+  spec.given([admitted(1, nov(2))]).when({ type: 'Release', jobId: job(1), counted: false, now: nov(3) }).thenState((s) => assert.equal([s.active.size, s.counted], [0, 0]));
+  spec.given([admitted(1, nov(2))]).when({ type: 'Release', jobId: job(1), counted: true, now: nov(3) }).thenState((s) => assert.equal([s.active.size, s.counted], [0, 1]));
+  spec.given([admitted(1, nov(2)), released(1, true, nov(3))]).when({ type: 'Release', jobId: job(1), counted: true, now: nov(4) }).thenNothing();
+  spec.given([]).when({ type: 'Release', jobId: job(1), counted: true, now: nov(4) }).thenNothing();
+});
+
+it.run();

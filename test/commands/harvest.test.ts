@@ -1,0 +1,291 @@
+/**
+ * The harvest decider, given / when / then: every command and every rejection; a terminal state is
+ * never overwritten, a superseded claim records nothing, shards come in plan order (a repeat of the
+ * last record appends nothing), age-out and redispatch only on a stale job.
+ */
+import { suite } from 'uvu';
+import * as assert from 'uvu/assert';
+import { harvestDecider, harvestLeaseLapsed, plannedShard, type HarvestCommand } from '../../commands/harvest.ts';
+import {
+  HarvestCancelled,
+  HarvestClaimed,
+  HarvestClaimRenewed,
+  HarvestFailed,
+  harvestJobOf,
+  harvestMessageMax,
+  HarvestRedispatched,
+  HarvestShardWritten,
+  HarvestStarted,
+  HarvestStartFailed,
+  harvestStream,
+  HarvestSubmitted,
+  HarvestSucceeded,
+  type HarvestEvent,
+  type HarvestSubmittedData,
+} from '../../events/harvest.ts';
+import { foldEvents } from '../../src/event-sourcing/index.ts';
+import { deciderSpecification } from '../support/decider-specification.ts';
+
+const it = suite('harvest decider');
+const spec = deciderSpecification(harvestDecider);
+const t0 = '2026-11-26T12:00:00.000Z';
+const at = (seconds: number) => new Date(Date.parse(t0) + seconds * 1000).toISOString();
+const leaseMs = 60_000;
+const job_id = 'hj_0123456789abcdefghijklmn';
+const key_id = '0c8190d112da';
+const sha = (c: string) => c.repeat(64);
+
+/** 70 prompts in shards of 32: shards 0 and 1 hold 32, shard 2 holds 6. */
+const job: HarvestSubmittedData = {
+  job_id,
+  key_id,
+  key_prefix: key_id,
+  user_id: 'ada',
+  model: 'gpt2',
+  checkpoint: 'main',
+  prompt_count: 70,
+  estimated_tokens: 900,
+  layers: [0, 5, 11],
+  d_model: 768,
+  shard_size: 32,
+  batch_size: 8,
+  shard_count: 3,
+  input_sha256: sha('a'),
+  month: '2026-11',
+  at: at(0),
+};
+
+const submitted = HarvestSubmitted(job);
+const started = HarvestStarted({ job_id, key_id, transport: 'inprocess', at: at(1) });
+const claimed = (claim: string, s: number, next = 0) => HarvestClaimed({ job_id, claim_id: claim, worker_id: `w-${claim}`, next_shard: next, lease_until: at(s + 60), at: at(s) });
+const shardCommand = (claim: string, shard: number, s: number, over: Partial<Extract<HarvestCommand, { type: 'RecordShard' }>> = {}): HarvestCommand => ({
+  type: 'RecordShard',
+  claimId: claim,
+  shard,
+  file: `shard-${String(shard).padStart(5, '0')}-${claim}.safetensors`,
+  ...plannedShard(job, shard),
+  tokenCount: 100 + shard,
+  bytes: 1000 * (shard + 1),
+  sha256: sha(String(shard)),
+  now: at(s),
+  leaseMs,
+  ...over,
+});
+const written = (claim: string, shard: number, s: number) => {
+  const { firstPrompt, promptCount } = plannedShard(job, shard);
+  return HarvestShardWritten({
+    job_id,
+    claim_id: claim,
+    shard,
+    file: `shard-${String(shard).padStart(5, '0')}-${claim}.safetensors`,
+    first_prompt: firstPrompt,
+    prompt_count: promptCount,
+    token_count: 100 + shard,
+    bytes: 1000 * (shard + 1),
+    sha256: sha(String(shard)),
+    lease_until: at(s + 60),
+    at: at(s),
+  });
+};
+const succeed = (claimId: string | null, s: number): HarvestCommand => ({ type: 'Succeed', claimId, manifestSha256: sha('f'), manifestBytes: 2048, now: at(s) });
+const fail = (claimId: string | null, s: number, code = 'capture_incomplete'): HarvestCommand => ({ type: 'Fail', code, message: 'the engine returned 2 of 3 layers', claimId, now: at(s) });
+const cancel = (s: number): HarvestCommand => ({ type: 'Cancel', byKeyPrefix: 'ffeeddccbbaa', now: at(s) });
+const ageOut = (s: number, staleAfterMs = 30 * 60_000): HarvestCommand => ({ type: 'AgeOut', now: at(s), staleAfterMs });
+const redispatch = (s: number, maxRedispatches = 2): HarvestCommand => ({ type: 'Redispatch', now: at(s), leaseMs, maxRedispatches, reason: 'lease lapsed' });
+
+const running = [submitted, started];
+const claimedA = [...running, claimed('a', 2)];
+const allWritten = [...claimedA, written('a', 0, 10), written('a', 1, 20), written('a', 2, 30)];
+const succeeded = HarvestSucceeded({ job_id, key_id, claim_id: 'a', manifest_sha256: sha('f'), manifest_bytes: 2048, shard_count: 3, prompt_count: 70, token_count: 303, bytes: 6000, at: at(31) });
+const failedEvent = HarvestFailed({ job_id, key_id, code: 'capture_incomplete', message: 'the engine returned 2 of 3 layers', at: at(31) });
+const cancelledEvent = HarvestCancelled({ job_id, key_id, by_key_prefix: 'ffeeddccbbaa', at: at(31) });
+const startFailed = HarvestStartFailed({ job_id, key_id, reason: 'spawn ENOENT', at: at(1) });
+/** Every way a job ends, each with what came before it. */
+const terminals: Record<string, HarvestEvent[]> = {
+  succeeded: [...allWritten, succeeded],
+  failed: [...claimedA, failedEvent],
+  cancelled: [...running, cancelledEvent],
+  start_failed: [submitted, startFailed],
+};
+
+it('streams: harvest-<jobId>, and a job id read back from its stream (a quota stream is not a job)', () => {
+  assert.is(harvestStream(job_id), `harvest-${job_id}`);
+  assert.is(harvestJobOf(harvestStream(job_id)), job_id);
+  assert.is(harvestJobOf(`harvest-quota-${key_id}`), null);
+});
+
+it('Submit makes a pending job, once; a plan whose shard count does not follow from the prompts is a bug', () => {
+  spec.given([]).when({ type: 'Submit', job }).then([submitted]);
+  spec.given([]).when({ type: 'Submit', job }).thenState((s) => {
+    assert.is(s.status, 'pending');
+    assert.is(s.counted, true);
+    assert.is(s.lastProgressAt, at(0));
+  });
+  spec.given([submitted]).when({ type: 'Submit', job }).thenRejects('job_exists');
+  assert.throws(() => harvestDecider.decide({ type: 'Submit', job: { ...job, shard_count: 2 } }, harvestDecider.initialState()), /shard_count/);
+});
+
+it('every command but Submit on a job that does not exist: no_such_job', () => {
+  const commands: HarvestCommand[] = [
+    { type: 'Start', transport: 'inprocess', now: at(1) },
+    { type: 'FailStart', reason: 'x', now: at(1) },
+    { type: 'Claim', claimId: 'a', workerId: 'w', now: at(1), leaseMs },
+    { type: 'RenewClaim', claimId: 'a', now: at(1), leaseMs },
+    shardCommand('a', 0, 1),
+    succeed(null, 1),
+    fail(null, 1),
+    cancel(1),
+    ageOut(1),
+    redispatch(1),
+  ];
+  for (const command of commands) spec.given([]).when(command).thenRejects('no_such_job');
+});
+
+it('Start: pending becomes running; a second start appends nothing; an ended job is refused', () => {
+  spec.given([submitted]).when({ type: 'Start', transport: 'inprocess', now: at(1) }).then([started]);
+  spec.given(running).when({ type: 'Start', transport: 'postgres', now: at(2) }).thenNothing();
+  for (const events of Object.values(terminals)) spec.given(events).when({ type: 'Start', transport: 'inprocess', now: at(40) }).thenRejects('job_finished');
+});
+
+it('FailStart: a pending job fails uncounted (its reason cut to length); a started one is refused, an ended one too', () => {
+  spec.given([submitted]).when({ type: 'FailStart', reason: 'spawn ENOENT', now: at(1) }).then([startFailed]);
+  spec.given([submitted, startFailed]).when({ type: 'Start', transport: 'x', now: at(2) }).thenRejects('job_finished');
+  spec.given([submitted]).when({ type: 'FailStart', reason: 'spawn ENOENT', now: at(1) }).thenState((s) => {
+    assert.equal([s.status, s.counted, s.error], ['failed', false, { code: 'start_failed', message: 'spawn ENOENT' }]);
+  });
+  spec.given([submitted]).when({ type: 'FailStart', reason: 'x'.repeat(harvestMessageMax + 10), now: at(1) }).thenState((s) => assert.is(s.error?.message.length, harvestMessageMax));
+  spec.given(running).when({ type: 'FailStart', reason: 'late', now: at(2) }).thenRejects('not_pending');
+  for (const events of Object.values(terminals)) spec.given(events).when({ type: 'FailStart', reason: 'late', now: at(40) }).thenRejects('job_finished');
+});
+
+it('Claim: a running job is claimed from the next unwritten shard, superseding any claim; the same claim again appends nothing', () => {
+  spec.given(running).when({ type: 'Claim', claimId: 'a', workerId: 'w-a', now: at(2), leaseMs }).then([claimed('a', 2)]);
+  spec.given([...claimedA, written('a', 0, 10)]).when({ type: 'Claim', claimId: 'b', workerId: 'w-b', now: at(70), leaseMs }).then([claimed('b', 70, 1)]);
+  spec.given(claimedA).when({ type: 'Claim', claimId: 'a', workerId: 'w-a', now: at(3), leaseMs }).thenNothing();
+  spec.given([submitted]).when({ type: 'Claim', claimId: 'a', workerId: 'w-a', now: at(2), leaseMs }).thenRejects('not_started');
+  for (const events of Object.values(terminals)) spec.given(events).when({ type: 'Claim', claimId: 'z', workerId: 'w', now: at(40), leaseMs }).thenRejects('job_finished');
+});
+
+it('RenewClaim: the current claim moves its lease; a superseded one is refused (the worker stops)', () => {
+  spec.given(claimedA).when({ type: 'RenewClaim', claimId: 'a', now: at(30), leaseMs }).then([HarvestClaimRenewed({ job_id, claim_id: 'a', lease_until: at(90), at: at(30) })]);
+  spec.given([...claimedA, claimed('b', 70)]).when({ type: 'RenewClaim', claimId: 'a', now: at(71), leaseMs }).thenRejects('claim_superseded', { current_claim_id: 'b' });
+  spec.given(running).when({ type: 'RenewClaim', claimId: 'a', now: at(3), leaseMs }).thenRejects('claim_superseded');
+  spec.given([submitted]).when({ type: 'RenewClaim', claimId: 'a', now: at(3), leaseMs }).thenRejects('not_started');
+  for (const events of Object.values(terminals)) spec.given(events).when({ type: 'RenewClaim', claimId: 'a', now: at(40), leaseMs }).thenRejects('job_finished');
+});
+
+it('RecordShard: the next shard of the plan is recorded and renews the lease; the last shard holds the remainder', () => {
+  spec.given(claimedA).when(shardCommand('a', 0, 10)).then([written('a', 0, 10)]);
+  spec.given([...claimedA, written('a', 0, 10), written('a', 1, 20)]).when(shardCommand('a', 2, 30)).then([written('a', 2, 30)]);
+  assert.equal(plannedShard(job, 2), { firstPrompt: 64, promptCount: 6 });
+  spec.given(claimedA).when(shardCommand('a', 0, 10)).thenState((s) => {
+    assert.is(s.claim?.leaseUntil, at(70), 'recording a shard renews the lease');
+    assert.is(s.lastProgressAt, at(10));
+    assert.is(s.shards.length, 1);
+  });
+});
+
+it('RecordShard sent again (a lost acknowledgement) appends nothing, even once the job has ended', () => {
+  spec.given([...claimedA, written('a', 0, 10)]).when(shardCommand('a', 0, 11)).thenNothing();
+  spec.given([...allWritten, succeeded]).when(shardCommand('a', 2, 40)).thenNothing();
+});
+
+it('RecordShard out of order is refused: a gap, a shard again with another file or hash, prompts off the plan, a shard past the plan', () => {
+  spec.given(claimedA).when(shardCommand('a', 1, 10)).thenRejects('shard_out_of_order', { expected_shard: 0 });
+  spec.given([...claimedA, written('a', 0, 10)]).when(shardCommand('a', 0, 11, { sha256: sha('9') })).thenRejects('shard_out_of_order', { expected_shard: 1 });
+  spec.given(claimedA).when(shardCommand('a', 0, 10, { promptCount: 31 })).thenRejects('shard_out_of_order', { expected_prompt_count: 32 });
+  spec.given(claimedA).when(shardCommand('a', 0, 10, { firstPrompt: 1 })).thenRejects('shard_out_of_order', { expected_first_prompt: 0 });
+  spec.given(allWritten).when(shardCommand('a', 3, 40, { firstPrompt: 96, promptCount: 1 })).thenRejects('shard_out_of_order', { expected_shard: null });
+});
+
+it('a superseded claim cannot record a shard (a zombie worker), nor can a job not started or ended', () => {
+  const takenOver = [...claimedA, written('a', 0, 10), claimed('b', 80, 1)];
+  spec.given(takenOver).when(shardCommand('a', 1, 81)).thenRejects('claim_superseded', { current_claim_id: 'b' });
+  spec.given(takenOver).when(shardCommand('b', 1, 82)).then([written('b', 1, 82)]);
+  spec.given([submitted]).when(shardCommand('a', 0, 10)).thenRejects('not_started');
+  spec.given([...claimedA, failedEvent]).when(shardCommand('a', 0, 40)).thenRejects('job_finished');
+});
+
+it('Succeed: once every shard is recorded, with the totals summed from the shards; again: nothing', () => {
+  spec.given(allWritten).when(succeed('a', 31)).then([succeeded]);
+  spec.given(allWritten).when(succeed(null, 31)).then([HarvestSucceeded({ ...succeeded.data, claim_id: null })]);
+  spec.given([...allWritten, succeeded]).when(succeed('a', 32)).thenNothing();
+});
+
+it('Succeed is refused with shards missing, for a superseded claim, before the start, and after another ending', () => {
+  spec.given([...claimedA, written('a', 0, 10)]).when(succeed('a', 31)).thenRejects('shards_missing', { recorded: 1, expected: 3 });
+  spec.given([...allWritten, claimed('b', 80, 3)]).when(succeed('a', 81)).thenRejects('claim_superseded');
+  spec.given([submitted]).when(succeed(null, 5)).thenRejects('not_started');
+  for (const name of ['failed', 'cancelled', 'start_failed']) spec.given(terminals[name]).when(succeed(null, 40)).thenRejects('job_finished');
+});
+
+it('Fail: a pending or running job fails; again: nothing; a superseded claim or another ending is refused', () => {
+  spec.given(claimedA).when(fail('a', 31)).then([failedEvent]);
+  spec.given(claimedA).when(fail(null, 31)).then([failedEvent]);
+  spec.given([submitted]).when(fail(null, 31)).then([failedEvent]);
+  spec.given([...claimedA, failedEvent]).when(fail(null, 32)).thenNothing();
+  spec.given([submitted, startFailed]).when(fail(null, 32)).thenNothing();
+  spec.given([...claimedA, claimed('b', 80)]).when(fail('a', 81)).thenRejects('claim_superseded');
+  for (const name of ['succeeded', 'cancelled']) spec.given(terminals[name]).when(fail(null, 40)).thenRejects('job_finished');
+});
+
+it('a racing terminal state is never overwritten: whichever ending came first stays', () => {
+  const late: HarvestCommand[] = [succeed(null, 50), fail(null, 50), cancel(50), ageOut(50 * 60), redispatch(50 * 60, 0), { type: 'Start', transport: 'x', now: at(50) }, { type: 'FailStart', reason: 'x', now: at(50) }];
+  for (const [name, events] of Object.entries(terminals)) {
+    const before = foldEvents(harvestDecider, harvestDecider.initialState(), events);
+    for (const command of late) {
+      const decided = harvestDecider.decide(command, before);
+      const appended = Array.isArray(decided) ? decided : 'rejected' in decided ? [] : [decided];
+      assert.equal(appended, [], `${command.type} after ${name}`);
+    }
+    assert.is(before.status, name === 'start_failed' ? 'failed' : name);
+  }
+});
+
+it('Cancel: a pending or running job is cancelled; an ended one is not cancellable', () => {
+  spec.given(running).when(cancel(31)).then([cancelledEvent]);
+  spec.given([submitted]).when(cancel(31)).then([cancelledEvent]);
+  for (const events of Object.values(terminals)) spec.given(events).when(cancel(40)).thenRejects('not_cancellable');
+});
+
+it('AgeOut fails only a pending or running job without progress for the stale time (claims and renewals are not progress)', () => {
+  const stale = 30 * 60_000;
+  spec.given([submitted]).when(ageOut(30 * 60, stale)).then([HarvestFailed({ job_id, key_id, code: 'stale', message: 'no progress for 30 minutes; aged out', at: at(30 * 60) })]);
+  spec.given([submitted]).when(ageOut(30 * 60 - 1, stale)).thenNothing();
+  spec.given([...claimedA, written('a', 0, 600)]).when(ageOut(600 + 30 * 60 - 1, stale)).thenNothing();
+  const renewedOnly = [...claimedA, HarvestClaimRenewed({ job_id, claim_id: 'a', lease_until: at(1800), at: at(1740) })];
+  spec.given(renewedOnly).when(ageOut(1 + 30 * 60, stale)).then([HarvestFailed({ job_id, key_id, code: 'stale', message: 'no progress for 30 minutes; aged out', at: at(1 + 30 * 60) })]);
+  for (const events of Object.values(terminals)) spec.given(events).when(ageOut(100_000, stale)).thenNothing();
+});
+
+it('Redispatch: a running job whose claim lapsed is dispatched again, its claim cleared', () => {
+  spec.given(claimedA).when(redispatch(62)).then([HarvestRedispatched({ job_id, attempt: 1, reason: 'lease lapsed', at: at(62) })]);
+  spec.given(claimedA).when(redispatch(62)).thenState((s) => assert.equal([s.claim, s.redispatches, s.redispatchedAt], [null, 1, at(62)]));
+  spec.given(claimedA).when(redispatch(61)).thenNothing();
+  spec.given([...claimedA, HarvestClaimRenewed({ job_id, claim_id: 'a', lease_until: at(120), at: at(60) })]).when(redispatch(100)).thenNothing();
+});
+
+it('Redispatch: an unclaimed running job waits a lease from its start, or from its last redispatch', () => {
+  spec.given(running).when(redispatch(60)).thenNothing();
+  spec.given(running).when(redispatch(61)).then([HarvestRedispatched({ job_id, attempt: 1, reason: 'lease lapsed', at: at(61) })]);
+  const once = [...claimedA, HarvestRedispatched({ job_id, attempt: 1, reason: 'lease lapsed', at: at(62) })];
+  spec.given(once).when(redispatch(121)).thenNothing();
+  spec.given(once).when(redispatch(122)).then([HarvestRedispatched({ job_id, attempt: 2, reason: 'lease lapsed', at: at(122) })]);
+  const state = foldEvents(harvestDecider, harvestDecider.initialState(), once);
+  assert.equal([harvestLeaseLapsed(state, at(121), leaseMs), harvestLeaseLapsed(state, at(122), leaseMs)], [false, true]);
+});
+
+it('Redispatch: once the job was redispatched the most times allowed, a lost worker fails it (worker_lost, naming the count)', () => {
+  const twice = [...running, HarvestRedispatched({ job_id, attempt: 1, reason: 'r', at: at(61) }), HarvestRedispatched({ job_id, attempt: 2, reason: 'r', at: at(121) })];
+  spec.given(twice).when(redispatch(181, 2)).then([HarvestFailed({ job_id, key_id, code: 'worker_lost', message: 'the worker was lost after 2 redispatches (at most 2); giving up', at: at(181) })]);
+  spec.given(twice).when(redispatch(181, 3)).then([HarvestRedispatched({ job_id, attempt: 3, reason: 'lease lapsed', at: at(181) })]);
+  spec.given(running).when(redispatch(61, 0)).then([HarvestFailed({ job_id, key_id, code: 'worker_lost', message: 'the worker was lost after 0 redispatches (at most 0); giving up', at: at(61) })]);
+});
+
+it('Redispatch: a pending job never started within a lease is started by the resumer; a fresh one, or an ended one, is left alone', () => {
+  spec.given([submitted]).when(redispatch(60)).then([HarvestStarted({ job_id, key_id, transport: 'resumer', at: at(60) })]);
+  spec.given([submitted]).when(redispatch(59)).thenNothing();
+  for (const events of Object.values(terminals)) spec.given(events).when(redispatch(100_000)).thenNothing();
+});
+
+it.run();
