@@ -1,0 +1,406 @@
+/**
+ * The PostgreSQL transport: one table in the store's internal schema, claimed with `FOR UPDATE SKIP
+ * LOCKED`, over the store's `SqlDatabase` (PostgreSQL, or PGlite for one process with the embedded
+ * store). A claimed message is invisible for the visibility timeout, which a heartbeat extends while
+ * its handler runs; a consumer that dies lets it lapse and another consumer takes the message.
+ */
+import { createHash, randomUUID } from 'node:crypto';
+import pg from 'pg';
+import { internalTable, type SqlDatabase } from '../store/index.ts';
+import {
+  DispatchClosed,
+  DispatchLeaseLost,
+  DispatchStopping,
+  concurrencyOf,
+  dispatchDefaults,
+  retryDelayMs,
+  type ConsumeOptions,
+  type DispatchConsumer,
+  type DispatchHandler,
+  type DispatchMessage,
+  type DispatchTimingOptions,
+  type DispatchTransport,
+} from './types.ts';
+
+export interface PostgresDispatchOptions extends DispatchTimingOptions {
+  /**
+   * A PostgreSQL connection string for one LISTEN connection of this transport: idle consumers then
+   * hear other processes' publishes at once. Without it (and on PGlite, where every consumer is in this
+   * process) they hear this process's publishes at once and others' at their next poll.
+   */
+  listenUrl?: string | null;
+  /** A claimed message is invisible to other consumers this long unless its heartbeat extends it (default 30,000 ms). */
+  visibilityTimeoutMs?: number;
+  /** How often a consumer extends the visibility of the messages its handlers hold (default a third of the timeout). */
+  heartbeatMs?: number;
+  /** An idle consumer looks for messages at least this often, whatever it hears (default 1,000 ms). */
+  pollIntervalMs?: number;
+}
+
+export const postgresDispatchDefaults = {
+  visibilityTimeoutMs: 30_000,
+  pollIntervalMs: 1_000,
+  /** A lost LISTEN connection is opened again after this long; its health is checked this often. */
+  listenRetryMs: 1_000,
+  listenCheckMs: 10_000,
+} as const;
+
+/** Process-wide wake-ups per database: transports over the same `SqlDatabase` in this process ring each other's consumers. */
+const bells = new WeakMap<SqlDatabase, Bell>();
+
+/** Tells waiting consumers of a kind that a message may be there (null: of any kind). */
+class Bell {
+  readonly #waiters = new Set<{ kind: string; ring(): void }>();
+  ring(kind: string | null): void {
+    for (const waiter of this.#waiters) if (kind === null || waiter.kind === kind) waiter.ring();
+  }
+  on(kind: string, ring: () => void): () => void {
+    const waiter = { kind, ring };
+    this.#waiters.add(waiter);
+    return () => this.#waiters.delete(waiter);
+  }
+}
+
+/** A consumer's wake-up: `wait` resolves on a ring after `seen`, or after `ms`. */
+class Waker {
+  generation = 0;
+  #wake: (() => void) | null = null;
+  ring(): void {
+    this.generation += 1;
+    this.#wake?.();
+  }
+  wait(seen: number, ms: number): Promise<void> {
+    if (this.generation !== seen) return Promise.resolve();
+    return new Promise((resolve) => {
+      const timer = setTimeout(done, ms);
+      const self = this;
+      function done() {
+        clearTimeout(timer);
+        self.#wake = null;
+        resolve();
+      }
+      this.#wake = done;
+    });
+  }
+}
+
+interface ClaimedRow {
+  id: string | null;
+  key: string | null;
+  payload: Record<string, unknown> | null;
+  deliveries: number | null;
+  next_ms: number | null;
+}
+
+interface Delivery {
+  readonly message: DispatchMessage;
+  readonly claim: string;
+  readonly controller: AbortController;
+  settled?: Promise<void>;
+}
+
+/** A NOTIFY channel of this store's schema: an identifier under 64 bytes whatever the schema's name. */
+function channelOf(db: SqlDatabase): string {
+  return `svc_dispatch_${createHash('sha256').update(db.internalSchema).digest('hex').slice(0, 16)}`;
+}
+
+/** The transport, with a way to wait for (or fail fast on) its start. */
+export interface PostgresDispatchTransport extends DispatchTransport {
+  /**
+   * Resolves once its table exists (created if missing, under an advisory lock so concurrent starts
+   * do not race) and its LISTEN connection listens. Publishing and consuming wait for it by themselves;
+   * a start that failed is tried again by the next call.
+   */
+  ready(): Promise<void>;
+}
+
+/** The transport over the store's database. Close it before the database. */
+export function postgresTransport(db: SqlDatabase, options: PostgresDispatchOptions = {}): PostgresDispatchTransport {
+  const table = internalTable(db, 'dispatch_messages');
+  const channel = channelOf(db);
+  const visibilityMs = options.visibilityTimeoutMs ?? postgresDispatchDefaults.visibilityTimeoutMs;
+  const heartbeatMs = options.heartbeatMs ?? Math.max(1, Math.floor(visibilityMs / 3));
+  const pollMs = options.pollIntervalMs ?? postgresDispatchDefaults.pollIntervalMs;
+  const graceMs = options.stopGraceMs ?? dispatchDefaults.stopGraceMs;
+  if (!(heartbeatMs > 0 && heartbeatMs < visibilityMs)) throw new RangeError(`dispatch heartbeatMs (${heartbeatMs}) must be above 0 and below visibilityTimeoutMs (${visibilityMs})`);
+  const reportError = (error: unknown, message?: DispatchMessage) => options.onError?.(error, message);
+
+  let bell = bells.get(db);
+  if (!bell) bells.set(db, (bell = new Bell()));
+  const localBell = bell;
+  /** Consumers of this transport: a NOTIFY it hears rings only these (the others' transports listen for themselves). */
+  const ownBell = new Bell();
+  let listener: { close(): Promise<void> } | null = null;
+  let closed = false;
+
+  async function start(): Promise<void> {
+    await db.transaction(async (tx) => {
+      await tx.query(`SELECT pg_advisory_xact_lock(hashtext('svc-dispatch-schema'))`);
+      // id orders each kind's line (FIFO); the unique (kind, key) is what refuses a second message of a job
+      await tx.query(`CREATE TABLE IF NOT EXISTS ${table} (
+        id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        kind text COLLATE "C" NOT NULL,
+        key text COLLATE "C" NOT NULL,
+        payload jsonb NOT NULL,
+        deliveries integer NOT NULL DEFAULT 0,
+        visible_at timestamptz NOT NULL DEFAULT now(),
+        claim uuid,
+        published_at timestamptz NOT NULL DEFAULT now(),
+        UNIQUE (kind, key)
+      )`);
+    });
+    if (options.listenUrl && !closed) listener = await listenForPublishes(options.listenUrl, channel, (kind) => ownBell.ring(kind), reportError);
+    if (closed) await listener?.close();
+  }
+  let started: Promise<void> | null = null;
+  function ready(): Promise<void> {
+    started ??= start().catch((error: unknown) => {
+      started = null;
+      throw error;
+    });
+    return started;
+  }
+
+  const consumers = new Set<{ stop(): Promise<void> }>();
+
+  const publishSql = `WITH published AS (
+      INSERT INTO ${table} (kind, key, payload) VALUES ($1, $2, $3::jsonb) ON CONFLICT (kind, key) DO NOTHING RETURNING id)
+    SELECT id::text AS id, pg_notify($4, $1) FROM published`;
+
+  // One statement claims up to $2 visible messages of kind $1, oldest first, skipping those another
+  // consumer is claiming this instant, and says when the next message of the kind becomes visible.
+  // (The second part reads the table as it was before the update: the rows claimed are left out.)
+  const claimSql = `WITH picked AS (
+      SELECT id FROM ${table} WHERE kind = $1 AND visible_at <= now() ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED),
+    claimed AS (
+      UPDATE ${table} AS m SET deliveries = m.deliveries + 1, visible_at = now() + $3::float8 * interval '1 millisecond', claim = $4::uuid
+      FROM picked WHERE m.id = picked.id RETURNING m.id, m.key, m.payload, m.deliveries)
+    SELECT id::text AS id, key, payload, deliveries, NULL::float8 AS next_ms FROM claimed
+    UNION ALL
+    SELECT NULL, NULL, NULL, NULL, (extract(epoch FROM min(visible_at) - now()) * 1000)::float8
+      FROM ${table} WHERE kind = $1 AND id NOT IN (SELECT id FROM claimed)`;
+
+  const heartbeatSql = `UPDATE ${table} AS m SET visible_at = now() + $3::float8 * interval '1 millisecond'
+    FROM unnest($1::bigint[], $2::uuid[]) AS held(id, claim) WHERE m.id = held.id AND m.claim = held.claim
+    RETURNING m.id::text AS id`;
+
+  const ackSql = `DELETE FROM ${table} WHERE id = $1 AND claim = $2::uuid`;
+  /** Visible again after the backoff; the NOTIFY lets other processes' idle consumers know when. */
+  const retrySql = `WITH retried AS (
+      UPDATE ${table} SET claim = NULL, visible_at = now() + $3::float8 * interval '1 millisecond' WHERE id = $1 AND claim = $2::uuid RETURNING kind)
+    SELECT pg_notify($4, kind) FROM retried`;
+  /** Visible again at once for another consumer; $3 takes back deliveries that never reached a handler. */
+  const releaseSql = `WITH released AS (
+      UPDATE ${table} SET claim = NULL, visible_at = now(), deliveries = deliveries - $3 WHERE id = ANY($1::bigint[]) AND claim = $2::uuid RETURNING kind)
+    SELECT pg_notify($4, kind) FROM released`;
+
+  function consume(kind: string, handler: DispatchHandler, consumeOptions?: ConsumeOptions): DispatchConsumer {
+    if (closed) throw new DispatchClosed();
+    const concurrency = concurrencyOf(consumeOptions);
+    const running = new Map<string, Delivery>();
+    const waker = new Waker();
+    const offLocal = localBell.on(kind, () => waker.ring());
+    const offOwn = ownBell.on(kind, () => waker.ring());
+    let stopping = false;
+
+    async function release(ids: string[], claim: string, undelivered: boolean): Promise<void> {
+      if (ids.length === 0) return;
+      await db.query(releaseSql, [ids, claim, undelivered ? 1 : 0, channel]).catch(reportError);
+      localBell.ring(kind);
+    }
+
+    function handle(delivery: Delivery): void {
+      running.set(delivery.message.id, delivery);
+      const { message, claim, controller } = delivery;
+      delivery.settled = Promise.resolve()
+        .then(() => handler(message, controller.signal))
+        .then(
+          async () => {
+            await db.query(ackSql, [message.id, claim]);
+          },
+          async (error: unknown) => {
+            reportError(error, message);
+            // a consumer that stopped it hands it on at once; a failure waits for its backoff
+            if (controller.signal.reason instanceof DispatchLeaseLost) return;
+            if (controller.signal.aborted) return release([message.id], claim, false);
+            await db.query(retrySql, [message.id, claim, retryDelayMs(message.deliveries, options), channel]);
+            localBell.ring(kind); // consumers recompute when it becomes visible
+          },
+        )
+        .catch((error: unknown) => reportError(error, message)) // the message stays claimed: it comes back after the visibility timeout
+        .finally(() => {
+          running.delete(message.id);
+          waker.ring();
+        });
+    }
+
+    const heartbeat = setInterval(() => {
+      if (running.size === 0) return;
+      const held = [...running.values()];
+      db.query<{ id: string }>(heartbeatSql, [held.map((d) => d.message.id), held.map((d) => d.claim), visibilityMs]).then(
+        ({ rows }) => {
+          const kept = new Set(rows.map((r) => r.id));
+          for (const delivery of held) {
+            if (!kept.has(delivery.message.id) && running.get(delivery.message.id) === delivery) delivery.controller.abort(new DispatchLeaseLost(delivery.message.id));
+          }
+        },
+        (error: unknown) => reportError(error), // unknown: the next beat tries again, within the timeout
+      );
+    }, heartbeatMs);
+
+    async function loop(): Promise<void> {
+      while (!stopping) {
+        try {
+          await ready();
+          break;
+        } catch (error) {
+          reportError(error);
+          await waker.wait(waker.generation, pollMs);
+        }
+      }
+      while (!stopping) {
+        const free = concurrency - running.size;
+        const seen = waker.generation;
+        if (free <= 0) {
+          await waker.wait(seen, pollMs);
+          continue;
+        }
+        let waitMs = pollMs;
+        try {
+          const claim = randomUUID();
+          const { rows } = await db.query<ClaimedRow>(claimSql, [kind, free, visibilityMs, claim]);
+          const claimed = rows.filter((r) => r.id !== null);
+          if (stopping) {
+            await release(claimed.map((r) => r.id!), claim, true);
+            break;
+          }
+          for (const row of claimed.sort((a, b) => Number(a.id) - Number(b.id))) {
+            const message: DispatchMessage = Object.freeze({ id: row.id!, kind, key: row.key!, payload: row.payload!, deliveries: Number(row.deliveries) });
+            handle({ message, claim, controller: new AbortController() });
+          }
+          if (claimed.length === free) continue;
+          const next = rows.find((r) => r.id === null)?.next_ms;
+          // a visible message skipped (another consumer was claiming it): look again shortly
+          if (next !== null && next !== undefined) waitMs = Math.min(pollMs, Math.max(5, Math.ceil(next)));
+        } catch (error) {
+          reportError(error);
+        }
+        await waker.wait(seen, waitMs);
+      }
+    }
+
+    const looping = loop();
+    let stopped: Promise<void> | null = null;
+    const consumer = {
+      stop(): Promise<void> {
+        stopped ??= (async () => {
+          stopping = true;
+          waker.ring();
+          offLocal();
+          offOwn();
+          const grace = setTimeout(() => {
+            for (const delivery of running.values()) delivery.controller.abort(new DispatchStopping(graceMs));
+          }, graceMs);
+          try {
+            await looping;
+            while (running.size > 0) await Promise.all([...running.values()].map((d) => d.settled));
+          } finally {
+            clearTimeout(grace);
+            clearInterval(heartbeat);
+            consumers.delete(consumer);
+          }
+        })();
+        return stopped;
+      },
+    };
+    consumers.add(consumer);
+    return consumer;
+  }
+
+  return {
+    name: 'postgres',
+    ready,
+
+    async publish(kind, key, payload) {
+      if (closed) throw new DispatchClosed();
+      await ready();
+      const { rows } = await db.query<{ id: string }>(publishSql, [kind, key, JSON.stringify(payload), channel]);
+      if (rows.length === 0) return false;
+      localBell.ring(kind);
+      return true;
+    },
+
+    consume,
+
+    async close() {
+      if (closed) return;
+      closed = true;
+      await Promise.all([...consumers].map((c) => c.stop()));
+      await started?.catch(() => {});
+      await listener?.close();
+    },
+  };
+}
+
+/**
+ * One LISTEN connection: each notification names the kind published. A lost connection is opened
+ * again (and every consumer woken, for what was published meanwhile); a silent one is found by a
+ * periodic `SELECT 1`. Consumers poll besides, so a lost notification only delays them.
+ */
+async function listenForPublishes(url: string, channel: string, heard: (kind: string | null) => void, reportError: (error: unknown) => void): Promise<{ close(): Promise<void> }> {
+  let client: pg.Client | null = null;
+  let closed = false;
+  let retry: NodeJS.Timeout | undefined;
+  let check: NodeJS.Timeout | undefined;
+
+  async function connect(): Promise<void> {
+    const next = new pg.Client({ connectionString: url, application_name: 'svc dispatch listen', connectionTimeoutMillis: 5_000, keepAlive: true, query_timeout: postgresDispatchDefaults.listenCheckMs });
+    next.on('notification', (n) => n.channel === channel && heard(n.payload ?? null));
+    const lost = (error?: unknown) => {
+      if (client !== next) return;
+      client = null;
+      clearInterval(check);
+      if (error) reportError(error);
+      next.end().catch(() => {});
+      if (!closed) retry = setTimeout(() => connect().catch((e) => lostBeforeListening(e)), postgresDispatchDefaults.listenRetryMs);
+    };
+    const lostBeforeListening = (error: unknown) => {
+      reportError(error);
+      if (!closed) retry = setTimeout(() => connect().catch(lostBeforeListening), postgresDispatchDefaults.listenRetryMs);
+    };
+    next.on('error', lost);
+    next.on('end', () => lost());
+    try {
+      await next.connect();
+      await next.query(`LISTEN "${channel}"`);
+    } catch (error) {
+      next.end().catch(() => {});
+      throw error;
+    }
+    if (closed) {
+      await next.end().catch(() => {});
+      return;
+    }
+    client = next;
+    let checking = false;
+    check = setInterval(() => {
+      if (checking) return lost(new Error('the dispatch LISTEN connection stopped answering'));
+      checking = true;
+      next.query('SELECT 1').then(() => (checking = false), lost);
+    }, postgresDispatchDefaults.listenCheckMs);
+    check.unref();
+    heard(null); // whatever was published while not listening
+  }
+
+  await connect();
+  return {
+    async close() {
+      closed = true;
+      clearTimeout(retry);
+      clearInterval(check);
+      const last = client;
+      client = null;
+      await last?.end().catch(() => {});
+    },
+  };
+}
