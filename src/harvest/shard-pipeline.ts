@@ -1,0 +1,197 @@
+// Writes a harvest's shards from captures: prompts are captured a batch at a time, the next batch's
+// capture runs while the current one is written, and each shard's tensors go to its file as their batch
+// arrives, at offsets after room reserved for the header, which is written last. So memory holds two
+// batches of captures whatever the shard size. A shard is recorded (onShardWritten, awaited) before the
+// next one is written, so records arrive in shard order.
+import { encodeSafetensorsHeader, headerRoom, layoutTensors, type PlacedTensor } from './safetensors.ts';
+import type { HarvestStorage, ShardSink } from './storage.ts';
+import type { CapturedPrompt } from './capture-decode.ts';
+
+export type { CapturedPrompt } from './capture-decode.ts';
+
+/** One shard as written and fsynced under its final name: what the worker records (RecordShard's fields). */
+export interface WrittenShard {
+  shard: number;
+  file: string;
+  firstPrompt: number;
+  promptCount: number;
+  tokenCount: number;
+  bytes: number;
+  sha256: string;
+}
+
+/** What to write: the job's facts and where this run starts. */
+export interface ShardPlan {
+  jobId: string;
+  checkpoint: string;
+  /** Layers captured, ascending (the job's resolved list). */
+  layers: readonly number[];
+  /** Width of every capture when known; null takes the first capture's and holds every other to it. */
+  dModel: number | null;
+  promptCount: number;
+  shardSize: number;
+  /** Captures in flight at most: prompts asked of captureBatch at once. */
+  batchSize: number;
+  /** The first shard to write (the claim's next_shard); earlier ones are recorded already. */
+  startShard: number;
+}
+
+export interface ShardPipelineDeps {
+  storage: HarvestStorage;
+  /** The file name of shard `shard` (storage.ts's shardFileName(shard, claimId): unique to the claim). */
+  fileNameFor(shard: number): string;
+  /** Captures prompts [firstPrompt, firstPrompt + count), in order. A throw stops the pipeline and is rethrown. */
+  captureBatch(firstPrompt: number, count: number, signal: AbortSignal): Promise<CapturedPrompt[]>;
+  /** Called once a shard is fsynced under its name, before the next is written; a throw stops the pipeline. */
+  onShardWritten(record: WrittenShard): Promise<void>;
+  /** Stops the pipeline: no further capture or write, the shard being written is removed. */
+  signal?: AbortSignal;
+}
+
+export interface ShardPipelineResult {
+  /** Shards written and recorded by this run. */
+  shardsWritten: number;
+  /** The captures' width (null when this run wrote nothing). */
+  dModel: number | null;
+}
+
+/** Shards a job of `promptCount` prompts makes at `shardSize` prompts each. */
+export function shardCountOf(promptCount: number, shardSize: number): number {
+  return Math.ceil(promptCount / shardSize);
+}
+
+interface Batch {
+  shard: number;
+  first: number;
+  count: number;
+}
+
+/** Writes shards plan.startShard .. shardCount - 1; resolves once the last one is recorded. */
+export async function runShardPipeline(plan: ShardPlan, deps: ShardPipelineDeps): Promise<ShardPipelineResult> {
+  checkPlan(plan);
+  const shardCount = shardCountOf(plan.promptCount, plan.shardSize);
+  // Our own abort stops a capture still in flight when the pipeline fails for another reason.
+  const stop = new AbortController();
+  const signal = deps.signal ? AbortSignal.any([deps.signal, stop.signal]) : stop.signal;
+  const batches: Batch[] = [];
+  for (let shard = plan.startShard; shard < shardCount; shard++) {
+    const end = Math.min((shard + 1) * plan.shardSize, plan.promptCount);
+    for (let first = shard * plan.shardSize; first < end; first += plan.batchSize) batches.push({ shard, first, count: Math.min(plan.batchSize, end - first) });
+  }
+  const metadata = {
+    job_id: plan.jobId,
+    checkpoint: plan.checkpoint,
+    layers: JSON.stringify(plan.layers),
+  };
+  let dModel = plan.dModel;
+  let shardsWritten = 0;
+  let next = 0;
+  const capture = (): Promise<CapturedPrompt[]> | null => {
+    const batch = batches[next++];
+    if (batch === undefined) return null;
+    const pending = deps.captureBatch(batch.first, batch.count, signal);
+    pending.catch(() => {}); // awaited below, or abandoned when the pipeline stops first
+    return pending;
+  };
+
+  let pending = capture();
+  let sink: ShardSink | null = null;
+  try {
+    for (let shard = plan.startShard; shard < shardCount; shard++) {
+      const firstPrompt = shard * plan.shardSize;
+      const promptCount = Math.min(plan.shardSize, plan.promptCount - firstPrompt);
+      const file = deps.fileNameFor(shard);
+      const placed: PlacedTensor[] = [];
+      let dataStart = 0;
+      let dataEnd = 0;
+      let tokenCount = 0;
+      for (let done = 0; done < promptCount; ) {
+        const first = firstPrompt + done;
+        const captured = await untilAborted(pending!, signal);
+        pending = capture(); // the next batch is captured while this one is written
+        const count = Math.min(plan.batchSize, promptCount - done);
+        if (captured.length !== count) throw new Error(`captureBatch(${first}, ${count}) returned ${captured.length} captures`);
+        dModel = checkCaptures(captured, first, plan.layers.length, dModel);
+        if (sink === null) {
+          sink = await deps.storage.createShard(plan.jobId, file);
+          dataStart = headerRoom(tensorNames(firstPrompt, promptCount), metadata);
+        }
+        for (let k = 0; k < count; k++) {
+          signal.throwIfAborted();
+          const { tokens, shape, bytes } = captured[k];
+          const i = first + k;
+          const tokenBytes = new Uint8Array(tokens.buffer, tokens.byteOffset, tokens.byteLength);
+          const { tensors } = layoutTensors([
+            { name: `prompt_${i}`, dtype: 'BF16', shape, byteLength: bytes.byteLength },
+            { name: `tokens_${i}`, dtype: 'I32', shape: [tokens.length], byteLength: tokenBytes.byteLength },
+          ]);
+          for (const t of tensors) placed.push({ ...t, begin: t.begin + dataEnd, end: t.end + dataEnd });
+          await sink.write(dataStart + dataEnd, [bytes, tokenBytes]);
+          dataEnd += bytes.byteLength + tokenBytes.byteLength;
+          tokenCount += tokens.length;
+        }
+        done += count;
+      }
+      signal.throwIfAborted();
+      await sink!.write(0, [encodeSafetensorsHeader(placed, metadata, dataStart)]);
+      const stored = await sink!.commit();
+      sink = null;
+      signal.throwIfAborted();
+      await deps.onShardWritten({ shard, file, firstPrompt, promptCount, tokenCount, bytes: stored.bytes, sha256: stored.sha256 });
+      shardsWritten++;
+    }
+  } catch (err) {
+    stop.abort(err);
+    if (sink !== null) await sink.abort();
+    throw err;
+  }
+  return { shardsWritten, dModel };
+}
+
+function checkPlan(plan: ShardPlan): void {
+  const positive = (n: number) => Number.isSafeInteger(n) && n > 0;
+  if (!positive(plan.promptCount) || !positive(plan.shardSize) || !positive(plan.batchSize)) throw new Error('promptCount, shardSize and batchSize must be positive integers');
+  if (plan.layers.length === 0) throw new Error('the plan captures no layer');
+  const shardCount = shardCountOf(plan.promptCount, plan.shardSize);
+  if (!Number.isSafeInteger(plan.startShard) || plan.startShard < 0 || plan.startShard > shardCount) throw new Error(`startShard ${plan.startShard} is outside 0..${shardCount}`);
+}
+
+function tensorNames(firstPrompt: number, promptCount: number) {
+  const names = [];
+  for (let i = firstPrompt; i < firstPrompt + promptCount; i++) names.push({ name: `prompt_${i}`, dtype: 'BF16' as const, rank: 3 }, { name: `tokens_${i}`, dtype: 'I32' as const, rank: 1 });
+  return names;
+}
+
+/** Every capture of a batch: [layers, tokens, d_model] of bf16, one token id per position, one width for the job. */
+function checkCaptures(captured: readonly CapturedPrompt[], first: number, layers: number, dModel: number | null): number {
+  let width = dModel;
+  captured.forEach((c, k) => {
+    const [l, t, d] = c.shape;
+    const where = `prompt ${first + k}`;
+    if (l !== layers) throw new Error(`${where}: the capture holds ${l} layers; the job captures ${layers}`);
+    width ??= d;
+    if (d !== width) throw new Error(`${where}: the capture is ${d} wide; the job's captures are ${width}`);
+    if (c.tokens.length !== t) throw new Error(`${where}: ${c.tokens.length} token ids for ${t} captured positions`);
+    if (c.bytes.byteLength !== l * t * d * 2) throw new Error(`${where}: ${c.bytes.byteLength} bytes do not hold bf16 [${l}, ${t}, ${d}]`);
+  });
+  return width!;
+}
+
+/** `promise`, or the abort's reason as soon as `signal` aborts (the promise is then left to settle alone). */
+function untilAborted<T>(promise: Promise<T>, signal: AbortSignal): Promise<T> {
+  if (signal.aborted) return Promise.reject(signal.reason);
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => reject(signal.reason);
+    signal.addEventListener('abort', onAbort, { once: true });
+    promise.then(
+      (value) => {
+        signal.removeEventListener('abort', onAbort);
+        resolve(value);
+      },
+      (err) => {
+        signal.removeEventListener('abort', onAbort);
+        reject(err);
+      },
+    );
+  });
+}
