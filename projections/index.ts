@@ -9,11 +9,23 @@ import { keyUsageProjection } from './key-usage.ts';
 import { meterHoldsProjection } from './meter-holds.ts';
 import { usageLedgerProjection } from './usage-ledger.ts';
 import { backendHealthProjection } from './backend-health.ts';
+import { harvestJobsProjection } from './harvest-jobs.ts';
 
 export { dailySpendProjection, spendOfDay } from './daily-spend.ts';
 export { keyUsageProjection, foldKeyUsage, keyUsageOfMonth, usageCounters, type KeyUsageRow } from './key-usage.ts';
 export { meterHoldsProjection, expiredHolds, type OpenHold } from './meter-holds.ts';
 export { usageLedgerProjection } from './usage-ledger.ts';
 export { backendHealthProjection, backendHealthRows, type BackendHealthRow } from './backend-health.ts';
+export {
+  harvestJobsProjection,
+  harvestJobRow,
+  harvestShardRows,
+  listHarvestJobs,
+  resumableHarvestJobs,
+  type HarvestJobRow,
+  type HarvestJobStatus,
+  type HarvestShardRow,
+  type ResumableHarvestRow,
+} from './harvest-jobs.ts';
 
-export const projections: readonly Projection[] = [apiKeys, keyUsageProjection, usageLedgerProjection, dailySpendProjection, meterHoldsProjection, backendHealthProjection];
+export const projections: readonly Projection[] = [apiKeys, keyUsageProjection, usageLedgerProjection, dailySpendProjection, meterHoldsProjection, backendHealthProjection, harvestJobsProjection];
