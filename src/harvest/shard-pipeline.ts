@@ -116,9 +116,10 @@ export async function runShardPipeline(plan: ShardPlan, deps: ShardPipelineDeps)
           sink = await deps.storage.createShard(plan.jobId, file);
           dataStart = headerRoom(tensorNames(firstPrompt, promptCount), metadata);
         }
-        for (let k = 0; k < count; k++) {
-          signal.throwIfAborted();
-          const { tokens, shape, bytes } = captured[k];
+        // The whole batch in one positional writev: it runs in libuv's pool while the next batch is decoded.
+        const chunks: Uint8Array[] = [];
+        const batchStart = dataEnd;
+        captured.forEach(({ tokens, shape, bytes }, k) => {
           const i = first + k;
           const tokenBytes = new Uint8Array(tokens.buffer, tokens.byteOffset, tokens.byteLength);
           const { tensors } = layoutTensors([
@@ -126,10 +127,12 @@ export async function runShardPipeline(plan: ShardPlan, deps: ShardPipelineDeps)
             { name: `tokens_${i}`, dtype: 'I32', shape: [tokens.length], byteLength: tokenBytes.byteLength },
           ]);
           for (const t of tensors) placed.push({ ...t, begin: t.begin + dataEnd, end: t.end + dataEnd });
-          await sink.write(dataStart + dataEnd, [bytes, tokenBytes]);
+          chunks.push(bytes, tokenBytes);
           dataEnd += bytes.byteLength + tokenBytes.byteLength;
           tokenCount += tokens.length;
-        }
+        });
+        signal.throwIfAborted();
+        await sink.write(dataStart + batchStart, chunks);
         done += count;
       }
       signal.throwIfAborted();

@@ -4,6 +4,7 @@
 import { Buffer } from 'node:buffer';
 import { createHash, randomBytes } from 'node:crypto';
 import { mkdir, open, readdir, readFile, rename, rm, unlink, type FileHandle } from 'node:fs/promises';
+import { Worker } from 'node:worker_threads';
 import { join } from 'node:path';
 import type { Readable } from 'node:stream';
 import { parseManifest, serializeManifest, type HarvestManifest } from './manifest.ts';
@@ -226,6 +227,25 @@ async function openSink(dir: string, file: string): Promise<ShardSink> {
   let end = 0; // the file's length so far
   let written = 0; // bytes written: equal to `end` when the writes tiled the file
   let state: 'open' | 'committed' | 'aborted' = 'open';
+  // Writeback started after each write, in the background: the disk works while the next captures are
+  // decoded, instead of idling until the commit's fsync (the kernel starts on its own only past
+  // dirty_background_ratio, gigabytes). One at a time; its failure surfaces at the next call.
+  let flushing: Promise<unknown> | null = null;
+  let flushError: unknown = null;
+  const flushInBackground = () => {
+    if (flushing !== null) return;
+    flushing = handle.datasync().then(
+      () => (flushing = null),
+      (err) => {
+        flushError ??= err;
+        flushing = null;
+      },
+    );
+  };
+  const settleFlush = async () => {
+    if (flushing !== null) await flushing;
+    if (flushError !== null) throw flushError;
+  };
   const ensureOpen = () => {
     if (state !== 'open') throw new HarvestStorageError(`the shard ${file} is already ${state}`);
   };
@@ -246,6 +266,8 @@ async function openSink(dir: string, file: string): Promise<ShardSink> {
       }
       written += length;
       end = Math.max(end, position + length);
+      if (flushError !== null) throw flushError;
+      flushInBackground();
     },
 
     async commit() {
@@ -254,9 +276,10 @@ async function openSink(dir: string, file: string): Promise<ShardSink> {
       state = 'committed';
       let sha256: string;
       try {
-        // The hash reads the bytes back (from the page cache) while the fsync runs: the header is
-        // written last, so the file's bytes were never written in order to hash them on the way.
-        [, sha256] = await Promise.all([handle.sync(), hashHandle(handle, end)]);
+        await settleFlush();
+        // The hash reads the bytes back (from the page cache), in its own thread, while the fsync runs:
+        // the header is written last, so the file's bytes were never written in order to hash on the way.
+        [, sha256] = await Promise.all([handle.sync(), hasher.hash(temp, end)]);
         await handle.close();
         await rename(temp, join(dir, file));
       } catch (err) {
@@ -271,6 +294,7 @@ async function openSink(dir: string, file: string): Promise<ShardSink> {
     async abort() {
       if (state !== 'open') return;
       state = 'aborted';
+      await flushing;
       await handle.close().catch(() => {});
       await unlink(temp).catch((err: NodeJS.ErrnoException) => {
         if (err.code !== 'ENOENT') throw err;
@@ -292,21 +316,72 @@ function skipBytes(chunks: readonly Uint8Array[], n: number): Uint8Array[] {
   return out;
 }
 
-/** sha256 of the first `size` bytes of an open file, read in pieces (one read ahead while hashing the last). */
-async function hashHandle(handle: FileHandle, size: number): Promise<string> {
-  const hash = createHash('sha256');
-  const pieces = [Buffer.allocUnsafeSlow(Math.min(HASH_PIECE, size)), Buffer.allocUnsafeSlow(Math.min(HASH_PIECE, size))];
-  let position = 0;
-  let turn = 0;
-  const readAt = (at: number) => handle.read(pieces[turn], 0, Math.min(HASH_PIECE, size - at), at);
-  let pending = size > 0 ? readAt(0) : null;
-  while (pending) {
-    const { bytesRead, buffer } = await pending;
-    if (bytesRead === 0) throw new HarvestStorageError(`the file ended at ${position} bytes; ${size} were written`);
-    position += bytesRead;
-    turn ^= 1;
-    pending = position < size ? readAt(position) : null;
-    hash.update(buffer.subarray(0, bytesRead));
+// sha256 of a file in a thread of its own, so that the main thread goes on decoding the next captures
+// meanwhile (hashing costs about as much CPU as decoding base64). CommonJS evaluated as is: no loader.
+const HASHER_SOURCE = `
+const { parentPort } = require('node:worker_threads');
+const { createHash } = require('node:crypto');
+const { openSync, readSync, closeSync } = require('node:fs');
+const piece = Buffer.allocUnsafe(${HASH_PIECE});
+parentPort.on('message', ({ id, path, size }) => {
+  let fd = -1;
+  try {
+    fd = openSync(path, 'r');
+    const hash = createHash('sha256');
+    for (let at = 0; at < size; ) {
+      const n = readSync(fd, piece, 0, Math.min(piece.length, size - at), at);
+      if (n === 0) throw new Error('the file ended at ' + at + ' bytes; ' + size + ' were written');
+      hash.update(piece.subarray(0, n));
+      at += n;
+    }
+    parentPort.postMessage({ id, sha256: hash.digest('hex') });
+  } catch (err) {
+    parentPort.postMessage({ id, error: String((err && err.message) || err) });
+  } finally {
+    if (fd >= 0) closeSync(fd);
   }
-  return hash.digest('hex');
+});
+`;
+
+/** One hashing thread per process, started on first use; it keeps the process alive only while it hashes. */
+class FileHasher {
+  #worker: Worker | null = null;
+  readonly #pending = new Map<number, { resolve: (sha256: string) => void; reject: (err: Error) => void }>();
+  #next = 0;
+
+  /** sha256 (hex) of the first `size` bytes of the file at `path`. */
+  hash(path: string, size: number): Promise<string> {
+    const worker = this.#worker ?? this.#start();
+    const id = this.#next++;
+    return new Promise((resolve, reject) => {
+      this.#pending.set(id, { resolve, reject });
+      worker.ref();
+      worker.postMessage({ id, path, size });
+    });
+  }
+
+  #start(): Worker {
+    const worker = new Worker(HASHER_SOURCE, { eval: true, execArgv: [] });
+    worker.unref();
+    worker.on('message', (reply: { id: number; sha256?: string; error?: string }) => {
+      const waiting = this.#pending.get(reply.id);
+      this.#pending.delete(reply.id);
+      if (this.#pending.size === 0) worker.unref();
+      if (reply.error !== undefined) waiting?.reject(new HarvestStorageError(reply.error));
+      else waiting?.resolve(reply.sha256!);
+    });
+    worker.on('error', (err) => this.#lost(worker, err));
+    worker.on('exit', (code) => this.#lost(worker, new HarvestStorageError(`the hashing thread exited with ${code}`)));
+    this.#worker = worker;
+    return worker;
+  }
+
+  #lost(worker: Worker, err: Error): void {
+    if (this.#worker !== worker) return;
+    this.#worker = null;
+    for (const waiting of this.#pending.values()) waiting.reject(err);
+    this.#pending.clear();
+  }
 }
+
+const hasher = new FileHasher();
