@@ -7,12 +7,12 @@ import { badJson, bodyTooLarge, notJson } from './body.ts';
 import { requestIdFor } from './request-id.ts';
 
 /** Maps anything thrown on the request path to the contract's envelope; internals never leak. */
-export function toApiError(err: unknown): ApiError {
+export function toApiError(err: unknown, bodyLimit?: number): ApiError {
   if (err instanceof ApiError) return err;
   const e = err as FastifyError & { body?: unknown };
   switch (e?.code) {
     case 'FST_ERR_CTP_BODY_TOO_LARGE':
-      return bodyTooLarge();
+      return bodyTooLarge(bodyLimit);
     case 'FST_ERR_CTP_INVALID_JSON_BODY':
     case 'FST_ERR_CTP_EMPTY_JSON_BODY':
       return badJson();
@@ -23,7 +23,7 @@ export function toApiError(err: unknown): ApiError {
   }
   if (e instanceof StoreUnavailable) return apiError('store_unavailable', 'the event store is unavailable; nothing was done, try again');
   if (e instanceof SyntaxError || e?.name === 'SyntaxError') return badJson();
-  if (typeof e?.statusCode === 'number' && e.statusCode === 413) return bodyTooLarge();
+  if (typeof e?.statusCode === 'number' && e.statusCode === 413) return bodyTooLarge(bodyLimit);
   // A plugin's own refusal (the static files of /swagger: 403 for a path outside them, 404): not there.
   if (e?.statusCode === 403 || e?.statusCode === 404) return apiError('not_found', 'no such file');
   return apiError('internal_error', 'internal error');
@@ -42,7 +42,7 @@ export function installErrorHandling(app: FastifyInstance): void {
   });
 
   app.setErrorHandler((err, request, reply) => {
-    const error = toApiError(err);
+    const error = toApiError(err, request.routeOptions?.bodyLimit);
     if (error.code === 'internal_error') request.log.error({ err: { message: (err as Error)?.message, stack: (err as Error)?.stack } }, 'unhandled error');
     return sendApiError(request, reply, error);
   });

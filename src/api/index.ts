@@ -10,3 +10,4 @@ export { decorateAuthenticatedRequest, requireApiKey, requireAdminToken } from '
 export { modelRoutes } from './models.ts';
 export { modelStatusRoutes, modelStatusSource, type ModelStatusSource } from './model-status.ts';
 export { adminTag, adminSecurity, apiKeySecurity, errorResponses, okResponse } from './route-schema.ts';
+export { harvestRoutes, HarvestJob, type HarvestRouteOptions } from './harvest.ts';

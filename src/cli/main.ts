@@ -3,7 +3,9 @@ import { ConfigError, loadSettings, resolveAdminToken, type Settings } from '../
 const usage = `usage: svc <command> [options]
 
 commands:
-  serve [--sql-port N]           run the gateway (store, reference engines, API) on HOST:PORT;
+  serve [--sql-port N] [--no-workers]
+                                 run the gateway (store, reference engines, API, harvest workers) on HOST:PORT;
+                                 --no-workers: leave harvest jobs to \`svc worker\` processes
                                  --sql-port: the embedded store, read-only, over the PostgreSQL protocol on 127.0.0.1:N (0: any)
   sql "SELECT ..." [--json]      one read-only query (while the gateway runs: through its SQL port)
   sql-role NAME                  PostgreSQL: a login role that reads the analysts' tables and events only
@@ -17,19 +19,27 @@ commands:
   events read STREAM [--json]    one stream's events: version, type, time, data, metadata
   events tail [--json] [--from POSITION|start]
                                  follow the global log live (from the head by default)
+  worker                         work on harvest jobs only (no HTTP): needs DATABASE_URL and SVC_HARVEST_TRANSPORT=postgres
+  harvest submit|watch|download  bulk activation harvests through a running gateway (svc harvest --help)
   keys create|list|show|pause|resume|revoke|set-budget
                                  manage API keys through a running gateway (svc keys --help)
 
 environment: PORT (8080), HOST (127.0.0.1), DATA_DIR (./data), DATABASE_URL, SVC_CONFIG (models file),
-             SVC_ADMIN_TOKEN, LOG_LEVEL (info), SVC_URL (svc keys: http://127.0.0.1:8080)`;
+             SVC_ADMIN_TOKEN, LOG_LEVEL (info), SVC_URL (svc keys, svc harvest: http://127.0.0.1:8080),
+             SVC_API_KEY (svc harvest)`;
 
-async function serve(settings: Settings, args: string[]): Promise<number> {
+async function serve(settings: Settings, args: string[], role: 'serve' | 'worker' = 'serve'): Promise<number> {
   let sqlPort: number | null = null;
+  const usageLine = role === 'worker' ? 'usage: svc worker' : 'usage: svc serve [--sql-port N] [--no-workers]   (N: a TCP port on 127.0.0.1, 0 for any free one)';
   for (let i = 0; i < args.length; i++) {
     const [flag, inline] = args[i].split('=', 2);
-    const value = flag === '--sql-port' ? Number(inline ?? args[++i]) : NaN;
+    if (role === 'serve' && flag === '--no-workers' && inline === undefined) {
+      settings = { ...settings, harvest: { ...settings.harvest, workers: 0 } };
+      continue;
+    }
+    const value = role === 'serve' && flag === '--sql-port' ? Number(inline ?? args[++i]) : NaN;
     if (!(Number.isInteger(value) && value >= 0 && value < 65536)) {
-      process.stderr.write('usage: svc serve [--sql-port N]   (N: a TCP port on 127.0.0.1, 0 for any free one)\n');
+      process.stderr.write(`${usageLine}\n`);
       return 2;
     }
     sqlPort = value;
@@ -38,6 +48,11 @@ async function serve(settings: Settings, args: string[]): Promise<number> {
     process.stderr.write('svc serve: --sql-port serves the embedded store; with DATABASE_URL, give analysts a read-only role (svc sql-role NAME)\n');
     return 2;
   }
+  if (role === 'worker' && (!settings.databaseUrl || settings.harvest.transport !== 'postgres')) {
+    process.stderr.write('svc worker: a worker process shares the gateway\'s PostgreSQL: set DATABASE_URL, and SVC_HARVEST_TRANSPORT=postgres here and on the gateways\n');
+    return 2;
+  }
+  if (role === 'worker' && settings.harvest.workers === 0) settings = { ...settings, harvest: { ...settings.harvest, workers: 1 } };
   // Signals count from here: one that comes while the gateway starts stops it once it has started. npm
   // forwards SIGINT/SIGTERM to its script although the process group got it too: one shutdown either way.
   let stopSignal: NodeJS.Signals | null = null;
@@ -50,17 +65,18 @@ async function serve(settings: Settings, args: string[]): Promise<number> {
   for (const signal of ['SIGTERM', 'SIGINT', 'SIGHUP'] as const) process.on(signal, onSignal);
   const { checkServeCanStart, startGateway } = await import('../gateway/index.ts');
   // Before anything starts: a held data directory or a taken port is one line, not a stack trace later.
-  await checkServeCanStart(settings, sqlPort);
+  if (role === 'serve') await checkServeCanStart(settings, sqlPort);
   const admin = resolveAdminToken(process.env, settings.dataDir);
   // SVC_ENGINE_CHAOS=1 gives reference engines their failure-injection route (for tests of a whole `svc serve`).
   // The store's nested-call check costs promise hooks on every promise (see OpenEventStoreOptions.nestedCallCheck);
   // the in-process gateway of the tests keeps it, so a served gateway goes without.
-  const gateway = await startGateway(settings, { chaosEngines: process.env.SVC_ENGINE_CHAOS === '1', adminToken: admin.token, storeNestedCallCheck: false, sqlPort });
+  const gateway = await startGateway(settings, { chaosEngines: process.env.SVC_ENGINE_CHAOS === '1', adminToken: admin.token, storeNestedCallCheck: false, sqlPort, role });
   if (admin.created) {
     // Printed once, on the first start; it is kept under DATA_DIR readable by the owner only.
     process.stderr.write(`\nadmin token (shown once, stored in ${settings.dataDir}/admin-token): ${admin.token}\n\n`);
   }
-  process.stderr.write(`svc gateway listening on ${gateway.url}${gateway.sqlPort === null ? '' : `, SQL (read-only) on 127.0.0.1:${gateway.sqlPort}`}\n`);
+  if (role === 'worker') process.stderr.write(`svc worker working on harvest jobs (${settings.harvest.workers} at a time)\n`);
+  else process.stderr.write(`svc gateway listening on ${gateway.url}${gateway.sqlPort === null ? '' : `, SQL (read-only) on 127.0.0.1:${gateway.sqlPort}`}\n`);
   if (!stopSignal) await new Promise<void>((resolve) => (wake = resolve));
   gateway.logger.info({ signal: stopSignal }, 'shutting down: draining in-flight requests');
   // The drain closes connections at the grace; this is the backstop should a later step hang.
@@ -93,6 +109,16 @@ async function main(argv: string[]): Promise<number> {
     case 'engine': {
       const { engineCommand } = await import('./engine.ts');
       return engineCommand(args, settings);
+    }
+    case 'worker':
+      return serve(settings, args, 'worker');
+    case 'harvest': {
+      const { harvestCommand, harvestUsage } = await import('./harvest.ts');
+      if (args.length === 0 || args[0] === '--help' || args[0] === 'help') {
+        process.stdout.write(`${harvestUsage}\n`);
+        return args.length === 0 ? 2 : 0;
+      }
+      return harvestCommand(args);
     }
     case 'keys': {
       const { keysCommand, keysUsage } = await import('./keys.ts');

@@ -38,6 +38,33 @@ export interface Settings {
   dailySpendCap: number | null;
   /** Reference engines (src/platforms): started on the first request unless warm at start, stopped after the idle window, waited out by requests. */
   engines: EngineSettings;
+  /** Bulk activation harvests (src/harvest): the submit caps, the workers of this process, leases and long-polls. */
+  harvest: HarvestSettings;
+}
+
+export interface HarvestSettings {
+  /** A submit whose Content-Length is above this is 413 before its body is read. */
+  maxBodyBytes: number;
+  maxPrompts: number;
+  /** Estimated tokens (characters / 4) of all prompts together. */
+  maxEstimatedTokens: number;
+  /** Pending plus running jobs per key. */
+  maxRunningPerKey: number;
+  /** A pending or running job without progress this long is aged out (failed) at the next submit of its key. */
+  staleAfterMs: number;
+  /** batch_size when the request leaves it null. */
+  defaultBatchSize: number;
+  /** `inprocess` (default) or `postgres` (the store's database; for separate `svc worker` processes). */
+  transport: 'inprocess' | 'postgres';
+  /** Jobs this process works on at once; 0: this process runs no harvest worker (`svc serve --no-workers`). */
+  workers: number;
+  /** A worker's claim on a job lapses this long after its last renewal; the resumer then dispatches the job again. */
+  leaseMs: number;
+  /** A job dispatched again this many times without finishing is failed (`worker_lost`). */
+  maxRedispatches: number;
+  /** `?wait=` long-polls waiting at once, per key and in all (per process); more are answered at once, declined. */
+  longPollsPerKey: number;
+  longPollsTotal: number;
 }
 
 export interface EngineSettings {
@@ -159,6 +186,12 @@ function numberFromEnv(env: NodeJS.ProcessEnv, name: string): number | null {
   return n;
 }
 
+function harvestTransportFromEnv(env: NodeJS.ProcessEnv): HarvestSettings['transport'] {
+  const value = env.SVC_HARVEST_TRANSPORT || 'inprocess';
+  if (value !== 'inprocess' && value !== 'postgres') throw new ConfigError(`invalid environment variable SVC_HARVEST_TRANSPORT: "${value}" is not inprocess or postgres`);
+  return value;
+}
+
 export function loadSettings(env: NodeJS.ProcessEnv = process.env, overrides: Partial<Settings> = {}): Settings {
   const configPath = overrides.configPath !== undefined ? overrides.configPath : env.SVC_CONFIG || null;
   const models = overrides.models ?? loadServiceConfig(configPath).models;
@@ -187,6 +220,20 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env, overrides: Pa
       graceMs: intFromEnv(env, 'SVC_COLD_BOOT_GRACE_MS', 1_000, 0, 3600_000),
       keepaliveMs: intFromEnv(env, 'SVC_COLD_BOOT_KEEPALIVE_MS', 5_000, 1, 3600_000),
       bootDeadlineMs: intFromEnv(env, 'SVC_COLD_BOOT_DEADLINE_MS', 14 * 60 * 1000, 1, 24 * 3600 * 1000),
+    },
+    harvest: {
+      maxBodyBytes: intFromEnv(env, 'SVC_HARVEST_MAX_BODY_BYTES', 50 * 1024 * 1024, 1, 2 ** 31 - 1),
+      maxPrompts: intFromEnv(env, 'SVC_HARVEST_MAX_PROMPTS', 4096, 1, 10_000_000),
+      maxEstimatedTokens: intFromEnv(env, 'SVC_HARVEST_MAX_ESTIMATED_TOKENS', 2_000_000, 1, 2 ** 31 - 1),
+      maxRunningPerKey: intFromEnv(env, 'SVC_HARVEST_MAX_RUNNING_PER_KEY', 3, 1, 1_000_000),
+      staleAfterMs: intFromEnv(env, 'SVC_HARVEST_STALE_MINUTES', 180, 1, 7 * 24 * 60) * 60_000,
+      defaultBatchSize: intFromEnv(env, 'SVC_HARVEST_DEFAULT_BATCH_SIZE', 8, 1, 64),
+      transport: harvestTransportFromEnv(env),
+      workers: intFromEnv(env, 'SVC_HARVEST_WORKERS', 1, 0, 64),
+      leaseMs: intFromEnv(env, 'SVC_HARVEST_LEASE_MS', 30_000, 100, 3600_000),
+      maxRedispatches: intFromEnv(env, 'SVC_HARVEST_MAX_REDISPATCHES', 5, 1, 1000),
+      longPollsPerKey: intFromEnv(env, 'SVC_HARVEST_LONGPOLLS_PER_KEY', 4, 0, 100_000),
+      longPollsTotal: intFromEnv(env, 'SVC_HARVEST_LONGPOLLS_TOTAL', 8, 0, 1_000_000),
     },
     ...overrides,
     configPath,

@@ -39,6 +39,9 @@ export const errorCatalogue = {
   // 403 when the key was found paused or revoked at the reservation re-check, after authentication.
   invalid_api_key: { status: 401, type: 'authentication_error', otherStatuses: [403] },
   not_found: { status: 404, type: 'not_found_error' },
+  harvest_job_not_found: { status: 404, type: 'not_found_error' },
+  harvest_shard_not_found: { status: 404, type: 'not_found_error' },
+  harvest_not_cancellable: { status: 409, type: 'invalid_request_error' },
   key_revoked: { status: 409, type: 'invalid_request_error' },
   method_not_allowed: { status: 405, type: 'invalid_request_error' },
   request_too_large: { status: 413, type: 'invalid_request_error', noRetry: true },
@@ -46,6 +49,8 @@ export const errorCatalogue = {
   spend_cap: { status: 429, type: 'rate_limit_error', retryAfter: 3600 },
   queue_full: { status: 429, type: 'rate_limit_error', retryAfter: 1 },
   rate_limited: { status: 429, type: 'rate_limit_error', retryAfter: 1 },
+  harvest_quota_exceeded: { status: 429, type: 'rate_limit_error', retryAfter: 3600 },
+  harvest_concurrency_exceeded: { status: 429, type: 'rate_limit_error', retryAfter: 30 },
   upstream_unreachable: { status: 502, type: 'upstream_error', retryAfter: 5, upstream: true },
   capture_incomplete: { status: 502, type: 'upstream_error', retryAfter: 5, upstream: true },
   engine_oom: { status: 502, type: 'upstream_error', retryAfter: 10, upstream: true },
@@ -56,6 +61,7 @@ export const errorCatalogue = {
   platform_cold_boot: { status: 503, type: 'upstream_error', retryAfter: 30, upstream: true },
   circuit_open: { status: 503, type: 'upstream_error', retryAfter: 30, upstream: true },
   tokenizer_unavailable: { status: 503, type: 'server_error', retryAfter: 10 },
+  harvest_unavailable: { status: 503, type: 'server_error', retryAfter: 10 },
   upstream_deadline: { status: 504, type: 'upstream_error', noRetry: true, upstream: true },
   internal_error: { status: 500, type: 'server_error' },
 } as const satisfies Record<string, CatalogueEntry>;

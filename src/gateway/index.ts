@@ -16,6 +16,7 @@ import {
   modelRoutes,
   modelStatusRoutes,
   modelStatusSource,
+  harvestRoutes,
   requireApiKey,
   type BackendHealth,
   type Logger,
@@ -36,6 +37,9 @@ import { WorkflowProcessor } from '../workflow-processor/index.ts';
 import { workflows } from '../../commands/index.ts';
 import { projections } from '../../projections/index.ts';
 import { lastCompletions } from '../../projections/backend-health.ts';
+import { fileHarvestStorage, HarvestResumer, HarvestService, HarvestWorker } from '../harvest/index.ts';
+import { inProcessTransport, postgresTransport, type DispatchTransport } from '../dispatch/index.ts';
+import { join } from 'node:path';
 
 export { checkServeCanStart, ServeBlocked } from './preflight.ts';
 
@@ -52,6 +56,8 @@ export interface GatewayOptions {
   storeNestedCallCheck?: boolean;
   /** Serve the embedded store read-only over the PostgreSQL wire protocol on this loopback port (0: any free one); off by default. */
   sqlPort?: number | null;
+  /** `worker` (`svc worker`): everything but the HTTP API, for a process that only works on harvest jobs. */
+  role?: 'serve' | 'worker';
 }
 
 export interface Gateway {
@@ -67,6 +73,8 @@ export interface Gateway {
   keys: KeyService;
   /** Each backend's circuit breaker and boot stages (src/backends). */
   backends: BackendService;
+  /** Bulk activation harvests: the service behind the routes (src/harvest). */
+  harvests: HarvestService;
   /** Resolves once every projection has applied every event committed before the call. */
   projectionsCaughtUp(): Promise<void>;
   logger: Logger;
@@ -261,6 +269,34 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     );
     stoppers.push(() => engines.close());
 
+    // Harvests: jobs dispatched on a transport to this process's workers (or another's), shards under DATA_DIR/harvest.
+    const harvestStorage = fileHarvestStorage(join(settings.dataDir, 'harvest'));
+    const transport: DispatchTransport = settings.harvest.transport === 'postgres' ? postgresTransport(store) : inProcessTransport();
+    stoppers.push(() => transport.close());
+    const harvests = new HarvestService({ handler: commands, db: store, storage: harvestStorage, transport, registry, settings: settings.harvest, logger });
+    harvests.start();
+    stoppers.push(async () => harvests.stop());
+    if (settings.harvest.workers > 0) {
+      const worker = new HarvestWorker({
+        service: harvests,
+        storage: harvestStorage,
+        transport,
+        registry,
+        engines,
+        context: { registry, requestWindowMs: settings.requestWindowMs, deadlineTokensPerSecond: settings.deadlineTokensPerSecond },
+        settings: settings.harvest,
+        platformOf: (modelId) => platforms.get(modelId),
+        backends: backendService,
+        metering: metering ? { meter: metering, key: (prefix) => keys.current(prefix) } : null,
+        logger,
+      });
+      worker.start();
+      stoppers.push(() => worker.stop());
+    }
+    const resumer = new HarvestResumer({ service: harvests, db: store, leaseMs: settings.harvest.leaseMs, maxRedispatches: settings.harvest.maxRedispatches, logger });
+    resumer.start();
+    stoppers.push(() => resumer.stop());
+
     // Each model's last completion across processes: the backend_health projection's, read every second, or this process's own if later.
     const lastCompletion = new LastCompletions(settings.projections ? () => lastCompletions(store) : null);
     await lastCompletion.start();
@@ -314,17 +350,22 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
         modelRoutes(scope, registry, authenticate);
         modelStatusRoutes(scope, registry, modelStatusSource({ platforms, warm, freshMs, loggedStage: (id, backend) => backendService.snapshot(id, backend)?.boot ?? null }), authenticate);
         adminKeyRoutes(scope, { keys, adminToken, db: store, projectionsCaughtUp });
+        harvestRoutes(scope, { service: harvests, authenticate });
         // Prometheus metrics for operators, behind the admin token.
         metricsRoutes(scope, { adminToken, backends: () => backendService.snapshots(), projectionLag: () => runner.status(), requests: metering ? () => metering.counts() : undefined, observed });
       },
     });
     const connections = trackConnections(app.server);
     stoppers.push(() => drainAndClose(app, settings.shutdownGraceMs, connections));
-    // The port was checked before anything started (preflight.ts); another process can still take it meanwhile.
-    const address = await app.listen({ port: settings.port, host: settings.host }).catch((err: NodeJS.ErrnoException) => {
-      throw portBlocked(err, settings.port, settings.host, 'PORT') ?? err;
-    });
-    logger.info({ url: address }, 'gateway listening');
+    // A worker process (`svc worker`) serves no HTTP: the app is built but never listens.
+    let address = '';
+    if (options.role !== 'worker') {
+      // The port was checked before anything started (preflight.ts); another process can still take it meanwhile.
+      address = await app.listen({ port: settings.port, host: settings.host }).catch((err: NodeJS.ErrnoException) => {
+        throw portBlocked(err, settings.port, settings.host, 'PORT') ?? err;
+      });
+      logger.info({ url: address }, 'gateway listening');
+    }
 
     let closing: Promise<void> | null = null;
     return {
@@ -336,6 +377,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
       commands,
       keys,
       backends: backendService,
+      harvests,
       projectionsCaughtUp,
       logger,
       engineUrls,
