@@ -8,8 +8,8 @@
  *
  * While running, a worker claims the job (a fencing token: a later claim supersedes it, and the
  * superseded worker's records are refused), renews its lease, and records shards one by one in
- * plan order. The resumer redispatches a job whose claim's lease lapsed, and fails it once it was
- * lost too often. A terminal state is final: whatever races it (a poll, a worker, the resumer) is
+ * plan order. The resumer redispatches a job whose claim's lease lapsed (its worker died), and fails
+ * it once its worker was lost too many times in a row without a shard written. A terminal state is final: whatever races it (a poll, a worker, the resumer) is
  * refused or appends nothing, so it is never overwritten. Time, ids and limits come in on the
  * commands.
  */
@@ -55,7 +55,9 @@ export interface HarvestState {
   /** The latest of submitted, started and shard written (claims and renewals are not progress). */
   readonly lastProgressAt: string | null;
   readonly redispatches: number;
-  /** The last redispatch: an unclaimed running job's lease is counted from it (else from its start). */
+  /** Redispatches since the last shard was written: a worker lost this many times in a row fails the job. */
+  readonly lostInARow: number;
+  /** The last redispatch (the resumer publishes an unclaimed job again a lease after it, or after its start). */
   readonly redispatchedAt: string | null;
   readonly finishedAt: string | null;
   readonly error: { readonly code: string; readonly message: string } | null;
@@ -100,6 +102,7 @@ const initialState: HarvestState = {
   shards: [],
   lastProgressAt: null,
   redispatches: 0,
+  lostInARow: 0,
   redispatchedAt: null,
   finishedAt: null,
   error: null,
@@ -117,12 +120,14 @@ export function plannedShard(job: Pick<HarvestSubmittedData, 'shard_size' | 'pro
   return { firstPrompt, promptCount: Math.min(job.shard_size, job.prompt_count - firstPrompt) };
 }
 
-/** Whether a running job's worker is gone at `now`: its claim's lease lapsed, or no claim came within a lease of its (re)dispatch. */
-export function harvestLeaseLapsed(state: HarvestState, now: string, leaseMs: number): boolean {
+/**
+ * Whether a running job's worker is gone at `now`: its claim's lease lapsed. An unclaimed job is
+ * waiting in its transport (every worker busy, or none running): nothing was lost that an event could
+ * fix; the resumer publishes it again, which a transport that holds it already ignores.
+ */
+export function harvestLeaseLapsed(state: HarvestState, now: string): boolean {
   if (state.status !== 'running') return false;
-  if (state.claim) return Date.parse(now) >= Date.parse(state.claim.leaseUntil);
-  const since = state.redispatchedAt ?? state.startedAt;
-  return since !== null && elapsed(since, now) >= leaseMs;
+  return state.claim !== null && Date.parse(now) >= Date.parse(state.claim.leaseUntil);
 }
 
 const finished = (state: HarvestState): HarvestRejection =>
@@ -148,10 +153,10 @@ export const harvestDecider: Decider<HarvestState, HarvestCommand, HarvestEvent,
       case 'HarvestShardWritten': {
         const { job_id: _job, lease_until: leaseUntil, ...shard } = event.data;
         const claim = state.claim?.id === event.data.claim_id ? { ...state.claim, leaseUntil } : state.claim;
-        return { ...state, shards: [...state.shards, shard], claim, lastProgressAt: latest(state.lastProgressAt, event.data.at) };
+        return { ...state, shards: [...state.shards, shard], claim, lastProgressAt: latest(state.lastProgressAt, event.data.at), lostInARow: 0 };
       }
       case 'HarvestRedispatched':
-        return { ...state, claim: null, redispatches: event.data.attempt, redispatchedAt: event.data.at };
+        return { ...state, claim: null, redispatches: event.data.attempt, redispatchedAt: event.data.at, lostInARow: state.lostInARow + 1 };
       case 'HarvestSucceeded':
         return { ...state, status: 'succeeded', finishedAt: event.data.at, claim: null };
       case 'HarvestFailed':
@@ -265,9 +270,15 @@ export const harvestDecider: Decider<HarvestState, HarvestCommand, HarvestEvent,
           // Submitted but never started: the process that was to start it died in between.
           return elapsed(job.at, at) >= command.leaseMs ? HarvestStarted({ job_id, key_id, transport: 'resumer', at }) : [];
         }
-        if (!harvestLeaseLapsed(state, at, command.leaseMs)) return [];
-        if (state.redispatches >= command.maxRedispatches) {
-          return HarvestFailed({ job_id, key_id, code: 'worker_lost', message: `the worker was lost after ${state.redispatches} redispatches (at most ${command.maxRedispatches}); giving up`, at });
+        if (!harvestLeaseLapsed(state, at)) return [];
+        if (state.lostInARow >= command.maxRedispatches) {
+          return HarvestFailed({
+            job_id,
+            key_id,
+            code: 'worker_lost',
+            message: `its worker was lost ${state.lostInARow + 1} time${state.lostInARow === 0 ? '' : 's'} in a row without writing a shard (the job may crash its worker: a prompt too large for the engine's memory?); submit it again, or with a smaller batch_size`,
+            at,
+          });
         }
         return HarvestRedispatched({ job_id, attempt: state.redispatches + 1, reason: cut(command.reason), at });
       default: {

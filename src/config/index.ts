@@ -43,6 +43,8 @@ export interface Settings {
 }
 
 export interface HarvestSettings {
+  /** Where shards, manifests and jobs' prompts are stored; every gateway and worker of a deployment must see the same directory. */
+  storageDir: string;
   /** A submit whose Content-Length is above this is 413 before its body is read. */
   maxBodyBytes: number;
   maxPrompts: number;
@@ -222,6 +224,7 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env, overrides: Pa
       bootDeadlineMs: intFromEnv(env, 'SVC_COLD_BOOT_DEADLINE_MS', 14 * 60 * 1000, 1, 24 * 3600 * 1000),
     },
     harvest: {
+      storageDir: resolve(env.SVC_HARVEST_DIR || join(env.DATA_DIR || './data', 'harvest')),
       maxBodyBytes: intFromEnv(env, 'SVC_HARVEST_MAX_BODY_BYTES', 50 * 1024 * 1024, 1, 2 ** 31 - 1),
       maxPrompts: intFromEnv(env, 'SVC_HARVEST_MAX_PROMPTS', 4096, 1, 10_000_000),
       maxEstimatedTokens: intFromEnv(env, 'SVC_HARVEST_MAX_ESTIMATED_TOKENS', 2_000_000, 1, 2 ** 31 - 1),

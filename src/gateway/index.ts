@@ -39,7 +39,6 @@ import { projections } from '../../projections/index.ts';
 import { lastCompletions } from '../../projections/backend-health.ts';
 import { fileHarvestStorage, HarvestResumer, HarvestService, HarvestWorker } from '../harvest/index.ts';
 import { inProcessTransport, postgresTransport, type DispatchTransport } from '../dispatch/index.ts';
-import { join } from 'node:path';
 
 export { checkServeCanStart, ServeBlocked } from './preflight.ts';
 
@@ -270,8 +269,11 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     stoppers.push(() => engines.close());
 
     // Harvests: jobs dispatched on a transport to this process's workers (or another's), shards under DATA_DIR/harvest.
-    const harvestStorage = fileHarvestStorage(join(settings.dataDir, 'harvest'));
-    const transport: DispatchTransport = settings.harvest.transport === 'postgres' ? postgresTransport(store) : inProcessTransport();
+    const harvestStorage = fileHarvestStorage(settings.harvest.storageDir);
+    const transport: DispatchTransport = settings.harvest.transport === 'postgres'
+        ? // A message whose worker died is delivered again once its visibility (renewed by the worker's heartbeat) lapses: the claim's lease.
+          postgresTransport(store, { visibilityTimeoutMs: settings.harvest.leaseMs, onError: (error) => logger.warn({ err: (error as Error)?.message }, 'harvest dispatch failed a read; retrying') })
+        : inProcessTransport();
     stoppers.push(() => transport.close());
     const harvests = new HarvestService({ handler: commands, db: store, storage: harvestStorage, transport, registry, settings: settings.harvest, logger });
     harvests.start();

@@ -330,6 +330,10 @@ export class HarvestService {
    */
   async redispatch(jobId: string, reason: string, commandId?: string): Promise<boolean> {
     const settings = this.#settings;
+    const state = await this.#load(jobId, true);
+    // Unclaimed: waiting in the transport, or lost with a process whose transport was its memory. Publishing
+    // again is harmless (a transport that holds the job ignores it), and no event is needed.
+    if (state.status === 'running' && state.claim === null) return this.#transport.publish(harvestWorkKind, jobId, { job_id: jobId });
     const command: HarvestCommand = { type: 'Redispatch', now: this.#now().toISOString(), leaseMs: settings.leaseMs, maxRedispatches: settings.maxRedispatches, reason };
     const outcome = await this.command(jobId, command, commandId);
     const appended = outcome.accepted ? outcome.newEvents.map((e) => e.type) : [];

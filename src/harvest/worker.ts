@@ -77,7 +77,7 @@ export class HarvestWorker {
 
   constructor(options: HarvestWorkerOptions) {
     this.#options = options;
-    this.#workerId = options.workerId ?? `worker-${randomUUID().slice(0, 8)}`;
+    this.#workerId = options.workerId ?? `worker-${process.pid}-${randomUUID().slice(0, 8)}`;
   }
 
   start(): void {

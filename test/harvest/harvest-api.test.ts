@@ -9,6 +9,9 @@ import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { createHash } from 'node:crypto';
 import { request as httpRequest } from 'node:http';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { loadSettings } from '../../src/config/index.ts';
 import { startTestGateway, issueKey, json, type TestGateway } from '../support/gateway.ts';
 import { until } from '../support/until.ts';
@@ -16,7 +19,8 @@ import { assertDocumented } from '../support/openapi.ts';
 import { readSafetensors } from '../support/safetensors.ts';
 
 const it = suite('harvests over HTTP');
-const defaults = loadSettings({ ...process.env, DATABASE_URL: '' }).harvest;
+const storage = mkdtempSync(join(tmpdir(), 'svc-harvest-api-'));
+const defaults = loadSettings({ ...process.env, DATABASE_URL: '', SVC_HARVEST_DIR: storage }).harvest;
 let gw: TestGateway;
 let doc: any;
 
@@ -31,6 +35,7 @@ it.before(async () => {
 });
 it.after(async () => {
   await gw?.stop();
+  rmSync(storage, { recursive: true, force: true });
 });
 
 const submit = (body: unknown, key = gw.apiKey) =>
