@@ -455,12 +455,16 @@ function indexOfBefore(buf: Uint8Array, byte: number, from: number, to: number):
   return found < 0 ? -1 : from + found;
 }
 
-/** Largest piece of base64 text decoded at once (1 MiB of characters): bounds every temporary string. */
-const DECODE_PIECE = 1 << 20;
+/**
+ * Largest piece of base64 text decoded at once (64 KiB of characters): bounds every temporary string, and
+ * keeps it out of V8's large-object space, where each piece cost an mmap and an munmap (1 MiB pieces spent
+ * 0.7-1.2 s of system CPU per GB decoded; 64 KiB ones none).
+ */
+const DECODE_PIECE = 64 * 1024;
 
 /**
  * Decodes padded standard base64 text, given in pieces of any size, straight into `dest`. No string
- * longer than 1 MiB is ever made. Invalid characters, misplaced padding and overflowing `dest` throw
+ * longer than 64 KiB is ever made. Invalid characters, misplaced padding and overflowing `dest` throw
  * `CodecError`.
  */
 export class Base64Decoder {
