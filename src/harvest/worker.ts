@@ -50,6 +50,8 @@ export interface HarvestWorkerOptions {
 const captureAttempts = 4;
 /** Longest wait for an open breaker or a rate limit before the next attempt. */
 const longestRetryWaitMs = 60_000;
+/** Refusals whose Retry-After is the time they end (the breaker's cooldown, the rate window), not a generic hint. */
+const exactWaits = new Set(['circuit_open', 'rate_limited', 'queue_full']);
 /** The budgets of a key no longer found (it is refused as revoked whatever they say). */
 const unlimited: KeyBudgetValues = { monthly_token_budget: null, daily_token_budget: null, monthly_input_token_budget: null, monthly_output_token_budget: null, monthly_harvest_jobs: null };
 const retryable = new Set(['upstream_unreachable', 'upstream_server_error', 'engine_oom', 'engine_engine_dead', 'wrapper_saturated', 'circuit_open', 'platform_cold_boot', 'capture_incomplete', 'rate_limited', 'queue_full']);
@@ -313,7 +315,8 @@ export class HarvestWorker {
         if (n >= captureAttempts) {
           throw new JobFailure(code, `prompt ${prompt}: ${apiErr.message} (after ${n} attempts); the engine is failing, submit the job again later`);
         }
-        const retryAfter = Number(apiErr.headers['retry-after'] ?? apiErr.headers['Retry-After']);
+        // An open breaker and a rate limit say when to come back; an engine failure is tried again soon, then later.
+        const retryAfter = exactWaits.has(code) ? Number(apiErr.headers['retry-after']) : NaN;
         const waitMs = Math.min(longestRetryWaitMs, Number.isFinite(retryAfter) && retryAfter > 0 ? retryAfter * 1000 : 250 * 2 ** n);
         await sleep(waitMs, signal);
       }
