@@ -36,11 +36,63 @@ export interface DecodedCapture {
 const LITTLE_ENDIAN = endianness() === 'LE';
 
 /**
+ * Buffers for decoded captures, taken again once a shard has written them (the pipeline gives them back):
+ * a fresh buffer of tens of MB is mapped anew and faulted in page by page each time, about 0.5 s of
+ * system CPU per GB decoded, as much as the decoding itself. Keeps at most `keep` free buffers; ones
+ * under `minBytes` are left to the allocator.
+ */
+export class CaptureBuffers {
+  readonly #keep: number;
+  readonly #minBytes: number;
+  readonly #ours = new WeakSet<ArrayBufferLike>();
+  readonly #free: ArrayBuffer[] = [];
+  #made = 0;
+
+  constructor({ keep = 16, minBytes = 1 << 20 }: { keep?: number; minBytes?: number } = {}) {
+    this.#keep = keep;
+    this.#minBytes = minBytes;
+  }
+
+  /** Buffers allocated so far (the rest were taken again). */
+  get made(): number {
+    return this.#made;
+  }
+
+  /** A buffer of `byteLength` bytes (old contents), starting at offset 0 of its memory, so typed views of it are aligned. */
+  take(byteLength: number): Buffer {
+    let best = -1;
+    this.#free.forEach((ab, i) => {
+      if (ab.byteLength >= byteLength && (best < 0 || ab.byteLength < this.#free[best].byteLength)) best = i;
+    });
+    if (best >= 0) return Buffer.from(this.#free.splice(best, 1)[0], 0, byteLength);
+    this.#made++;
+    // Capacity rounded up to whole MiB, so that captures a few tokens apart use the same buffers.
+    const capacity = byteLength < this.#minBytes ? byteLength : Math.ceil(byteLength / (1 << 20)) * (1 << 20);
+    const made = Buffer.allocUnsafeSlow(capacity);
+    if (capacity >= this.#minBytes) this.#ours.add(made.buffer);
+    return made.subarray(0, byteLength);
+  }
+
+  /** Gives back a buffer `take` returned, once nothing reads it any more (others are ignored). */
+  give(bytes: Uint8Array): void {
+    const ab = bytes.buffer as ArrayBuffer;
+    if (!this.#ours.has(ab) || this.#free.includes(ab)) return;
+    this.#free.push(ab);
+    if (this.#free.length > this.#keep) {
+      const smallest = this.#free.reduce((m, b, i) => (b.byteLength < this.#free[m].byteLength ? i : m), 0);
+      this.#free.splice(smallest, 1);
+    }
+  }
+}
+
+const unpooled = { take: (byteLength: number) => Buffer.allocUnsafeSlow(byteLength), give: () => {} };
+
+/**
  * Decodes the residual stream of a capture response (the body whole, or its chunks in order). A body
  * that is not JSON, or an envelope that is malformed, not a float tensor, not [layers, tokens, d_model]
  * or of another width throws `CodecError`; no envelope or fewer layers than expected throws `CaptureIncomplete`.
  */
-export function decodeCapture(body: Uint8Array | readonly Uint8Array[], expect: CaptureExpectation): DecodedCapture {
+export function decodeCapture(body: Uint8Array | readonly Uint8Array[], expect: CaptureExpectation, buffers?: CaptureBuffers): DecodedCapture {
   const chunks = body instanceof Uint8Array ? [body] : body;
   const scanner = new CodecScanner();
   for (const chunk of chunks) scanner.push(chunk);
@@ -52,28 +104,37 @@ export function decodeCapture(body: Uint8Array | readonly Uint8Array[], expect: 
   if (layers < expect.layers) throw new CaptureIncomplete(`the capture returned ${layers} of ${expect.layers} requested layers`);
   if (layers > expect.layers) throw new CodecError(`the capture returned ${layers} layers; ${expect.layers} were requested`);
   if (expect.dModel !== null && dModel !== expect.dModel) throw new CodecError(`the capture is ${dModel} wide; the model's d_model is ${expect.dModel}`);
-  return { shape: [layers, tokens, dModel], bytes: decodeAsBf16(chunks, location) };
+  return { shape: [layers, tokens, dModel], bytes: decodeAsBf16(chunks, location, buffers ?? unpooled) };
 }
 
-function decodeAsBf16(chunks: readonly Uint8Array[], location: CodecLocation): Buffer {
+function decodeAsBf16(chunks: readonly Uint8Array[], location: CodecLocation, buffers: Pick<CaptureBuffers, 'take' | 'give'>): Buffer {
   const { dtype, originalDtype } = location;
-  const count = location.byteLength / (dtype === 'float32' ? 4 : 2);
-  // Not pooled: the buffer starts at offset 0 of its own memory, so typed-array views of it are aligned.
-  const out = Buffer.allocUnsafeSlow(count * 2);
-  if (dtype === 'int16' && originalDtype === 'torch.bfloat16') {
-    decodeCodecInto(chunks, location, out);
-    return out;
-  }
-  if (dtype !== 'float32' && dtype !== 'float16') {
+  const bf16 = dtype === 'int16' && originalDtype === 'torch.bfloat16';
+  if (!bf16 && dtype !== 'float32' && dtype !== 'float16') {
     throw new CodecError(`the residual stream is ${dtype}${originalDtype ? ` (${originalDtype})` : ''}; a capture is bfloat16, float16 or float32`);
   }
-  if (!LITTLE_ENDIAN) throw new CodecError('converting a capture to bf16 needs a little-endian host');
-  const wide = Buffer.allocUnsafeSlow(location.byteLength);
-  decodeCodecInto(chunks, location, wide);
-  const bf16 = new Uint16Array(out.buffer, out.byteOffset, count);
-  if (dtype === 'float32') f32ToBf16(new Uint32Array(wide.buffer, wide.byteOffset, count), bf16);
-  else f16ToBf16(new Uint16Array(wide.buffer, wide.byteOffset, count), bf16);
-  return out;
+  if (!bf16 && !LITTLE_ENDIAN) throw new CodecError('converting a capture to bf16 needs a little-endian host');
+  const count = location.byteLength / (dtype === 'float32' ? 4 : 2);
+  const out = buffers.take(count * 2);
+  try {
+    if (bf16) {
+      decodeCodecInto(chunks, location, out);
+      return out;
+    }
+    const wide = buffers.take(location.byteLength);
+    try {
+      decodeCodecInto(chunks, location, wide);
+      const halves = new Uint16Array(out.buffer, out.byteOffset, count);
+      if (dtype === 'float32') f32ToBf16(new Uint32Array(wide.buffer, wide.byteOffset, count), halves);
+      else f16ToBf16(new Uint16Array(wide.buffer, wide.byteOffset, count), halves);
+    } finally {
+      buffers.give(wide);
+    }
+    return out;
+  } catch (err) {
+    buffers.give(out);
+    throw err;
+  }
 }
 
 /** float32 words -> bf16, round to nearest even; a NaN stays a quiet NaN (as the codec's f32ToBf16Bits). */

@@ -5,7 +5,7 @@
 // next one is written, so records arrive in shard order.
 import { encodeSafetensorsHeader, headerRoom, layoutTensors, type PlacedTensor } from './safetensors.ts';
 import type { HarvestStorage, ShardSink } from './storage.ts';
-import type { CapturedPrompt } from './capture-decode.ts';
+import type { CaptureBuffers, CapturedPrompt } from './capture-decode.ts';
 
 export type { CapturedPrompt } from './capture-decode.ts';
 
@@ -46,6 +46,11 @@ export interface ShardPipelineDeps {
   onShardWritten(record: WrittenShard): Promise<void>;
   /** Stops the pipeline: no further capture or write, the shard being written is removed. */
   signal?: AbortSignal;
+  /**
+   * The buffers captureBatch decodes into (decodeCapture's third argument): each capture's bytes are given
+   * back once written, so captureBatch must keep no reference to them.
+   */
+  buffers?: CaptureBuffers;
 }
 
 export interface ShardPipelineResult {
@@ -133,6 +138,7 @@ export async function runShardPipeline(plan: ShardPlan, deps: ShardPipelineDeps)
         });
         signal.throwIfAborted();
         await sink.write(dataStart + batchStart, chunks);
+        for (const c of captured) deps.buffers?.give(c.bytes);
         done += count;
       }
       signal.throwIfAborted();

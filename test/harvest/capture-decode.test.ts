@@ -2,7 +2,7 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { Buffer } from 'node:buffer';
 import { CodecError, encodeTensor, encodeTensorZstd, f16BitsToF32, f32ToBf16Bits, type EncodedTensor } from '../../src/codec/index.ts';
-import { CaptureIncomplete, decodeCapture } from '../../src/harvest/capture-decode.ts';
+import { CaptureBuffers, CaptureIncomplete, decodeCapture } from '../../src/harvest/capture-decode.ts';
 
 /** A vLLM + vllm-lens completion with a capture: the envelope last, its shape after its data, as vLLM writes it. */
 function captureBody(codec: EncodedTensor | null, extra = ''): Buffer {
@@ -78,6 +78,29 @@ test('a malformed body or an envelope that is not a capture is a CodecError', ()
   assert.throws(() => decodeCapture(captureBody({ ...bf16, data: bf16.data.slice(4) }), expect), codecError(/base64 characters/));
   const body = captureBody(bf16);
   assert.throws(() => decodeCapture(body.subarray(0, body.length - 1), expect), codecError(/ended/));
+});
+
+test('CaptureBuffers: a buffer given back is taken again (the float32 path’s scratch too); foreign or small ones are not kept', () => {
+  const buffers = new CaptureBuffers({ minBytes: 0, keep: 2 });
+  const bf16 = captureBody(encodeTensor(values, shape, 'bfloat16'));
+  const first = decodeCapture(bf16, expect, buffers);
+  assert.is(buffers.made, 1);
+  buffers.give(first.bytes);
+  const second = decodeCapture(bf16, expect, buffers);
+  assert.is(second.bytes.buffer, first.bytes.buffer, 'the same memory again');
+  assert.equal(second.bytes, Buffer.from(encodeTensor(values, shape, 'bfloat16').data, 'base64'));
+  const f32 = decodeCapture(captureBody(encodeTensor(values, shape, 'float32')), expect, buffers);
+  assert.is(buffers.made, 3, 'an output and a scratch buffer');
+  assert.equal(f32.bytes, bf16Of(values));
+  decodeCapture(captureBody(encodeTensor(values, shape, 'float32')), expect, buffers);
+  assert.is(buffers.made, 4, 'the scratch buffer was given back and taken again');
+  buffers.give(Buffer.alloc(100));
+  assert.throws(() => decodeCapture(captureBody(encodeTensor(values, [2, 3, 4], 'bfloat16')), { layers: 5, dModel: 4 }, buffers));
+  const unpooled = new CaptureBuffers();
+  const small = decodeCapture(bf16, expect, unpooled);
+  unpooled.give(small.bytes);
+  decodeCapture(bf16, expect, unpooled);
+  assert.is(unpooled.made, 2, 'buffers under minBytes are left to the allocator');
 });
 
 test('the tensor is never parsed as JSON: JSON.parse is not called', () => {

@@ -6,7 +6,7 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { encodeTensor } from '../../src/codec/index.ts';
-import { decodeCapture } from '../../src/harvest/capture-decode.ts';
+import { CaptureBuffers, decodeCapture } from '../../src/harvest/capture-decode.ts';
 import { fileHarvestStorage, shardFileName, type HarvestStorage } from '../../src/harvest/storage.ts';
 import { runShardPipeline, type CapturedPrompt, type ShardPipelineDeps, type ShardPlan, type WrittenShard } from '../../src/harvest/shard-pipeline.ts';
 
@@ -33,8 +33,8 @@ function captureBody(i: number): Buffer {
   return Buffer.from(`{"id":"cmpl-${i}","object":"text_completion","choices":[{"index":0,"text":"x","finish_reason":"length"}],"usage":{"prompt_tokens":${tokenCount(i)}},"activations":{"residual_stream":${JSON.stringify(codec)}}}`);
 }
 
-function captured(i: number): CapturedPrompt {
-  const { shape, bytes } = decodeCapture(captureBody(i), { layers: LAYERS.length, dModel: D_MODEL });
+function captured(i: number, buffers?: CaptureBuffers): CapturedPrompt {
+  const { shape, bytes } = decodeCapture(captureBody(i), { layers: LAYERS.length, dModel: D_MODEL }, buffers);
   return { tokens: tokenIds(i), shape, bytes };
 }
 
@@ -276,6 +276,21 @@ test('captures that do not fit the job are refused before anything of them is wr
   }
   const short = await rejection(runShardPipeline(plan('hj_misfit_count'), { ...deps, captureBatch: async (first) => [captured(first)] }));
   assert.match(short.message, /returned 1 captures/);
+});
+
+test('with CaptureBuffers, a capture’s buffer is decoded into again only once its batch is written', async () => {
+  const { records, deps } = recorder();
+  const buffers = new CaptureBuffers({ minBytes: 0 }); // these captures are tiny: pool them all
+  await runShardPipeline(plan('hj_buffers', { promptCount: 12, shardSize: 6 }), {
+    ...deps,
+    buffers,
+    async captureBatch(first, count) {
+      await tick();
+      return Array.from({ length: count }, (_, k) => captured(first + k, buffers));
+    },
+  });
+  for (const record of records) checkShard('hj_buffers', record);
+  assert.ok(buffers.made <= 2 * 2 + 1, `two batches of 2 and a scratch buffer at most (${buffers.made} made for 12 prompts)`);
 });
 
 test('one shard of 300 prompts: the header written last fits the room reserved for it', async () => {
