@@ -274,12 +274,20 @@ export class HarvestWorker {
     const request = { model: job.model, prompt: ids, max_tokens: 1, temperature: 0, output_residual_stream: job.layers } as unknown as CompletionRequest;
     const prepared = prepareValidCompletion(request, context);
     const boot = this.#options.platformOf?.(job.model)?.ensureRunning();
-    if (boot) await boot.ready;
+    if (boot) {
+      // A cold engine's boot is waited out; one that stalls or fails is an engine failure like any other (retried).
+      await boot.ready.catch((error: Error) => {
+        throw apiError('platform_cold_boot', `the engine did not boot: ${error.message}`);
+      });
+    }
     const admitted = backends?.admit(job.model);
     const call = admitted instanceof Promise ? await admitted : admitted;
+    // A capture that outlasts the request window is given up (the breaker counts it, as for a completion).
+    const window = AbortSignal.timeout(context.requestWindowMs);
+    const bounded = AbortSignal.any([signal, window]);
     let body: Buffer;
     try {
-      const response = await engines.post(job.model, '/v1/completions', JSON.stringify(prepared.engineBody), signal);
+      const response = await engines.post(job.model, '/v1/completions', JSON.stringify(prepared.engineBody), bounded);
       try {
         const chunks: Buffer[] = [];
         for await (const chunk of response.body) chunks.push(chunk as Buffer);
@@ -288,7 +296,8 @@ export class HarvestWorker {
         response.release();
       }
       call?.succeeded();
-    } catch (error) {
+    } catch (caught) {
+      const error = window.aborted && !signal.aborted ? apiError('upstream_deadline', `the engine did not answer within ${Math.round(context.requestWindowMs / 1000)} s`) : caught;
       if (!signal.aborted) call?.failed(error);
       throw error;
     }

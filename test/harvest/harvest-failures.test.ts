@@ -84,6 +84,24 @@ it('a job with no progress for the stale window is aged out by the next submit, 
   }
 });
 
+it('a capture that outlasts the request window fails the job with upstream_deadline (its worker does not hang)', async () => {
+  const short = await startTestGateway({ requestWindowMs: 800, harvest: { ...defaults, storageDir: join(storage, 'short') } }, { chaosEngines: true });
+  try {
+    const hang = await fetch(`${short.engineUrls.get('ref-byte')}/_chaos`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ mode: 'hang', count: 1_000 }) });
+    assert.is(hang.status, 200);
+    const res = await fetch(`${short.url}/v1/harvest`, { method: 'POST', headers: short.authHeaders({ 'content-type': 'application/json' }), body: JSON.stringify({ model: 'ref-byte', prompts: ['never answered'] }) });
+    const id = (await json(res)).id;
+    const job = await until('the job to fail', async () => {
+      const j = await json(await fetch(`${short.url}/v1/harvest/${id}?wait=5`, { headers: short.authHeaders() }));
+      return j.status === 'failed' ? j : null;
+    });
+    assert.is(job.error.code, 'upstream_deadline');
+    assert.match(job.error.message, /^prompt 0: the engine did not answer within 1 s/);
+  } finally {
+    await short.stop();
+  }
+});
+
 it('svc harvest download verifies every shard: a corrupted one is refused, and nothing of it kept', async () => {
   const res = await submit({ model: 'ref-byte', prompts: ['one', 'two'], shard_size: 1 });
   const job = await ended((await json(res)).id);
