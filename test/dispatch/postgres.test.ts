@@ -17,7 +17,7 @@ import { DispatchLeaseLost, postgresTransport, type DispatchMessage, type Dispat
 import { internalTable, openEventStore, type EventStore } from '../../src/store/index.ts';
 import { until } from '../support/until.ts';
 import { within } from '../support/within.ts';
-import { transportContract, type ContractTiming } from './transport-contract.ts';
+import { abortedOrGiveUp, transportContract, type ContractTiming } from './transport-contract.ts';
 
 const waitLimitMs = 10_000;
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -140,14 +140,10 @@ function runSuites(): void {
       const kind = `lease-${randomUUID().slice(0, 8)}`;
       let reason: unknown = null;
       let started = false;
-      transport.consume(kind, (_message, signal) => {
+      transport.consume(kind, async (_message, signal) => {
         started = true;
-        return new Promise<void>((_, reject) =>
-          signal.addEventListener('abort', () => {
-            reason = signal.reason;
-            reject(signal.reason);
-          }),
-        );
+        signal.addEventListener('abort', () => (reason = signal.reason));
+        await abortedOrGiveUp(signal);
       });
       await transport.publish(kind, 'taken', {});
       await waitFor('the handler running', () => started);

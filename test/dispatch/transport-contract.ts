@@ -50,10 +50,28 @@ interface Gate {
   promise: Promise<void>;
   open(): void;
 }
+/** Every gate a test made: opened after it whatever happened, so no handler is left waiting on one. */
+const gates = new Set<Gate>();
 function gate(): Gate {
   let open!: () => void;
   const promise = new Promise<void>((resolve) => (open = resolve));
-  return { promise, open };
+  const made = { promise, open };
+  gates.add(made);
+  return made;
+}
+
+/**
+ * A handler's work that ends only when its signal aborts (rejecting with the reason), or, should the
+ * abort never come, after `limitMs`: the test then fails instead of leaving a handler that keeps the file alive.
+ */
+export function abortedOrGiveUp(signal: AbortSignal, limitMs = waitLimitMs * 2): Promise<never> {
+  return new Promise<never>((_, reject) => {
+    const timer = setTimeout(() => reject(new Error('the signal never aborted')), limitMs);
+    signal.addEventListener('abort', () => {
+      clearTimeout(timer);
+      reject(signal.reason);
+    });
+  });
 }
 
 /** Waits for `probe` with the contract's bound, polling every 5 ms. */
@@ -80,6 +98,8 @@ export function transportContract(harness: TransportHarness): void {
     context.consumers = [];
   });
   it.after.each(async (context) => {
+    for (const g of gates) g.open();
+    gates.clear();
     await Promise.all(context.consumers.map((c) => within(waitLimitMs * 2, c.stop(), 'a consumer stops after a test')));
     await Promise.all(context.opened.map((t) => within(waitLimitMs * 2, t.close(), 'a transport closes after a test')));
   });
@@ -163,7 +183,7 @@ export function transportContract(harness: TransportHarness): void {
     for (let i = 0; i < 7; i++) await transport.publish(kind, `m${i}`, {});
     let running = 0;
     let most = 0;
-    const gates: Gate[] = [];
+    const started: Gate[] = [];
     const done: string[] = [];
     context.consumers.push(
       transport.consume(
@@ -172,7 +192,7 @@ export function transportContract(harness: TransportHarness): void {
           running += 1;
           most = Math.max(most, running);
           const g = gate();
-          gates.push(g);
+          started.push(g);
           await g.promise;
           running -= 1;
           done.push(message.key);
@@ -182,8 +202,8 @@ export function transportContract(harness: TransportHarness): void {
     );
     await waitFor('three handlers at once', () => running === 3);
     for (let opened = 0; opened < 7; opened++) {
-      await waitFor(`handler ${opened + 1} started`, () => gates.length > opened);
-      gates[opened].open();
+      await waitFor(`handler ${opened + 1} started`, () => started.length > opened);
+      started[opened].open();
     }
     await waitFor('every message handled', () => done.length === 7);
     assert.is(most, 3);
@@ -331,14 +351,10 @@ export function transportContract(harness: TransportHarness): void {
     const kind = kindOf('job');
     let reason: unknown = null;
     let started = false;
-    const consumer = first.consume(kind, (_message, signal) => {
+    const consumer = first.consume(kind, async (_message, signal) => {
       started = true;
-      return new Promise<void>((_, reject) =>
-        signal.addEventListener('abort', () => {
-          reason = signal.reason;
-          reject(signal.reason);
-        }),
-      );
+      signal.addEventListener('abort', () => (reason = signal.reason));
+      await abortedOrGiveUp(signal);
     });
     context.consumers.push(consumer);
     await first.publish(kind, 'stuck', {});
