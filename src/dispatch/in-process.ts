@@ -54,6 +54,7 @@ export function inProcessTransport(options: InProcessDispatchOptions = {}): Disp
   const pumpsDue = new Set<string>();
   let seq = 0;
   let closed = false;
+  let closing: Promise<void> | null = null;
 
   /** Back in line at its first place: a redelivered message keeps its turn. */
   function enqueue(entry: Entry): void {
@@ -172,16 +173,18 @@ export function inProcessTransport(options: InProcessDispatchOptions = {}): Disp
       };
     },
 
-    async close() {
-      if (closed) return;
-      const all = [...consumers.values()].flatMap((set) => [...set]);
-      const stops = [...consumerStops, ...all.map(stopConsumer)];
-      closed = true;
-      await Promise.all(stops);
-      for (const timer of retryTimers) clearTimeout(timer);
-      retryTimers.clear();
-      entries.clear();
-      ready.clear();
+    close() {
+      closing ??= (async () => {
+        const all = [...consumers.values()].flatMap((set) => [...set]);
+        const stops = [...consumerStops, ...all.map(stopConsumer)];
+        closed = true;
+        await Promise.all(stops);
+        for (const timer of retryTimers) clearTimeout(timer);
+        retryTimers.clear();
+        entries.clear();
+        ready.clear();
+      })();
+      return closing;
     },
   };
 }

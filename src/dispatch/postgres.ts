@@ -132,6 +132,7 @@ export function postgresTransport(db: SqlDatabase, options: PostgresDispatchOpti
   const ownBell = new Bell();
   let listener: { close(): Promise<void> } | null = null;
   let closed = false;
+  let closing: Promise<void> | null = null;
 
   async function start(): Promise<void> {
     await db.transaction(async (tx) => {
@@ -197,7 +198,7 @@ export function postgresTransport(db: SqlDatabase, options: PostgresDispatchOpti
   function consume(kind: string, handler: DispatchHandler, consumeOptions?: ConsumeOptions): DispatchConsumer {
     if (closed) throw new DispatchClosed();
     const concurrency = concurrencyOf(consumeOptions);
-    const running = new Map<string, Delivery>();
+    const running = new Set<Delivery>();
     const waker = new Waker();
     const offLocal = localBell.on(kind, () => waker.ring());
     const offOwn = ownBell.on(kind, () => waker.ring());
@@ -210,7 +211,7 @@ export function postgresTransport(db: SqlDatabase, options: PostgresDispatchOpti
     }
 
     function handle(delivery: Delivery): void {
-      running.set(delivery.message.id, delivery);
+      running.add(delivery);
       const { message, claim, controller } = delivery;
       delivery.settled = Promise.resolve()
         .then(() => handler(message, controller.signal))
@@ -229,23 +230,26 @@ export function postgresTransport(db: SqlDatabase, options: PostgresDispatchOpti
         )
         .catch((error: unknown) => reportError(error, message)) // the message stays claimed: it comes back after the visibility timeout
         .finally(() => {
-          running.delete(message.id);
+          running.delete(delivery);
           waker.ring();
         });
     }
 
+    let beating = false;
     const heartbeat = setInterval(() => {
-      if (running.size === 0) return;
-      const held = [...running.values()];
+      if (running.size === 0 || beating) return;
+      beating = true;
+      const held = [...running];
       db.query<{ id: string }>(heartbeatSql, [held.map((d) => d.message.id), held.map((d) => d.claim), visibilityMs]).then(
         ({ rows }) => {
           const kept = new Set(rows.map((r) => r.id));
           for (const delivery of held) {
-            if (!kept.has(delivery.message.id) && running.get(delivery.message.id) === delivery) delivery.controller.abort(new DispatchLeaseLost(delivery.message.id));
+            // (one acknowledged since the beat was sent is gone too, and its signal no longer matters)
+            if (!kept.has(delivery.message.id) && running.has(delivery)) delivery.controller.abort(new DispatchLeaseLost(delivery.message.id));
           }
         },
         (error: unknown) => reportError(error), // unknown: the next beat tries again, within the timeout
-      );
+      ).finally(() => (beating = false));
     }, heartbeatMs);
 
     async function loop(): Promise<void> {
@@ -299,11 +303,11 @@ export function postgresTransport(db: SqlDatabase, options: PostgresDispatchOpti
           offLocal();
           offOwn();
           const grace = setTimeout(() => {
-            for (const delivery of running.values()) delivery.controller.abort(new DispatchStopping(graceMs));
+            for (const delivery of running) delivery.controller.abort(new DispatchStopping(graceMs));
           }, graceMs);
           try {
             await looping;
-            while (running.size > 0) await Promise.all([...running.values()].map((d) => d.settled));
+            while (running.size > 0) await Promise.all([...running].map((d) => d.settled));
           } finally {
             clearTimeout(grace);
             clearInterval(heartbeat);
@@ -332,12 +336,14 @@ export function postgresTransport(db: SqlDatabase, options: PostgresDispatchOpti
 
     consume,
 
-    async close() {
-      if (closed) return;
-      closed = true;
-      await Promise.all([...consumers].map((c) => c.stop()));
-      await started?.catch(() => {});
-      await listener?.close();
+    close() {
+      closing ??= (async () => {
+        closed = true;
+        await Promise.all([...consumers].map((c) => c.stop()));
+        await started?.catch(() => {});
+        await listener?.close();
+      })();
+      return closing;
     },
   };
 }

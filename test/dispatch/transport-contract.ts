@@ -383,8 +383,11 @@ export function transportContract(harness: TransportHarness): void {
     await waitFor('the handler running', () => started);
     let closed = false;
     const closing = transport.close().then(() => (closed = true));
+    let closedAgain = false;
+    void transport.close().then(() => (closedAgain = true));
     await sleep(50);
     assert.is(closed, false, 'close waits for the handler');
+    assert.is(closedAgain, false, 'so does a second close meanwhile');
     finish.open();
     await within(waitLimitMs, closing, 'close');
     assert.ok(settled);
