@@ -272,7 +272,12 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     const harvestStorage = fileHarvestStorage(settings.harvest.storageDir);
     const transport: DispatchTransport = settings.harvest.transport === 'postgres'
         ? // A message whose worker died is delivered again once its visibility (renewed by the worker's heartbeat) lapses: the claim's lease.
-          postgresTransport(store, { visibilityTimeoutMs: settings.harvest.leaseMs, onError: (error) => logger.warn({ err: (error as Error)?.message }, 'harvest dispatch failed a read; retrying') })
+          postgresTransport(store, {
+            visibilityTimeoutMs: settings.harvest.leaseMs,
+            // Its own LISTEN connection: a job published by another process reaches an idle worker at once, not at the next poll.
+            listenUrl: settings.databaseUrl ?? undefined,
+            onError: (error) => logger.warn({ err: (error as Error)?.message }, 'harvest dispatch failed; retrying'),
+          })
         : inProcessTransport();
     stoppers.push(() => transport.close());
     const harvests = new HarvestService({ handler: commands, db: store, storage: harvestStorage, transport, registry, settings: settings.harvest, logger });

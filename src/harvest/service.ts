@@ -15,7 +15,7 @@ import type { DispatchTransport } from '../dispatch/index.ts';
 import { harvestStream, harvestQuotaStream, type HarvestEvent, type HarvestQuotaEvent } from '../../events/index.ts';
 import { harvestDecider, harvestQuotaDecider, type HarvestCommand, type HarvestRejection, type HarvestState } from '../../commands/index.ts';
 import { listHarvestJobs } from '../../projections/index.ts';
-import type { HarvestStorage } from './storage.ts';
+import { HarvestStorageError, type HarvestStorage } from './storage.ts';
 import { LongPolls } from './long-poll.ts';
 import { harvestWorkKind, type HarvestCaller, type HarvestJobView, type HarvestRequest, type HarvestShardView, type HarvestStatus } from './types.ts';
 
@@ -244,7 +244,10 @@ export class HarvestService {
     const state = await this.#owned(caller, jobId);
     const record = state.shards[index];
     if (!record || state.status === 'cancelled') throw apiError('harvest_shard_not_found', `job ${jobId} has no written shard ${index}`);
-    const opened = await this.#storage.openShard(jobId, record.file);
+    const opened = await this.#storage.openShard(jobId, record.file).catch((error) => {
+      if (error instanceof HarvestStorageError) return null;
+      throw error;
+    });
     if (!opened) throw apiError('harvest_shard_not_found', `shard ${index} of job ${jobId} is no longer stored`);
     return { ...opened, record: shardView(jobId, record) };
   }

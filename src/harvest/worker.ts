@@ -25,7 +25,7 @@ import type { RequestFactsData } from '../../events/index.ts';
 import type { HarvestService } from './service.ts';
 import { isTerminal } from './service.ts';
 import { shardFileName, type HarvestStorage } from './storage.ts';
-import { decodeCapture, type CapturedPrompt } from './capture-decode.ts';
+import { CaptureBuffers, decodeCapture, type CapturedPrompt } from './capture-decode.ts';
 import { runShardPipeline } from './shard-pipeline.ts';
 import { buildManifest } from './manifest.ts';
 import { harvestWorkKind } from './types.ts';
@@ -125,9 +125,9 @@ export class HarvestWorker {
       const failure =
         error instanceof JobFailure ? error : new JobFailure('internal_error', `the harvest stopped on an internal error (${(error as Error)?.message ?? 'unknown'}); submit it again`);
       logger.warn({ job_id: jobId, code: failure.code }, 'harvest job failed');
-      await service.command(jobId, { type: 'Fail', code: failure.code, message: failure.message, claimId, now: now() });
-      const state = await service.state(jobId);
-      await this.#options.storage.tidy(jobId, state.shards.map((s) => s.file)).catch(() => undefined);
+      const failed = await service.command(jobId, { type: 'Fail', code: failure.code, message: failure.message, claimId, now: now() });
+      // Tidied only once it has ended here: another worker may be writing the job (this claim was superseded).
+      if (failed.accepted && isTerminal(failed.state.status)) await this.#options.storage.tidy(jobId, failed.state.shards.map((s) => s.file)).catch(() => undefined);
     } finally {
       clearInterval(renewal);
       unwatch();
@@ -147,6 +147,8 @@ export class HarvestWorker {
     }
     const tokenizer = await registry.whenTokenizerReady(model.id);
     const release = this.#options.platformOf?.(model.id)?.hold();
+    // Decoded captures land in reused buffers (two batches' worth and one): about half the CPU per GB of fresh ones.
+    const buffers = new CaptureBuffers({ keep: 2 * job.batch_size + 1 });
     try {
       const ran = await runShardPipeline(
         {
@@ -162,9 +164,10 @@ export class HarvestWorker {
         {
           storage,
           signal,
+          buffers,
           fileNameFor: (shard) => shardFileName(shard, claimId),
           captureBatch: (first, count, batchSignal) =>
-            this.#captureBatch(job, first, prompts.slice(first, first + count).map((p) => tokenizer.encode(p, true)), batchSignal),
+            this.#captureBatch(job, first, prompts.slice(first, first + count).map((p) => tokenizer.encode(p, true)), batchSignal, buffers),
           onShardWritten: async (record) => {
             const outcome = await service.command(jobId, {
               type: 'RecordShard',
@@ -196,7 +199,7 @@ export class HarvestWorker {
   }
 
   /** One batch: its tokens reserved on the key, its prompts captured at once, the reservation settled with what was captured. */
-  async #captureBatch(job: NonNullable<HarvestState['job']>, first: number, tokens: number[][], signal: AbortSignal): Promise<CapturedPrompt[]> {
+  async #captureBatch(job: NonNullable<HarvestState['job']>, first: number, tokens: number[][], signal: AbortSignal, buffers: CaptureBuffers): Promise<CapturedPrompt[]> {
     const metering = this.#options.metering;
     const inputTokens = tokens.reduce((n, t) => n + t.length, 0);
     const facts: RequestFactsData = {
@@ -238,7 +241,7 @@ export class HarvestWorker {
     const captured: CapturedPrompt[] = [];
     let status = 200;
     try {
-      const results = await Promise.allSettled(tokens.map((ids, i) => this.#retrying(first + i, signal, () => this.#captureOne(job, ids, signal))));
+      const results = await Promise.allSettled(tokens.map((ids, i) => this.#retrying(first + i, signal, () => this.#captureOne(job, ids, signal, buffers))));
       for (const result of results) {
         if (result.status === 'fulfilled') captured.push(result.value);
       }
@@ -269,7 +272,7 @@ export class HarvestWorker {
   }
 
   /** One prompt's capture: its token ids sent as the prompt (so the shard's ids are exactly what was captured). */
-  async #captureOne(job: NonNullable<HarvestState['job']>, ids: number[], signal: AbortSignal): Promise<CapturedPrompt> {
+  async #captureOne(job: NonNullable<HarvestState['job']>, ids: number[], signal: AbortSignal, buffers: CaptureBuffers): Promise<CapturedPrompt> {
     const { engines, backends, context } = this.#options;
     const request = { model: job.model, prompt: ids, max_tokens: 1, temperature: 0, output_residual_stream: job.layers } as unknown as CompletionRequest;
     const prepared = prepareValidCompletion(request, context);
@@ -285,13 +288,11 @@ export class HarvestWorker {
     // A capture that outlasts the request window is given up (the breaker counts it, as for a completion).
     const window = AbortSignal.timeout(context.requestWindowMs);
     const bounded = AbortSignal.any([signal, window]);
-    let body: Buffer;
+    const body: Buffer[] = [];
     try {
       const response = await engines.post(job.model, '/v1/completions', JSON.stringify(prepared.engineBody), bounded);
       try {
-        const chunks: Buffer[] = [];
-        for await (const chunk of response.body) chunks.push(chunk as Buffer);
-        body = Buffer.concat(chunks);
+        for await (const chunk of response.body) body.push(chunk as Buffer);
       } finally {
         response.release();
       }
@@ -301,7 +302,7 @@ export class HarvestWorker {
       if (!signal.aborted) call?.failed(error);
       throw error;
     }
-    const decoded = decodeCapture(body, { layers: job.layers.length, dModel: job.d_model });
+    const decoded = decodeCapture(body, { layers: job.layers.length, dModel: job.d_model }, buffers);
     if (decoded.shape[1] !== ids.length) {
       throw apiError('capture_incomplete', `the engine captured ${decoded.shape[1]} positions of a ${ids.length}-token prompt`);
     }
