@@ -172,7 +172,7 @@ export class HarvestService {
     const { state } = await this.#handler.load(harvestQuotaStream(keyId), harvestQuotaDecider, { fresh: true });
     const ended: { jobId: string; counted: boolean }[] = [];
     for (const [jobId, admitted] of state.active) {
-      const job = await this.#load(jobId);
+      const job = await this.#load(jobId, true);
       if (job.status === 'none') {
         if (now.getTime() - Date.parse(admitted.at) >= orphanAdmissionMs) ended.push({ jobId, counted: false });
         continue;
