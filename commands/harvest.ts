@@ -66,24 +66,24 @@ export interface HarvestState {
 }
 
 type Now = { now: string };
+/** A shard as its worker wrote it (fsynced under its name): what RecordShard records. */
+export interface WrittenShard {
+  shard: number;
+  file: string;
+  firstPrompt: number;
+  promptCount: number;
+  tokenCount: number;
+  bytes: number;
+  sha256: string;
+}
+
 export type HarvestCommand =
   | { type: 'Submit'; job: HarvestSubmittedData }
   | ({ type: 'Start'; transport: string } & Now)
   | ({ type: 'FailStart'; reason: string } & Now)
   | ({ type: 'Claim'; claimId: string; workerId: string; leaseMs: number } & Now)
   | ({ type: 'RenewClaim'; claimId: string; leaseMs: number } & Now)
-  | ({
-      type: 'RecordShard';
-      claimId: string;
-      shard: number;
-      file: string;
-      firstPrompt: number;
-      promptCount: number;
-      tokenCount: number;
-      bytes: number;
-      sha256: string;
-      leaseMs: number;
-    } & Now)
+  | ({ type: 'RecordShard'; claimId: string; leaseMs: number } & WrittenShard & Now)
   | ({ type: 'Succeed'; claimId: string | null; manifestSha256: string; manifestBytes: number } & Now)
   | ({ type: 'Fail'; code: string; message: string; claimId: string | null } & Now)
   | ({ type: 'Cancel'; byKeyPrefix: string } & Now)

@@ -9,6 +9,7 @@ import { join } from 'node:path';
 import { Readable, Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { serializeManifest } from '../harvest/manifest.ts';
+import { parseArgs, UsageError } from './args.ts';
 
 export const harvestUsage = `usage: svc harvest <command>
 
@@ -28,7 +29,6 @@ export interface HarvestIo {
   stdin?: NodeJS.ReadableStream;
 }
 
-class UsageError extends Error {}
 class CliError extends Error {}
 
 interface Client {
@@ -87,22 +87,6 @@ function client(io: HarvestIo): Client {
   };
 }
 
-function parseArgs(args: string[]): { positional: string[]; flags: Map<string, string>; json: boolean } {
-  const positional: string[] = [];
-  const flags = new Map<string, string>();
-  let json = false;
-  for (let i = 0; i < args.length; i++) {
-    const arg = args[i];
-    if (arg === '--json') json = true;
-    else if (arg.startsWith('--')) {
-      const [flag, inline] = arg.split('=', 2);
-      const value = inline ?? args[++i];
-      if (value === undefined) throw new UsageError(`${flag} needs a value`);
-      flags.set(flag, value);
-    } else positional.push(arg);
-  }
-  return { positional, flags, json };
-}
 
 async function readAll(stream: NodeJS.ReadableStream): Promise<string> {
   const chunks: Buffer[] = [];

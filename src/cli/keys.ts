@@ -6,6 +6,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Settings } from '../config/index.ts';
+import { parseArgs, UsageError, type ParsedArgs } from './args.ts';
 
 export const keysUsage = `usage: svc keys <command> [options]
 
@@ -28,7 +29,6 @@ const budgetFlags = {
   '--monthly-harvest-jobs': 'monthly_harvest_jobs',
 } as const;
 
-class UsageError extends Error {}
 
 export interface KeysIo {
   env: NodeJS.ProcessEnv;
@@ -36,28 +36,6 @@ export interface KeysIo {
   stderr: { write(text: string): unknown };
 }
 
-interface Parsed {
-  positional: string[];
-  flags: Map<string, string>;
-  json: boolean;
-}
-
-function parseArgs(args: string[]): Parsed {
-  const positional: string[] = [];
-  const flags = new Map<string, string>();
-  let json = false;
-  for (let i = 0; i < args.length; i++) {
-    const arg = args[i];
-    if (arg === '--json') json = true;
-    else if (arg.startsWith('--')) {
-      const eq = arg.indexOf('=');
-      const [name, value] = eq > 0 ? [arg.slice(0, eq), arg.slice(eq + 1)] : [arg, args[++i]];
-      if (value === undefined) throw new UsageError(`${name} needs a value`);
-      flags.set(name, value);
-    } else positional.push(arg);
-  }
-  return { positional, flags, json };
-}
 
 function budgetsFrom(flags: Map<string, string>, allowed: Set<string>): Record<string, number | null> {
   const budgets: Record<string, number | null> = {};
@@ -129,7 +107,7 @@ function details(k: any): string {
 
 export async function keysCommand(args: string[], settings: Pick<Settings, 'dataDir'>, io: KeysIo = { env: process.env, stdout: process.stdout, stderr: process.stderr }): Promise<number> {
   const [command, ...rest] = args;
-  let parsed: Parsed;
+  let parsed: ParsedArgs;
   let request: { method: string; path: string; body?: unknown };
   try {
     parsed = parseArgs(rest);
