@@ -1,0 +1,281 @@
+// Scale-out: metered throughput with 1, 2 and 3 gateway processes (`svc serve --no-workers`, the
+// production shape of infra/deploy) on one PostgreSQL database, in front of one engine stub that answers
+// at once, in one run. Phases run 1, 2, 3, 2, 1 processes (a gateway is started before its first phase
+// and stopped after its last), so drift of the host shows as a difference between a count's two phases.
+// Each phase: every key once through a newly started process (a key's first request in a process takes
+// its slot lease and waits for that append, a cost paid once), a short warm-up, then BENCH_SECONDS of
+// load split evenly over the running processes (BENCH_CONNECTIONS in all, one autocannon per process, as
+// a load balancer with even spreading would give them).
+//
+// Measured per phase, from /proc: each gateway process's CPU per request it served, the PostgreSQL
+// backends of the bench's database (and the server's background processes, which other users of the
+// server share), the engine stub, the load generator (this process), and the whole machine's busy share
+// (/proc/stat), which says whether the host's cores, not the code, set the ceiling. From the last
+// phase with the most processes it projects the throughput on a host with more cores (formula printed).
+//
+// Needs DATABASE_URL (the embedded store serves one process): a scratch database beside it is created
+// and dropped. Keys: BENCH_KEYS (default 384), used round-robin by every request; each key's starts
+// stay far below the 600 per minute limit (the bench prints the most any key saw in the whole run).
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { cpus, loadavg, tmpdir, totalmem } from 'node:os';
+import { join } from 'node:path';
+import { execFileSync, type ChildProcess } from 'node:child_process';
+import autocannon from 'autocannon';
+import pg from 'pg';
+import { Agent, request } from 'undici';
+import { benchAdminToken, cpuSecondsOf, gatewayServeArgs, issueKeys, root, scratchDatabase, spawnWithUrl, stop } from './support.ts';
+
+const databaseUrl = process.env.DATABASE_URL;
+if (!databaseUrl) {
+  process.stdout.write('scale: skipped (set DATABASE_URL: several gateway processes share one PostgreSQL store)\n');
+  process.exit(0);
+}
+const keyCount = Number(process.env.BENCH_KEYS ?? 384);
+const seconds = Number(process.env.BENCH_SECONDS ?? 10);
+const warmupSeconds = Number(process.env.BENCH_WARMUP_SECONDS ?? 2);
+const connections = Number(process.env.BENCH_CONNECTIONS ?? 64);
+/** Gateway processes per phase, in order. */
+const phases = (process.env.BENCH_SCALE_PHASES ?? '1,2,3,2,1').split(',').map(Number);
+const startedAt = new Date();
+const loadAtStart = loadavg();
+
+const dir = mkdtempSync(join(tmpdir(), 'svc-bench-scale-'));
+const cleanups: (() => Promise<void>)[] = [async () => rmSync(dir, { recursive: true, force: true })];
+try {
+  await main();
+} finally {
+  for (const fn of cleanups.reverse()) await fn().catch((err) => process.stderr.write(`cleanup: ${err}\n`));
+}
+
+/** Jiffies of the whole machine so far (/proc/stat's first line): busy (user, nice, system, irq, softirq), stolen by the hypervisor, and all. */
+function machineTicks(): { busy: number; steal: number; total: number } {
+  const [user, nice, system, idle, iowait, irq, softirq, steal] = readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).slice(1, 9).map(Number);
+  return { busy: user + nice + system + irq + softirq, steal, total: user + nice + system + idle + iowait + irq + softirq + steal };
+}
+
+interface Gateway {
+  index: number;
+  url: string;
+  child: ChildProcess;
+}
+
+interface PhaseResult {
+  processes: number;
+  seconds: number;
+  requests: number;
+  rps: number;
+  /** Per gateway process: requests it served and its CPU µs per request it served. */
+  gateways: { index: number; requests: number; cpuUs: number }[];
+  /** All gateway processes' CPU over all requests, µs. */
+  gatewayUs: number;
+  /** The bench database's backends, µs per request. */
+  postgresUs: number;
+  /** The server's background processes (WAL writer, checkpointer, ...), shared with its other users, µs per request. */
+  postgresBackgroundUs: number;
+  engineUs: number;
+  clientUs: number;
+  /** The machine's busy share over the phase (1 = every core busy), and the share the hypervisor took. */
+  machineBusy: number;
+  machineSteal: number;
+  p50: number;
+  p99: number;
+}
+
+async function main(): Promise<void> {
+  const engine = await spawnWithUrl(['--import', 'tsx', 'bench/instant-engine.ts', 'bench/instant'], process.env);
+  cleanups.push(() => stop(engine.child));
+  const capabilities = {
+    max_model_len: 32768,
+    max_logprobs: 100,
+    prompt_logprobs_full_vocab: true,
+    full_vocab_max_prompt_tokens: 1024,
+    max_output_work_tokens: 32000,
+    max_inflight_per_key: 16,
+    max_queued_per_key: 64,
+    rate_limit_per_minute: 600,
+  };
+  writeFileSync(
+    join(dir, 'models.json'),
+    JSON.stringify({ models: [{ id: 'instant', default: true, checkpoint: 'bench/instant', engine: engine.url, gpu_shape: 'none', cost_per_second: 0, tokenizer: { kind: 'byte' }, capabilities }] }),
+  );
+  // Measure what `npm start` runs: the compiled gateway.
+  execFileSync(process.execPath, [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', join(root, 'tsconfig.build.json')], { stdio: 'inherit' });
+
+  const db = await scratchDatabase(databaseUrl!, 'scale');
+  cleanups.push(db.drop);
+  const dbName = new URL(db.url).pathname.slice(1);
+  const admin = new pg.Client({ connectionString: databaseUrl });
+  await admin.connect();
+  cleanups.push(() => admin.end());
+  /** Backend pids of the bench's database, and the server's own background processes. */
+  async function postgresPids(): Promise<{ mine: number[]; background: number[] }> {
+    const { rows } = await admin.query<{ pid: number; mine: boolean }>(
+      `SELECT pid, datname = $1 AS mine FROM pg_stat_activity WHERE datname = $1 OR (datname IS NULL AND backend_type <> 'client backend')`,
+      [dbName],
+    );
+    return { mine: rows.filter((r) => r.mine).map((r) => r.pid), background: rows.filter((r) => !r.mine).map((r) => r.pid) };
+  }
+
+  // The deployment's shape (infra/deploy): gateways run no harvest workers and dispatch through PostgreSQL.
+  const env: NodeJS.ProcessEnv = {
+    ...process.env,
+    DATABASE_URL: db.url,
+    SVC_CONFIG: join(dir, 'models.json'),
+    SVC_HARVEST_DIR: join(dir, 'harvest'),
+    SVC_HARVEST_TRANSPORT: 'postgres',
+    PORT: '0',
+    LOG_LEVEL: 'warn',
+    SVC_ADMIN_TOKEN: benchAdminToken,
+  };
+  const running: Gateway[] = [];
+  const dispatcher = new Agent({ connections: 16, keepAliveTimeout: 60_000 });
+  cleanups.push(() => dispatcher.close());
+  let keys: string[] = [];
+  let nextKey = 0;
+  const sentPerKey = new Map<string, number>();
+  const nextAuth = () => {
+    const key = keys[nextKey++ % keys.length];
+    sentPerKey.set(key, (sentPerKey.get(key) ?? 0) + 1);
+    return `Bearer ${key}`;
+  };
+  const body = JSON.stringify({ prompt: 'The quick brown fox', max_tokens: 16, temperature: 0 });
+
+  async function startGateway(index: number): Promise<Gateway> {
+    const gw = await spawnWithUrl([...gatewayServeArgs(), '--no-workers'], { ...env, DATA_DIR: join(dir, `data-${index}`) }, /listening on (http:\/\/\S+)/);
+    const gateway = { index, url: gw.url, child: gw.child };
+    cleanups.push(() => stop(gw.child));
+    if (keys.length === 0) keys = await issueKeys(gw.url, keyCount, 'scale');
+    // Every key once through this process: its slot lease on each key (and, on the first process, each
+    // key's meter day) is taken here, not in the timed load.
+    let i = 0;
+    await Promise.all(
+      Array.from({ length: 16 }, async () => {
+        while (i < keys.length) {
+          const key = keys[i++];
+          sentPerKey.set(key, (sentPerKey.get(key) ?? 0) + 1);
+          const res = await request(`${gw.url}/v1/completions`, { method: 'POST', body, headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` }, dispatcher });
+          const text = await res.body.text();
+          if (res.statusCode !== 200) throw new Error(`warm-up on gateway ${index}: ${res.statusCode} ${text}`);
+        }
+      }),
+    );
+    return gateway;
+  }
+
+  /** Load on every running gateway at once, `connections` split evenly; resolves with each one's result. */
+  function load(duration: number) {
+    const share = Math.max(1, Math.round(connections / running.length));
+    return Promise.all(
+      running.map((gw) =>
+        autocannon({
+          url: `${gw.url}/v1/completions`,
+          connections: share,
+          duration,
+          pipelining: 1,
+          requests: [
+            {
+              method: 'POST',
+              body,
+              headers: { 'content-type': 'application/json' },
+              setupRequest: (req: Record<string, unknown>) => ({ ...req, headers: { 'content-type': 'application/json', authorization: nextAuth() } }),
+            },
+          ],
+        }).then((result) => {
+          if (result.non2xx > 0 || result.errors > 0) throw new Error(`gateway ${gw.index}: ${result.non2xx} non-2xx, ${result.errors} errors`);
+          return result;
+        }),
+      ),
+    );
+  }
+
+  async function phase(processes: number): Promise<PhaseResult> {
+    while (running.length < processes) running.push(await startGateway(running.length + 1));
+    while (running.length > processes) await stop(running.pop()!.child);
+    await load(warmupSeconds);
+    const pids = await postgresPids();
+    const gatewayBefore = running.map((gw) => cpuSecondsOf(gw.child.pid!));
+    const pgBefore = new Map([...pids.mine, ...pids.background].map((pid) => [pid, cpuSecondsOf(pid)]));
+    const engineBefore = cpuSecondsOf(engine.child.pid!);
+    const clientBefore = process.cpuUsage();
+    const machineBefore = machineTicks();
+    const started = performance.now();
+    const results = await load(seconds);
+    const elapsed = (performance.now() - started) / 1000;
+    const machineAfter = machineTicks();
+    const clientUsed = process.cpuUsage(clientBefore);
+    // Backends opened during the phase count from zero; one that ended during it is lost (the pools keep theirs).
+    const after = await postgresPids();
+    const used = (pids: number[]) => pids.reduce((sum, pid) => sum + Math.max(0, cpuSecondsOf(pid) - (pgBefore.get(pid) ?? 0)), 0);
+    const requests = results.reduce((sum, r) => sum + r.requests.total, 0);
+    const perRequest = (cpuSeconds: number, n = requests) => (n > 0 ? (cpuSeconds * 1e6) / n : NaN);
+    const gateways = running.map((gw, i) => {
+      const cpu = cpuSecondsOf(gw.child.pid!) - gatewayBefore[i];
+      return { index: gw.index, requests: results[i].requests.total, cpu };
+    });
+    const weighted = (k: 'p50' | 'p99') => results.reduce((sum, r) => sum + r.latency[k] * r.requests.total, 0) / requests;
+    return {
+      processes,
+      seconds: elapsed,
+      requests,
+      rps: requests / elapsed,
+      gateways: gateways.map((g) => ({ index: g.index, requests: g.requests, cpuUs: perRequest(g.cpu, g.requests) })),
+      gatewayUs: perRequest(gateways.reduce((sum, g) => sum + g.cpu, 0)),
+      postgresUs: perRequest(used([...new Set([...pids.mine, ...after.mine])])),
+      postgresBackgroundUs: perRequest(used(pids.background)),
+      engineUs: perRequest(cpuSecondsOf(engine.child.pid!) - engineBefore),
+      clientUs: perRequest((clientUsed.user + clientUsed.system) / 1e6),
+      machineBusy: (machineAfter.busy - machineBefore.busy) / Math.max(1, machineAfter.total - machineBefore.total),
+      machineSteal: (machineAfter.steal - machineBefore.steal) / Math.max(1, machineAfter.total - machineBefore.total),
+      // Request-weighted over the processes' generators: a rough figure, autocannon reports no histogram to merge.
+      p50: weighted('p50'),
+      p99: weighted('p99'),
+    };
+  }
+
+  const results: PhaseResult[] = [];
+  for (const processes of phases) {
+    const result = await phase(processes);
+    results.push(result);
+    process.stdout.write(`  ${describe(result)}\n`);
+  }
+
+  const cores = cpus().length;
+  const f0 = (x: number) => (Number.isFinite(x) ? Math.round(x).toLocaleString('en-US') : 'n/a');
+  const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
+  const counts = [...new Set(phases)].sort((a, b) => a - b);
+  const lines = [
+    `scale-out bench: metered gateways (svc serve --no-workers) on one PostgreSQL database, engine stub answering at once — ${startedAt.toISOString()} to ${new Date().toISOString()} — ${cores} cores (${cpus()[0]?.model}), ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.version}, load average ${loadAtStart.map((x) => x.toFixed(2)).join(' ')} at start, ${loadavg().map((x) => x.toFixed(2)).join(' ')} at end`,
+    `${connections} connections in all, split evenly over the processes; ${seconds} s per phase after ${warmupSeconds} s of warm-up; phases ${phases.join(', ')}`,
+    ...counts.map((n) => {
+      const rows = results.filter((r) => r.processes === n);
+      const m = (k: keyof PhaseResult) => mean(rows.map((r) => r[k] as number));
+      return `${n} process${n > 1 ? 'es' : ''}: ${rows.map((r) => f0(r.rps)).join(', ')} requests/s (mean ${f0(m('rps'))}); CPU µs per request: gateways ${f0(m('gatewayUs'))} in all (per process, per request it served: ${rows.map((r) => r.gateways.map((g) => `#${g.index} ${f0(g.cpuUs)}`).join(' ')).join(' | ')}), PostgreSQL ${f0(m('postgresUs'))} (+ ${f0(m('postgresBackgroundUs'))} server background), engine ${f0(m('engineUs'))}, load generator ${f0(m('clientUs'))}; machine busy ${rows.map((r) => `${Math.round(r.machineBusy * 100)} %`).join(', ')}`;
+    }),
+  ];
+
+  // The ceiling here: everything shares the machine's cores, so requests/s ≈ busy cores × 1e6 / the CPU µs all processes spend per request.
+  const last = [...results].reverse().find((r) => r.processes === Math.max(...phases))!;
+  const total = last.gatewayUs + last.postgresUs + last.postgresBackgroundUs + last.engineUs + last.clientUs;
+  lines.push(
+    `ceiling at ${last.processes} processes: ${f0(total)} CPU µs per request on this machine (gateways ${f0(last.gatewayUs)}, PostgreSQL ${f0(last.postgresUs + last.postgresBackgroundUs)}, engine ${f0(last.engineUs)}, load generator ${f0(last.clientUs)}); ${(last.machineBusy * cores).toFixed(2)} of ${cores} cores busy → at most ${f0((last.machineBusy * cores * 1e6) / total)} requests/s from CPU alone (measured ${f0(last.rps)})`,
+  );
+  // Projection: r = the least CPU a process spends per request it serves (its own requests only); s = what
+  // the gateways spend per request beyond that (the projections and workflows, done once for all requests
+  // by the processes holding their leases). G processes, one per core, evenly loaded: each spends r·R/G,
+  // the lease holder also s·R, so R ≤ 1e6 / (r/G + s) (one holder for every processor, the worst case), and
+  // PostgreSQL needs R·p/1e6 cores.
+  const r = Math.min(...last.gateways.map((g) => g.cpuUs));
+  const s = Math.max(0, last.gatewayUs - r);
+  const p = last.postgresUs + last.postgresBackgroundUs;
+  const project = (g: number) => 1e6 / (r / g + s);
+  lines.push(
+    `projection from the ${last.processes}-process phase: r = ${f0(r)} µs (least per request a process served), s = ${f0(s)} µs (the rest of the gateways' CPU per request: the lease holders' projections and workflows), p = ${f0(p)} µs (PostgreSQL); with G gateway processes on G cores of their own, R = 1e6 / (r/G + s), PostgreSQL cores needed = R × p / 1e6: ${[2, 4, 8, 16, 32].map((g) => `G=${g}: ${f0(project(g))} requests/s, ${(project(g) * p / 1e6).toFixed(1)} PostgreSQL cores`).join('; ')}; limit as G grows: ${s > 0 ? `${f0(1e6 / s)} requests/s (1e6 / s)` : 'none from the gateways'}`,
+    `keys: ${keyCount}, round-robin over every request: at most ${Math.max(...sentPerKey.values())} requests on any key in the whole run (limit 600 starts per minute)`,
+  );
+  process.stdout.write(`${lines.join('\n')}\n`);
+}
+
+function describe(r: PhaseResult): string {
+  const f0 = (x: number) => Math.round(x).toLocaleString('en-US');
+  return `${r.processes} process(es): ${f0(r.rps)} requests/s (${r.requests} in ${r.seconds.toFixed(1)} s, p50 ${r.p50.toFixed(1)} ms, p99 ${r.p99.toFixed(1)} ms); CPU µs per request: gateways ${f0(r.gatewayUs)} [${r.gateways.map((g) => `#${g.index}: ${g.requests} requests, ${f0(g.cpuUs)} per request served`).join('; ')}], PostgreSQL ${f0(r.postgresUs)} + background ${f0(r.postgresBackgroundUs)}, engine ${f0(r.engineUs)}, load generator ${f0(r.clientUs)}; machine ${Math.round(r.machineBusy * 100)} % busy, ${Math.round(r.machineSteal * 100)} % stolen`;
+}
