@@ -6,24 +6,14 @@
  * (`{ log, db, checkpoints: sqlCheckpoints(db) }`, see src/README.md, "EventStoreDB / KurrentDB as
  * the log"), where the differences from the SQL adapters are listed.
  */
-import {
-  BACKWARDS,
-  END,
-  ErrorType,
+import type {
+  AllStreamResolvedEvent,
+  AllStreamSubscription,
   EventStoreDBClient,
-  FORWARDS,
-  START,
-  StreamNotFoundError,
+  JSONType,
+  ResolvedEvent,
+  StreamingRead,
   WrongExpectedVersionError,
-  eventTypeFilter,
-  excludeSystemEvents,
-  isCommandError,
-  jsonEvent,
-  type AllStreamResolvedEvent,
-  type AllStreamSubscription,
-  type JSONType,
-  type ResolvedEvent,
-  type StreamingRead,
 } from '@eventstore/db-client';
 import { DuplicateEventId, StoreClosed, StoreUnavailable, WrongExpectedVersion } from './errors.ts';
 import {
@@ -53,6 +43,15 @@ import {
 } from './types.ts';
 import { WakeHub } from './wake.ts';
 
+/** The client, loaded when a log is opened: its gRPC and protobuf code costs a process about 0.2 s to load. */
+type Client = typeof import('@eventstore/db-client');
+
+// The client's constants (their values), so that nothing of it is loaded before a log is opened.
+const START = 'start';
+const END = 'end';
+const FORWARDS = 'forwards';
+const BACKWARDS = 'backwards';
+
 export interface OpenEventStoreDbLogOptions {
   /** The client's connection string, e.g. `esdb://127.0.0.1:2113?tls=false` (EVENTSTORE_URL). */
   url: string;
@@ -80,8 +79,9 @@ const pageSize = 1000;
  * URL or a server that does not answer fails here (StoreUnavailable), not at the first append.
  */
 export async function openEventStoreDbLog(options: OpenEventStoreDbLogOptions): Promise<EventStoreDbLog> {
-  const client = EventStoreDBClient.connectionString(options.url);
-  const log = eventStoreDbLog(client, options);
+  const lib: Client = await import('@eventstore/db-client');
+  const client = lib.EventStoreDBClient.connectionString(options.url);
+  const log = eventStoreDbLog(lib, client, options);
   try {
     await log.head();
   } catch (error) {
@@ -98,7 +98,7 @@ interface StoredAppend {
   lastPosition: GlobalPosition;
 }
 
-function eventStoreDbLog(client: EventStoreDBClient, options: OpenEventStoreDbLogOptions): EventStoreDbLog {
+function eventStoreDbLog(lib: Client, client: EventStoreDBClient, options: OpenEventStoreDbLogOptions): EventStoreDbLog {
   const deadlineMs = options.deadlineMs ?? 10_000;
   const readTimeoutMs = options.readTimeoutMs ?? 10_000;
   let closed = false;
@@ -147,13 +147,13 @@ function eventStoreDbLog(client: EventStoreDBClient, options: OpenEventStoreDbLo
     }
   }
 
-  /** The events of a stream from a revision, forwards; none when the stream does not exist. */
-  async function readRevisions(streamId: string, fromRevision: bigint, maxCount: number): Promise<RecordedEvent[]> {
+  /** The events of a stream from a revision, forwards; null when the stream does not exist. */
+  async function readRevisions(streamId: string, fromRevision: bigint, maxCount: number): Promise<RecordedEvent[] | null> {
     try {
       const read = await collect(`reading ${streamId}`, client.readStream(streamId, { fromRevision, maxCount, direction: FORWARDS }));
       return read.map(recordedOf).filter((e): e is RecordedEvent => e !== null);
     } catch (error) {
-      if (error instanceof StreamNotFoundError) return [];
+      if (isCommandError(error, 'stream-not-found')) return null;
       throw error;
     }
   }
@@ -164,7 +164,7 @@ function eventStoreDbLog(client: EventStoreDBClient, options: OpenEventStoreDbLo
       const [last] = await collect(`the version of ${streamId}`, client.readStream(streamId, { fromRevision: END, direction: BACKWARDS, maxCount: 1 }));
       return last?.event ? versionOf(last.event.revision) : 0;
     } catch (error) {
-      if (error instanceof StreamNotFoundError) return 0;
+      if (isCommandError(error, 'stream-not-found')) return 0;
       throw error;
     }
   }
@@ -231,11 +231,11 @@ function eventStoreDbLog(client: EventStoreDBClient, options: OpenEventStoreDbLo
     const ids = events.map((e) => e.id.toLowerCase());
     let candidates: RecordedEvent[];
     if (typeof expected === 'number' || expected === 'no_stream') {
-      candidates = await readRevisions(streamId, BigInt(expected === 'no_stream' ? 0 : expected), ids.length);
+      candidates = (await readRevisions(streamId, BigInt(expected === 'no_stream' ? 0 : expected), ids.length)) ?? [];
     } else {
       // `any` or `stream_exists`: the first sending went on top of whatever the stream held then; look back a while.
       const back = await collect(`reading ${streamId}`, client.readStream(streamId, { fromRevision: END, direction: BACKWARDS, maxCount: 256 })).catch((error) => {
-        if (error instanceof StreamNotFoundError) return [];
+        if (isCommandError(error, 'stream-not-found')) return [];
         throw error;
       });
       const read = back.map(recordedOf).filter((e): e is RecordedEvent => e !== null).reverse();
@@ -255,7 +255,7 @@ function eventStoreDbLog(client: EventStoreDBClient, options: OpenEventStoreDbLo
     if (expected === 'any' || (expected === 'stream_exists' && actual > 0)) return new DuplicateEventId(streamId, actual);
     const at = expected === 'no_stream' ? 0 : typeof expected === 'number' ? expected : null;
     if (at !== null && actual > at) {
-      const [next] = await readRevisions(streamId, BigInt(at), 1);
+      const [next] = (await readRevisions(streamId, BigInt(at), 1)) ?? [];
       const ids = new Set(events.map((e) => e.id.toLowerCase()));
       if (next && ids.has(next.id)) return new DuplicateEventId(streamId, actual);
     }
@@ -278,7 +278,7 @@ function eventStoreDbLog(client: EventStoreDBClient, options: OpenEventStoreDbLo
     const proposed = events.map((e) => {
       if (JSON.stringify(e.data) === undefined) throw new TypeError(`append to ${streamId}: event data must be a JSON value`);
       JSON.stringify(e.metadata ?? {});
-      return jsonEvent({ id: e.id, type: e.type, data: e.data as JSONType, metadata: (e.metadata ?? {}) as JSONType });
+      return lib.jsonEvent({ id: e.id, type: e.type, data: e.data as JSONType, metadata: (e.metadata ?? {}) as JSONType });
     });
     let timer: NodeJS.Timeout | undefined;
     try {
@@ -300,15 +300,15 @@ function eventStoreDbLog(client: EventStoreDBClient, options: OpenEventStoreDbLo
       // The position ESDB answers with is its last event's (the prepare that ends the write).
       const lastPosition = result.position
         ? toGlobalPosition(result.position)
-        : (await readRevisions(streamId, result.nextExpectedRevision, 1))[0]?.globalPosition ?? logStart;
+        : ((await readRevisions(streamId, result.nextExpectedRevision, 1)) ?? [])[0]?.globalPosition ?? logStart;
       remember(stored, key, { streamId, ids, nextExpectedVersion, lastPosition });
       for (const e of events) remember(ownIds, e.id.toLowerCase());
       hub.notify();
       return { nextExpectedVersion, lastPosition, idempotent: false };
     } catch (error) {
-      if (error instanceof WrongExpectedVersionError) {
+      if (isCommandError(error, 'wrong-expected-version')) {
         unknownOutcome.delete(key);
-        throw await conflictError(streamId, events, expected, actualVersionOf(error.actualVersion));
+        throw await conflictError(streamId, events, expected, actualVersionOf((error as WrongExpectedVersionError).actualVersion));
       }
       const mapped = storeError(error, `append to ${streamId}`, true);
       if (mapped instanceof StoreUnavailable) remember(unknownOutcome, key, { streamId, ids });
@@ -326,7 +326,7 @@ function eventStoreDbLog(client: EventStoreDBClient, options: OpenEventStoreDbLo
     let retry: NodeJS.Timeout | undefined;
     const open = () => {
       if (stopped || closed) return;
-      const source = client.subscribeToAll({ fromPosition: END, filter: excludeSystemEvents() });
+      const source = client.subscribeToAll({ fromPosition: END, filter: lib.excludeSystemEvents() });
       current = source;
       const again = () => {
         if (current !== source || stopped) return;
@@ -393,7 +393,7 @@ function eventStoreDbLog(client: EventStoreDBClient, options: OpenEventStoreDbLo
         received = checkpoint;
         changed.notify();
       };
-      const filter = types ? eventTypeFilter({ regex: eventTypesRegex([...types]), checkpointReached }) : excludeSystemEvents({ checkpointReached });
+      const filter = types ? lib.eventTypeFilter({ regex: eventTypesRegex([...types]), checkpointReached }) : lib.excludeSystemEvents({ checkpointReached });
       const fromPosition = comparePositions(position, logStart) === 0 ? START : toEsdbPosition(position);
       const current = client.subscribeToAll({ fromPosition, filter });
       source = current;
@@ -534,6 +534,7 @@ function eventStoreDbLog(client: EventStoreDBClient, options: OpenEventStoreDbLo
       ensureOpen();
       const from = Math.max(fromVersion, 1);
       const events = limit === 0 ? [] : await readRevisions(streamId, BigInt(from - 1), limit ?? Number.MAX_SAFE_INTEGER);
+      if (events === null) return { version: 0, events: [] } satisfies StreamRead;
       // A read that reached the stream's end knows its version; otherwise ask for the last event's (read after, never older).
       const reachedEnd = events.length > 0 && (limit === undefined || events.length < limit);
       const version = reachedEnd ? events[events.length - 1].streamVersion : await versionNow(streamId);
@@ -621,7 +622,14 @@ export function recordedOf(resolved: ResolvedEvent | AllStreamResolvedEvent): Re
   };
 }
 
-const unavailable = new Set<string>([ErrorType.UNAVAILABLE, ErrorType.DEADLINE_EXCEEDED, ErrorType.TIMEOUT, ErrorType.CANCELLED, ErrorType.NOT_LEADER, ErrorType.UNKNOWN]);
+/** The client's errors carry their kind in `type` (its ErrorType's values). */
+function isCommandError(error: unknown, type?: string): boolean {
+  const kind = error instanceof Error ? (error as { type?: unknown }).type : undefined;
+  return typeof kind === 'string' && (type === undefined || kind === type);
+}
+
+/** A call that failed or got no answer (the outcome of an append then unknown), not a refusal. */
+const unavailable = new Set<string>(['unavailable', 'deadline-exceeded', 'timeout', 'cancelled', 'not-leader', 'unknown']);
 
 /**
  * The client's failures as the store's: a connection that failed or did not answer is StoreUnavailable
@@ -629,9 +637,9 @@ const unavailable = new Set<string>([ErrorType.UNAVAILABLE, ErrorType.DEADLINE_E
  * wrong expected version) is passed on as the client's typed error.
  */
 export function storeError(error: unknown, what: string, sent: boolean): unknown {
-  if (error instanceof StoreUnavailable || error instanceof StoreClosed || error instanceof StreamNotFoundError) return error;
+  if (error instanceof StoreUnavailable || error instanceof StoreClosed) return error;
   // A command error by its type; a gRPC failure the client did not convert by its status code.
-  const transport = isCommandError(error as Error) ? unavailable.has((error as { type: string }).type) : typeof (error as { code?: unknown } | null)?.code === 'number';
+  const transport = isCommandError(error) ? unavailable.has((error as { type: string }).type) : typeof (error as { code?: unknown } | null)?.code === 'number';
   if (transport) {
     return new StoreUnavailable(`EventStoreDB: ${what} failed: ${(error as Error).message}`, sent, { cause: error });
   }

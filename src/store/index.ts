@@ -30,6 +30,7 @@ export { toStorableText } from './event-encoding.ts';
 export { internalSchemaOf, internalTable } from './internal-schema.ts';
 export { readDataDirLock } from './data-dir-lock.ts';
 export type { SqlPort, SqlPortOptions } from './sql-port.ts';
+export { openEventStoreDbLog, type EventStoreDbLog, type OpenEventStoreDbLogOptions } from './eventstoredb.ts';
 
 /** Embedded stores opened by this process: their PGlite and data-directory lock, for the SQL port. */
 const embedded = new WeakMap<EventStore, { driver: PgliteDriver; lock: DataDirLock | null }>();
