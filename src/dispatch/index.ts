@@ -16,3 +16,4 @@ export {
 } from './types.ts';
 export { inProcessTransport, type InProcessDispatchOptions } from './in-process.ts';
 export { postgresTransport, postgresDispatchDefaults, type PostgresDispatchOptions, type PostgresDispatchTransport } from './postgres.ts';
+export { kafkaTransport, kafkaDispatchDefaults, type KafkaDispatchOptions, type KafkaDispatchTransport } from './kafka.ts';
