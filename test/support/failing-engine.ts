@@ -40,6 +40,8 @@ const answers: Record<Exclude<FailingMode, 'drop'>, { status: number; body: stri
 export async function startFailingEngine(mode: FailingMode = '500'): Promise<FailingEngine> {
   let received = 0;
   const state = { mode, delayMs: 0 };
+  // Delayed answers not yet sent: cleared at close, so a test's process need not wait out a long delay to exit.
+  const waiting = new Set<NodeJS.Timeout>();
   const server: Server = createServer((req, res) => {
     req.resume();
     req.once('end', () => {
@@ -53,8 +55,13 @@ export async function startFailingEngine(mode: FailingMode = '500'): Promise<Fai
         const { status, body } = answers[state.mode];
         res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) }).end(body);
       };
-      if (state.delayMs > 0) setTimeout(answer, state.delayMs);
-      else answer();
+      if (state.delayMs > 0) {
+        const timer = setTimeout(() => {
+          waiting.delete(timer);
+          answer();
+        }, state.delayMs);
+        waiting.add(timer);
+      } else answer();
     });
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
@@ -78,6 +85,7 @@ export async function startFailingEngine(mode: FailingMode = '500'): Promise<Fai
     },
     close: () =>
       new Promise<void>((resolve) => {
+        for (const timer of waiting) clearTimeout(timer);
         server.closeAllConnections();
         server.close(() => resolve());
       }),
