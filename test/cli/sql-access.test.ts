@@ -7,16 +7,16 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { rmSync } from 'node:fs';
 import { promisify } from 'node:util';
 import { svcCommand, packageRoot } from '../../src/config/index.ts';
 import { firstKeywords } from '../../src/store/sql-port.ts';
+import { freshDataDir } from '../support/data-dir.ts';
 
 const run = promisify(execFile);
 const adminToken = 'sql-access-test-admin-token';
-const dataDir = mkdtempSync(join(tmpdir(), 'svc-sql-'));
+// A copy of an empty embedded database: the first `svc serve` need not create one (seconds of CPU).
+const dataDir = await freshDataDir('svc-sql-');
 
 function env(): NodeJS.ProcessEnv {
   const e: NodeJS.ProcessEnv = { ...process.env, DATA_DIR: dataDir, PORT: '0', SVC_ADMIN_TOKEN: adminToken, LOG_LEVEL: 'warn' };
