@@ -56,8 +56,10 @@ export interface HarvestSettings {
   staleAfterMs: number;
   /** batch_size when the request leaves it null. */
   defaultBatchSize: number;
-  /** `inprocess` (default) or `postgres` (the store's database; for separate `svc worker` processes). */
-  transport: 'inprocess' | 'postgres';
+  /** `inprocess` (default), `postgres` (the store's database) or `kafka` (KAFKA_BROKERS): the last two for separate `svc worker` processes. */
+  transport: 'inprocess' | 'postgres' | 'kafka';
+  /** The Kafka cluster jobs go through when `transport` is `kafka`; null otherwise. */
+  kafka: KafkaSettings | null;
   /** Jobs this process works on at once; 0: this process runs no harvest worker (`svc serve --no-workers`). */
   workers: number;
   /** A worker's claim on a job lapses this long after its last renewal; the resumer then dispatches the job again. */
@@ -67,6 +69,17 @@ export interface HarvestSettings {
   /** `?wait=` long-polls waiting at once, per key and in all (per process); more are answered at once, declined. */
   longPollsPerKey: number;
   longPollsTotal: number;
+}
+
+/** The Kafka dispatch transport (src/dispatch/kafka.ts): KAFKA_* and SVC_KAFKA_* variables. */
+export interface KafkaSettings {
+  brokers: string[];
+  ssl: boolean;
+  sasl: { mechanism: 'plain' | 'scram-sha-256' | 'scram-sha-512'; username: string; password: string } | null;
+  topicPrefix: string;
+  groupPrefix: string;
+  /** Partitions of a topic the transport creates: at most this many worker processes get jobs at once. */
+  partitions: number;
 }
 
 export interface EngineSettings {
@@ -190,8 +203,35 @@ function numberFromEnv(env: NodeJS.ProcessEnv, name: string): number | null {
 
 function harvestTransportFromEnv(env: NodeJS.ProcessEnv): HarvestSettings['transport'] {
   const value = env.SVC_HARVEST_TRANSPORT || 'inprocess';
-  if (value !== 'inprocess' && value !== 'postgres') throw new ConfigError(`invalid environment variable SVC_HARVEST_TRANSPORT: "${value}" is not inprocess or postgres`);
+  if (value !== 'inprocess' && value !== 'postgres' && value !== 'kafka') throw new ConfigError(`invalid environment variable SVC_HARVEST_TRANSPORT: "${value}" is not inprocess, postgres or kafka`);
+  if (value === 'kafka' && !env.KAFKA_BROKERS) throw new ConfigError('SVC_HARVEST_TRANSPORT=kafka needs KAFKA_BROKERS: host:port of one or more brokers, comma-separated');
   return value;
+}
+
+/** Read only when SVC_HARVEST_TRANSPORT is kafka (harvestTransportFromEnv has checked KAFKA_BROKERS is there). */
+function kafkaFromEnv(env: NodeJS.ProcessEnv): KafkaSettings | null {
+  if (env.SVC_HARVEST_TRANSPORT !== 'kafka') return null;
+  const brokers = (env.KAFKA_BROKERS ?? '').split(',').map((b) => b.trim()).filter(Boolean);
+  const bad = brokers.find((b) => !/^\S+:\d{1,5}$/.test(b));
+  if (brokers.length === 0 || bad !== undefined) throw new ConfigError(`invalid environment variable KAFKA_BROKERS: "${bad ?? env.KAFKA_BROKERS}" is not host:port`);
+  let sasl: KafkaSettings['sasl'] = null;
+  const mechanism = env.KAFKA_SASL_MECHANISM;
+  if (mechanism) {
+    if (mechanism !== 'plain' && mechanism !== 'scram-sha-256' && mechanism !== 'scram-sha-512') throw new ConfigError(`invalid environment variable KAFKA_SASL_MECHANISM: "${mechanism}" is not plain, scram-sha-256 or scram-sha-512`);
+    const username = env.KAFKA_SASL_USERNAME;
+    const password = env.KAFKA_SASL_PASSWORD;
+    if (!username || !password) throw new ConfigError('KAFKA_SASL_MECHANISM needs KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD');
+    sasl = { mechanism, username, password };
+  }
+  return {
+    brokers,
+    ssl: switchFromEnv(env, 'KAFKA_SSL', false),
+    sasl,
+    // the transport's own defaults (src/dispatch/kafka.ts), named here so that every process reads the same
+    topicPrefix: env.SVC_KAFKA_TOPIC_PREFIX || 'svc.dispatch.',
+    groupPrefix: env.SVC_KAFKA_GROUP_PREFIX || 'svc.dispatch.',
+    partitions: intFromEnv(env, 'SVC_KAFKA_PARTITIONS', 8, 1, 10_000),
+  };
 }
 
 export function loadSettings(env: NodeJS.ProcessEnv = process.env, overrides: Partial<Settings> = {}): Settings {
@@ -232,6 +272,7 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env, overrides: Pa
       staleAfterMs: intFromEnv(env, 'SVC_HARVEST_STALE_MINUTES', 180, 1, 7 * 24 * 60) * 60_000,
       defaultBatchSize: intFromEnv(env, 'SVC_HARVEST_DEFAULT_BATCH_SIZE', 8, 1, 64),
       transport: harvestTransportFromEnv(env),
+      kafka: kafkaFromEnv(env),
       workers: intFromEnv(env, 'SVC_HARVEST_WORKERS', 1, 0, 64),
       leaseMs: intFromEnv(env, 'SVC_HARVEST_LEASE_MS', 30_000, 100, 3600_000),
       maxRedispatches: intFromEnv(env, 'SVC_HARVEST_MAX_REDISPATCHES', 5, 1, 1000),

@@ -38,7 +38,7 @@ import { workflows } from '../../commands/index.ts';
 import { projections } from '../../projections/index.ts';
 import { lastCompletions } from '../../projections/backend-health.ts';
 import { fileHarvestStorage, HarvestResumer, HarvestService, HarvestWorker } from '../harvest/index.ts';
-import { inProcessTransport, postgresTransport, type DispatchTransport } from '../dispatch/index.ts';
+import { inProcessTransport, kafkaTransport, postgresTransport, type DispatchTransport } from '../dispatch/index.ts';
 
 export { checkServeCanStart, ServeBlocked } from './preflight.ts';
 
@@ -278,7 +278,15 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
             listenUrl: settings.databaseUrl ?? undefined,
             onError: (error) => logger.warn({ err: (error as Error)?.message }, 'harvest dispatch failed; retrying'),
           })
-        : inProcessTransport();
+        : settings.harvest.transport === 'kafka'
+          ? // A consumer that dies leaves its group after the session timeout; another takes its partitions and redelivers.
+            kafkaTransport({
+              brokers: [],
+              ...settings.harvest.kafka,
+              sasl: settings.harvest.kafka?.sasl ?? undefined,
+              onError: (error) => logger.warn({ err: (error as Error)?.message }, 'harvest dispatch failed; retrying'),
+            })
+          : inProcessTransport();
     stoppers.push(() => transport.close());
     const harvests = new HarvestService({ handler: commands, db: store, storage: harvestStorage, transport, registry, settings: settings.harvest, logger });
     harvests.start();
