@@ -6,9 +6,9 @@
  * cluster when KAFKA_BROKERS is set (e.g. 127.0.0.1:9092), and are reported skipped otherwise: no
  * broker runs here, and none is faked.
  *
- * A broker for them: `apache/kafka` (KRaft, one node) as shipped has `group.initial.rebalance.delay.ms=0`;
- * a broker that keeps Kafka's default of 3 s makes each new group's first join wait that long, close
- * to the contract's 5 s bound.
+ * A broker for them: one KRaft node (`apache/kafka`) with `group.initial.rebalance.delay.ms=0` (as in
+ * Kafka's sample server.properties): the built-in 3 s makes each new group's first join wait that
+ * long, close to the contract's 5 s bounds.
  */
 import { randomBytes, randomUUID } from 'node:crypto';
 import { AssignerProtocol, Kafka, logLevel } from 'kafkajs';
