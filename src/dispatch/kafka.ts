@@ -353,12 +353,14 @@ interface PartitionState {
 }
 
 /** One commit at a time per partition; `flush` resolves once a commit sent after it was called has ended. */
-class Committer {
+export class Committer {
   #requested = 0;
   #done = 0;
   #running = false;
   #waiters: Array<{ version: number; resolve: () => void }> = [];
   #retry: NodeJS.Timeout | undefined;
+  /** The last commit failed: what is in memory is not in Kafka yet. */
+  #unsaved = false;
   readonly #commit: () => Promise<void>;
   readonly #reportError: (error: unknown) => void;
 
@@ -374,10 +376,15 @@ class Committer {
     return done;
   }
 
-  /** Resolves when nothing is being committed. */
+  /** Changes not yet in Kafka (being committed, or their commit failed). */
+  get dirty(): boolean {
+    return this.#running || this.#done < this.#requested || this.#unsaved;
+  }
+
+  /** Resolves once what is in memory was committed (or its last try failed, reported). */
   async idle(): Promise<void> {
     clearTimeout(this.#retry);
-    if (this.#done < this.#requested) await this.flush();
+    if (this.dirty) await this.flush();
   }
 
   cancel(): void {
@@ -392,7 +399,9 @@ class Committer {
         const version = this.#requested;
         try {
           await this.#commit();
+          this.#unsaved = false;
         } catch (error) {
+          this.#unsaved = true;
           this.#reportError(error);
           // the state is still in memory: committed again shortly (an acknowledgement not yet committed is only redelivered if this consumer dies)
           clearTimeout(this.#retry);
@@ -521,8 +530,14 @@ export function kafkaTransport(options: KafkaDispatchOptions): KafkaDispatchTran
     let arrivalTimer: NodeJS.Timeout | undefined;
     let restartTimer: NodeJS.Timeout | undefined;
 
+    /**
+     * Partitions to keep through a rebalance: a message begun there, or a change not yet committed (an
+     * acknowledgement whose commit the rebalance refused would otherwise be lost, and the message delivered again).
+     */
     const busyPartitions = () => {
-      const busy = [...states.values()].filter((s) => !s.lost && [...s.held.values()].some((h) => h.state === 'starting' || h.state === 'running' || h.state === 'backoff'));
+      const busy = [...states.values()].filter(
+        (s) => !s.lost && (s.committer.dirty || [...s.held.values()].some((h) => h.state === 'starting' || h.state === 'running' || h.state === 'backoff')),
+      );
       return { [topic]: busy.map((s) => s.partition) };
     };
 
@@ -609,6 +624,8 @@ export function kafkaTransport(options: KafkaDispatchOptions): KafkaDispatchTran
       const assigned = new Set(payload.memberAssignment[topic] ?? []);
       for (const state of [...states.values()]) if (!assigned.has(state.partition)) lose(state);
       load([...assigned].map(stateOf));
+      // what a commit refused during the rebalance is committed now, under the new generation
+      for (const state of states.values()) if (state.committer.dirty) void state.committer.flush();
       joining = false;
       schedule();
     });

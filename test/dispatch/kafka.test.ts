@@ -16,6 +16,7 @@ import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { DispatchClosed, kafkaTransport, type DispatchMessage, type DispatchTransport } from '../../src/dispatch/index.ts';
 import {
+  Committer,
   PartitionLedger,
   acknowledgedIn,
   busyStickyAssigner,
@@ -168,6 +169,50 @@ ledger('publish: a message is done once the group committed past it or acknowled
   assert.ok(acknowledgedIn('4', l.encode(), 5n));
   assert.not.ok(acknowledgedIn('4', l.encode(), 6n));
   assert.not.ok(acknowledgedIn('4', l.encode(), 7n), 'never seen by the group');
+});
+
+ledger('commits: one at a time, the flushes made meanwhile coalesced into one more that carries their changes; each resolves after a commit begun after it', async () => {
+  let state = 0;
+  const committed: number[] = [];
+  let release = () => {};
+  const commit = async () => {
+    const snapshot = state;
+    await new Promise<void>((resolve) => (release = resolve));
+    committed.push(snapshot);
+  };
+  const committer = new Committer(commit, (e) => assert.unreachable(String(e)));
+  state = 1;
+  const first = committer.flush();
+  state = 2;
+  const second = committer.flush();
+  state = 3;
+  const third = committer.flush();
+  assert.ok(committer.dirty);
+  release();
+  await first;
+  assert.equal(committed, [1]);
+  await new Promise((r) => setImmediate(r));
+  release();
+  await Promise.all([second, third]);
+  assert.equal(committed, [1, 3], 'one more commit, with the last state');
+  assert.not.ok(committer.dirty);
+});
+
+ledger('a commit that failed leaves the committer dirty (its partition stays with it through a rebalance) until one succeeds, tried again by itself', async () => {
+  let failing = true;
+  const errors: unknown[] = [];
+  let commits = 0;
+  const committer = new Committer(async () => {
+    commits += 1;
+    if (failing) throw new Error('REBALANCE_IN_PROGRESS');
+  }, (e) => errors.push(e));
+  await committer.flush();
+  assert.is(errors.length, 1);
+  assert.ok(committer.dirty, 'unsaved');
+  failing = false;
+  await until('tried again after a second', async () => !committer.dirty, 3_000, 20);
+  assert.is(commits, 2);
+  committer.cancel();
 });
 
 ledger.run();
