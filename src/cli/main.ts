@@ -19,7 +19,7 @@ commands:
   events read STREAM [--json]    one stream's events: version, type, time, data, metadata
   events tail [--json] [--from POSITION|start]
                                  follow the global log live (from the head by default)
-  worker                         work on harvest jobs only (no HTTP): needs DATABASE_URL and SVC_HARVEST_TRANSPORT=postgres
+  worker                         work on harvest jobs only (no HTTP): needs DATABASE_URL and SVC_HARVEST_TRANSPORT=postgres or kafka
   harvest submit|watch|download  bulk activation harvests through a running gateway (svc harvest --help)
   keys create|list|show|pause|resume|revoke|set-budget
                                  manage API keys through a running gateway (svc keys --help)
@@ -48,8 +48,8 @@ async function serve(settings: Settings, args: string[], role: 'serve' | 'worker
     process.stderr.write('svc serve: --sql-port serves the embedded store; with DATABASE_URL, give analysts a read-only role (svc sql-role NAME)\n');
     return 2;
   }
-  if (role === 'worker' && (!settings.databaseUrl || settings.harvest.transport !== 'postgres')) {
-    process.stderr.write('svc worker: a worker process shares the gateway\'s PostgreSQL: set DATABASE_URL, and SVC_HARVEST_TRANSPORT=postgres here and on the gateways\n');
+  if (role === 'worker' && (!settings.databaseUrl || settings.harvest.transport === 'inprocess')) {
+    process.stderr.write('svc worker: a worker process shares the gateway\'s PostgreSQL: set DATABASE_URL, and SVC_HARVEST_TRANSPORT=postgres (or kafka) here and on the gateways\n');
     return 2;
   }
   if (role === 'worker' && settings.harvest.workers === 0) settings = { ...settings, harvest: { ...settings.harvest, workers: 1 } };

@@ -1,6 +1,6 @@
 /**
  * Work dispatch: jobs handed to consumers at least once, through a transport port (types.ts) with two
- * transports, in process and PostgreSQL (the store's own database). See README.md.
+ * transports, in process, PostgreSQL (the store's own database) and Kafka. See README.md.
  */
 export {
   DispatchClosed,
