@@ -1,5 +1,5 @@
 /**
- * Work dispatch: jobs handed to consumers at least once, through a transport port (types.ts) with two
+ * Work dispatch: jobs handed to consumers at least once, through a transport port (types.ts) with three
  * transports, in process, PostgreSQL (the store's own database) and Kafka. See README.md.
  */
 export {
