@@ -1,11 +1,13 @@
 #!/usr/bin/env node
-// Runs every test/**/*.test.ts file in its own Node process (uvu suites, tsx loader), two at a time,
-// and prints one closing line "N passed, N failed, N skipped". Args filter files by substring.
+// Runs every test/**/*.test.ts file in its own Node process (uvu suites, tsx loader), several at a time
+// (TEST_CONCURRENCY, default: one more than the cores), longest first, and prints one closing line
+// "N passed, N failed, N skipped". Args filter files by substring.
 import { spawn } from 'node:child_process';
-import { readdirSync, statSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import { readdirSync, readFileSync, renameSync, statSync, writeFileSync } from 'node:fs';
 import { join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { availableParallelism } from 'node:os';
+import { availableParallelism, tmpdir } from 'node:os';
 
 const root = fileURLToPath(new URL('..', import.meta.url));
 const filters = process.argv.slice(2);
@@ -18,10 +20,21 @@ function findTests(dir) {
   });
 }
 
-const files = findTests(join(root, 'test'))
-  .map((f) => relative(root, f))
+// Each file's last duration, kept outside the checkout: the longest files start first, so the run does not end
+// waiting on one slow file started late. A file never timed here starts first, in name order (a fresh machine
+// runs everything in name order).
+const durationsPath = join(tmpdir(), `svc-test-durations-${createHash('sha256').update(root).digest('hex').slice(0, 12)}.json`);
+let durations = {};
+try {
+  durations = JSON.parse(readFileSync(durationsPath, 'utf8'));
+} catch {
+  // first run on this machine
+}
+const allFiles = findTests(join(root, 'test')).map((f) => relative(root, f));
+const files = allFiles
   .filter((f) => filters.length === 0 || filters.some((x) => f.includes(x)))
-  .sort();
+  .sort()
+  .sort((a, b) => (durations[b] ?? Infinity) - (durations[a] ?? Infinity));
 
 const totals = { passed: 0, failed: 0, skipped: 0 };
 const failedFiles = [];
@@ -57,6 +70,7 @@ function runFile(file) {
       totals.failed += failed;
       totals.skipped += skipped;
       const secs = ((Date.now() - started) / 1000).toFixed(1);
+      durations[file] = Number(secs);
       const verdict = failed > 0 ? 'FAIL' : 'ok  ';
       process.stdout.write(`${verdict} ${file} (${passed} passed, ${skipped} skipped, ${secs}s)\n`);
       if (failed > 0) {
@@ -69,10 +83,18 @@ function runFile(file) {
 }
 
 const queue = [...files];
-const workers = Array.from({ length: Math.min(Number(process.env.TEST_CONCURRENCY ?? 0) || Math.max(2, availableParallelism()), queue.length) }, async () => {
+// Most files spend much of their time waiting on child processes, sockets and timers: one more file than cores keeps them busy.
+const concurrency = Number(process.env.TEST_CONCURRENCY ?? 0) || availableParallelism() + 1;
+const workers = Array.from({ length: Math.min(concurrency, queue.length) }, async () => {
   while (queue.length > 0) await runFile(queue.shift());
 });
 await Promise.all(workers);
+try {
+  writeFileSync(`${durationsPath}.${process.pid}`, JSON.stringify(Object.fromEntries(allFiles.filter((f) => f in durations).map((f) => [f, durations[f]]))));
+  renameSync(`${durationsPath}.${process.pid}`, durationsPath);
+} catch {
+  // the order is only an optimisation
+}
 
 if (failedFiles.length > 0) process.stdout.write(`\nfailed files:\n${failedFiles.map((f) => `  ${f}`).join('\n')}\n`);
 process.stdout.write(`\n${totals.passed} passed, ${totals.failed} failed, ${totals.skipped} skipped\n`);
