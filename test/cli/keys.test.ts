@@ -6,6 +6,7 @@ import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { loadSettings } from '../../src/config/index.ts';
 import { startTestGateway, type TestGateway } from '../support/gateway.ts';
 
 // `svc keys ...` as an operator runs it: a child process talking to a real gateway over HTTP.
@@ -15,7 +16,8 @@ let gw: TestGateway;
 let dataDir: string;
 
 cli.before(async () => {
-  gw = await startTestGateway();
+  // No engine: nothing here calls one (engines start on a first completion, which never comes).
+  gw = await startTestGateway({ engines: { ...loadSettings({}, { models: [] }).engines, warmAtStart: false } });
   // An operator's DATA_DIR holding the gateway's admin token: the default when SVC_ADMIN_TOKEN is unset.
   dataDir = mkdtempSync(join(tmpdir(), 'svc-cli-keys-'));
   writeFileSync(join(dataDir, 'admin-token'), `${gw.adminToken}\n`, { mode: 0o600 });
@@ -76,10 +78,6 @@ cli('create, show, set-budget, pause, resume, revoke and list, as tables and as 
 });
 
 cli('clear errors: wrong token, server down, unknown prefix, bad arguments', async () => {
-  const wrong = await run(['list'], { SVC_ADMIN_TOKEN: 'not-the-token' });
-  assert.is(wrong.code, 1);
-  assert.match(wrong.stderr, /401 invalid_api_key: invalid admin token \(the gateway at http:\/\/127\.0\.0\.1:\d+ refused the admin token/);
-
   // A port nobody listens on: take a free one and close it.
   const port = await new Promise<number>((resolve) => {
     const server = createServer().listen(0, '127.0.0.1', () => {
@@ -87,22 +85,30 @@ cli('clear errors: wrong token, server down, unknown prefix, bad arguments', asy
       server.close(() => resolve(port));
     });
   });
-  const down = await run(['list'], { SVC_URL: `http://127.0.0.1:${port}` });
+  // Independent processes, run side by side.
+  const [wrong, down, missing, noToken, usage, bare] = await Promise.all([
+    run(['list'], { SVC_ADMIN_TOKEN: 'not-the-token' }),
+    run(['list'], { SVC_URL: `http://127.0.0.1:${port}` }),
+    run(['show', '0123456789ab']),
+    run(['list'], { DATA_DIR: join(dataDir, 'elsewhere') }),
+    run(['set-budget', '0123456789ab', '--daily-token-budget', '-3']),
+    run(['create']),
+  ]);
+  assert.is(wrong.code, 1);
+  assert.match(wrong.stderr, /401 invalid_api_key: invalid admin token \(the gateway at http:\/\/127\.0\.0\.1:\d+ refused the admin token/);
+
   assert.is(down.code, 1);
   assert.match(down.stderr, /cannot reach the gateway at http:\/\/127\.0\.0\.1:\d+ \(ECONNREFUSED\); is `svc serve` running\?/);
 
-  const missing = await run(['show', '0123456789ab']);
   assert.is(missing.code, 1);
   assert.match(missing.stderr, /404 not_found: no API key with prefix/);
 
-  const noToken = await run(['list'], { DATA_DIR: join(dataDir, 'elsewhere') });
   assert.is(noToken.code, 1);
   assert.match(noToken.stderr, /no admin token: set SVC_ADMIN_TOKEN/);
 
-  const usage = await run(['set-budget', '0123456789ab', '--daily-token-budget', '-3']);
   assert.is(usage.code, 2);
   assert.match(usage.stderr, /--daily-token-budget must be a non-negative integer or "none"/);
-  assert.is((await run(['create'])).code, 2);
+  assert.is(bare.code, 2);
 });
 
 cli.run();
