@@ -2,9 +2,11 @@
  * Checkpoints of the log's processors (projections and workflows): where a processor has got to,
  * written in the same transaction of the SQL database as its rows. The checkpoint store is also the
  * processors' lock: locking a processor's checkpoint makes runners of it in other processes wait, then
- * find the checkpoint moved and go on from there.
+ * find the checkpoint moved and go on from there. (Which process runs a processor at all is its lease,
+ * `lease-store.ts`, checked in the same transaction.)
  */
 import { internalTable, type EventLog, type EventStore, type GlobalPosition, type Queryable, type SqlDatabase } from '../store/index.ts';
+import { sqlLeases, type LeaseStore } from './lease-store.ts';
 
 export interface Checkpoint {
   position: GlobalPosition;
@@ -75,23 +77,27 @@ export function sqlCheckpoints(db: Pick<SqlDatabase, 'internalSchema'>): Checkpo
 
 /**
  * What a processor reads and writes: one SQL event store for both (its transactions then append and
- * read the log too), or a log and a SQL database apart. The checkpoints default to the SQL log's.
+ * read the log too), or a log and a SQL database apart. The checkpoints default to the SQL log's, the
+ * leases to the SQL database's.
  */
 export type ProcessorSources =
-  | { store: EventStore; checkpoints?: CheckpointStore }
-  | { log: EventLog; db: SqlDatabase; checkpoints?: CheckpointStore };
+  | { store: EventStore; checkpoints?: CheckpointStore; leaseStore?: LeaseStore }
+  | { log: EventLog; db: SqlDatabase; checkpoints?: CheckpointStore; leaseStore?: LeaseStore };
 
 export interface ResolvedSources {
   log: EventLog;
   db: SqlDatabase;
   checkpoints: CheckpointStore;
+  leases: LeaseStore;
   /** The log and the database when they are one store: its transactions can append and read the log. */
   store: EventStore | null;
 }
 
 export function resolveSources(sources: ProcessorSources): ResolvedSources {
-  const checkpoints = sources.checkpoints ?? sqlCheckpoints('store' in sources ? sources.store : sources.db);
-  if ('store' in sources) return { log: sources.store, db: sources.store, checkpoints, store: sources.store };
+  const db = 'store' in sources ? sources.store : sources.db;
+  const checkpoints = sources.checkpoints ?? sqlCheckpoints(db);
+  const leases = sources.leaseStore ?? sqlLeases(db);
+  if ('store' in sources) return { log: sources.store, db: sources.store, checkpoints, leases, store: sources.store };
   const same = (sources.log as unknown) === sources.db ? (sources.db as EventStore) : null;
-  return { log: sources.log, db: sources.db, checkpoints, store: same };
+  return { log: sources.log, db: sources.db, checkpoints, leases, store: same };
 }

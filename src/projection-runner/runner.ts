@@ -3,17 +3,21 @@
  * batches, writing its rows and its checkpoint in one transaction of the SQL database; catch-up
  * first, then live. It takes the two ports apart (the event log it reads, the SQL database its rows
  * and checkpoints live in) with a checkpoint store that is also its lock, so any log can feed it;
- * positions are the log's, opaque here. One SQL event store can be both.
+ * positions are the log's, opaque here. One SQL event store can be both. Of several runners on one
+ * database (one per process), each projection is applied by the one holding its lease (leases.ts).
  */
 import { StoreUnavailable, type EventLog, type GlobalPosition, type Queryable, type RecordedEvent, type SqlDatabase, type StoreTransaction, type Subscription } from '../store/index.ts';
 import { internalSchemaOf, type Projection } from './projection.ts';
 import { CheckpointMoved, resolveSources, type CheckpointStore, type ProcessorSources, type ResolvedSources } from './checkpoints.ts';
+import { LeaseLost } from './lease-store.ts';
+import { ProcessorLeases, type LeaseSettings } from './leases.ts';
+import { caughtUpWith, logTarget } from './caught-up.ts';
 
 export { CheckpointMoved } from './checkpoints.ts';
 
 export type ProjectionRunnerOptions = ProcessorSources & ProjectionRunnerSettings;
 
-export interface ProjectionRunnerSettings {
+export interface ProjectionRunnerSettings extends LeaseSettings {
   projections: readonly Projection[];
   /** Events per transaction while live (default 500). */
   batchSize?: number;
@@ -37,8 +41,14 @@ export interface ProjectionStatus {
   /** Readable events after the checkpoint. */
   lag: number;
   updatedAt: Date | null;
-  /** Whether this runner is applying it live. */
+  /** Whether this runner is applying it live (started, and holding its lease). */
   live: boolean;
+  /** The process holding its lease, or that last held it (null: none ever, or the embedded store, where the one process works on every projection). */
+  holder: string | null;
+  /** Until when that lease holds unless renewed (null with no holder). */
+  leaseUntil: Date | null;
+  /** Whether that lease is held now (by the database's clock). */
+  leaseHeld: boolean;
 }
 
 export interface RebuildProgress {
@@ -147,6 +157,8 @@ export class ProjectionRunner {
   #groups: LiveGroup[] = [];
   #regrouping: Promise<void> | null = null;
   #started = false;
+  /** Which projections this runner may apply: those whose lease it holds. */
+  readonly #leases: ProcessorLeases;
 
   constructor(options: ProjectionRunnerOptions) {
     this.#sources = resolveSources(options);
@@ -156,41 +168,73 @@ export class ProjectionRunner {
     this.#options = options;
     this.#projections = new Map(options.projections.map((p) => [p.name, p]));
     if (this.#projections.size !== options.projections.length) throw new Error('projection names must be unique');
+    this.#leases = new ProcessorLeases({
+      db: this.#db,
+      store: this.#sources.leases,
+      names: [...this.#projections.keys()],
+      settings: options,
+      onChange: () => this.#regroupInBackground('leases'),
+      onError: (error) => this.#options.onError?.('leases', error),
+    });
+  }
+
+  /** This runner's name in the lease table. */
+  get leaseHolder(): string {
+    return this.#leases.holder;
   }
 
   get names(): string[] {
     return [...this.#projections.keys()];
   }
 
-  /** Creates missing tables and checkpoints, then applies every projection live (catch-up first). */
+  /**
+   * Creates missing tables and checkpoints, claims the projections' leases, then applies live every
+   * projection it holds (catch-up first); the others are taken up if their holder goes.
+   */
   async start(): Promise<void> {
     if (this.#started) return;
     this.#started = true;
     for (const projection of this.#projections.values()) await this.#init(projection);
     for (const name of this.#projections.keys()) this.#live.add(name);
+    await this.#leases.start();
     await this.#regroup();
   }
 
-  /** Resolves once every live projection has applied every event committed before the call. */
+  /**
+   * Resolves once every live projection has applied every event committed before the call, whichever
+   * process applies it: a projection this runner applies is awaited on its reader, any other on its
+   * checkpoint (moved by the process holding its lease).
+   */
   async caughtUp(): Promise<void> {
-    for (;;) {
-      await this.#regrouping;
-      try {
-        await Promise.all(this.#groups.map((g) => g.subscription?.caughtUp()));
-        return;
-      } catch (error) {
-        // a group restarted (a checkpoint moved) while we waited: wait on its successor
-        if (!this.#started) throw error;
-      }
-    }
+    if (!this.#started) return;
+    await caughtUpWith({
+      names: [...this.#live],
+      target: () => logTarget(this.#log),
+      log: this.#log,
+      reader: (name) => this.#groups.find((g) => g.members.some((p) => p.name === name))?.subscription ?? null,
+      stored: (names) => this.#checkpoints.read(this.#db, names),
+      settled: () => this.#regrouping,
+      running: () => this.#started,
+    });
   }
 
   async status(): Promise<ProjectionStatus[]> {
     const result: ProjectionStatus[] = [];
+    const leases = new Map((await this.#sources.leases.list(this.#db).catch(() => [])).map((l) => [l.name, l]));
     for (const name of this.#projections.keys()) {
       const checkpoint = (await this.#checkpoints.read(this.#db, [name]).catch(() => null))?.get(name);
       const position = checkpoint?.position ?? this.#log.start;
-      result.push({ name, position, lag: await this.#log.countAfter(position), updatedAt: checkpoint?.updatedAt ?? null, live: this.#live.has(name) });
+      const lease = leases.get(name);
+      result.push({
+        name,
+        position,
+        lag: await this.#log.countAfter(position),
+        updatedAt: checkpoint?.updatedAt ?? null,
+        live: this.#started && this.#live.has(name) && this.#leases.holds(name),
+        holder: lease?.holder ?? null,
+        leaseUntil: lease?.holder ? lease.until : null,
+        leaseHeld: lease?.held ?? false,
+      });
     }
     return result;
   }
@@ -290,9 +334,11 @@ export class ProjectionRunner {
     }
   }
 
+  /** Stops applying, then lets the leases go: another process takes the projections over at its next claim. */
   async stop(): Promise<void> {
     this.#started = false;
     await this.#regroup();
+    await this.#leases.stop();
   }
 
   async #init(projection: Projection): Promise<void> {
@@ -315,7 +361,7 @@ export class ProjectionRunner {
       this.#groups = [];
       for (const group of groups) await group.subscription?.stop();
       if (!this.#started) return;
-      const live = [...this.#projections.values()].filter((p) => this.#live.has(p.name));
+      const live = [...this.#projections.values()].filter((p) => this.#live.has(p.name) && this.#leases.holds(p.name));
       const together = live.filter((p) => !this.#alone.has(p.name));
       const memberships = [...(together.length > 0 ? [together] : []), ...live.filter((p) => this.#alone.has(p.name)).map((p) => [p])];
       for (const members of memberships) this.#groups.push(await this.#startGroup(members));
@@ -324,6 +370,14 @@ export class ProjectionRunner {
     });
     this.#regrouping = regrouping;
     return regrouping;
+  }
+
+  /** A regroup nothing awaits (a lease changed, a checkpoint moved): one that fails (the database away) is tried again. */
+  #regroupInBackground(label: string): void {
+    void this.#regroup().catch((error) => {
+      this.#options.onError?.(label, error);
+      if (this.#started) setTimeout(() => this.#regroupInBackground(label), 1000).unref();
+    });
   }
 
   async #startGroup(members: readonly Projection[]): Promise<LiveGroup> {
@@ -342,7 +396,11 @@ export class ProjectionRunner {
       handle: (events) => this.#applyBatch(group, events),
       onError: (error) => {
         if (error instanceof CheckpointMoved) {
-          void this.#regroup().catch((e) => this.#options.onError?.(label, e));
+          this.#regroupInBackground(label);
+          return;
+        }
+        if (error instanceof LeaseLost) {
+          this.#leases.lost(error.names); // regroups without them
           return;
         }
         if (error instanceof ProjectionFailed) {
@@ -350,7 +408,7 @@ export class ProjectionRunner {
           // Among others, it would hold them back: it goes on alone, from its checkpoint.
           if (members.length > 1 && !this.#alone.has(error.projection)) {
             this.#alone.add(error.projection);
-            void this.#regroup().catch((e) => this.#options.onError?.(error.projection, e));
+            this.#regroupInBackground(error.projection);
           }
           return;
         }
@@ -368,8 +426,10 @@ export class ProjectionRunner {
     const last = batch[batch.length - 1].globalPosition;
     const names = group.members.map((p) => p.name);
     const log = this.#log;
+    this.#leases.expectHeld(names);
     await this.#db.transaction(async (tx) => {
-      // Locking the checkpoints (in one order) serializes runners of these projections across processes.
+      // The fence refuses a holder that lost its lease; locking the checkpoints (in one order) serializes runners of these projections.
+      await this.#leases.fence(tx, names);
       const stored = await this.#checkpoints.lock(tx, names);
       for (const name of names) {
         const checkpoint = stored.get(name);

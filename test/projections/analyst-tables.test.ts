@@ -16,7 +16,7 @@ import { mixedWorkload } from '../support/meter-workload.ts';
 /** What analysts query: the projections' tables and the log. */
 const analystTables = ['api_keys', 'backend_health', 'daily_spend', 'events', 'harvest_jobs', 'harvest_shards', 'key_usage', 'meter_holds', 'usage_ledger'];
 /** The store's own tables and the projections' helper tables, in `<schema>_internal`. */
-const internalTables = ['daily_spend_position', 'key_usage_holds', 'key_usage_position', 'meter_holds_position', 'projection_checkpoints', 'schema_migrations', 'usage_ledger_pending', 'usage_ledger_position'];
+const internalTables = ['daily_spend_position', 'key_usage_holds', 'key_usage_position', 'meter_holds_position', 'processor_leases', 'projection_checkpoints', 'schema_migrations', 'usage_ledger_pending', 'usage_ledger_position'];
 
 /** The example SQL of projections/README.md (the tables for analysts), statement by statement. */
 function readmeQueries(): string[] {
