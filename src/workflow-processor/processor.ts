@@ -12,8 +12,12 @@
  * When the log and the database are one SQL store, one transaction records and moves the checkpoint.
  * A crash before that commit leaves the checkpoint and the states where they were: the batch is
  * decided again, the same commands are sent again with the same ids, and the streams they went to
- * append nothing twice. Another process driving the same workflow finds the checkpoint moved and goes
- * on from where it got to.
+ * append nothing twice. Of several processes driving the same workflow, the one holding its lease
+ * does (the projection runner's leases): the others neither read the log for it nor send anything. A
+ * holder that lost its lease (paused past it, taken over) records nothing: the lease is checked in
+ * the transaction that records and moves the checkpoint. A holder whose inputs are rare moves its
+ * checkpoint past the events it passes over about once a second, so another process's `caughtUp`
+ * (and a takeover) need not wait for the next input.
  *
  * A log apart from the database (KurrentDB, a Kafka topic) cannot share a transaction with the
  * checkpoint: the records (their ids derived from the input) are appended first, then the checkpoint
@@ -35,13 +39,24 @@ import {
   type Workflow,
   type WorkflowInput,
 } from '../event-sourcing/index.ts';
-import { CheckpointMoved, resolveSources, type CheckpointStore, type ProcessorSources, type ResolvedSources } from '../projection-runner/index.ts';
+import {
+  caughtUpWith,
+  CheckpointMoved,
+  LeaseLost,
+  logTarget,
+  ProcessorLeases,
+  resolveSources,
+  type CheckpointStore,
+  type LeaseSettings,
+  type ProcessorSources,
+  type ResolvedSources,
+} from '../projection-runner/index.ts';
 
 type AnyWorkflow = Workflow<DomainEvent, unknown, unknown>;
 
 export type WorkflowProcessorOptions = ProcessorSources & WorkflowProcessorSettings;
 
-export interface WorkflowProcessorSettings {
+export interface WorkflowProcessorSettings extends LeaseSettings {
   handler: CommandHandler;
   workflows: readonly Workflow<any, any, any>[];
   /** Events read per batch (default 500). */
@@ -53,6 +68,8 @@ export interface WorkflowProcessorSettings {
    * load the log is read ten times a second, not once per commit, for reactions that can wait that long.
    */
   gatherMs?: number;
+  /** How often a holder moves its checkpoint past events it passed over since its last input (default 1,000 ms). */
+  idleCheckpointMs?: number;
   /** Told about a failed batch (it is tried again) and about a command its target refused. */
   onError?(workflow: string, error: unknown): void;
 }
@@ -79,6 +96,8 @@ interface Running {
   /** Instances' states as stored, by stream. */
   readonly instances: Map<string, Instance>;
   subscription: Subscription | null;
+  /** Its batches and its idle checkpoint moves, one at a time. */
+  serial: Promise<unknown>;
 }
 
 export class WorkflowProcessor {
@@ -90,6 +109,10 @@ export class WorkflowProcessor {
   readonly #options: WorkflowProcessorOptions;
   readonly #running = new Map<string, Running>();
   #started = false;
+  /** Which workflows this processor drives: those whose lease it holds. */
+  readonly #leases: ProcessorLeases;
+  #following: Promise<void> | null = null;
+  #idleTimer: NodeJS.Timeout | null = null;
 
   constructor(options: WorkflowProcessorOptions) {
     this.#sources = resolveSources(options);
@@ -100,42 +123,136 @@ export class WorkflowProcessor {
     this.#options = options;
     const names = new Set(options.workflows.map((w) => w.name));
     if (names.size !== options.workflows.length) throw new Error('workflow names must be unique');
+    this.#leases = new ProcessorLeases({
+      db: this.#db,
+      store: this.#sources.leases,
+      names: options.workflows.map(checkpointOf),
+      settings: options,
+      onChange: () => void this.#followHeld(),
+      onError: (error) => this.#options.onError?.('leases', error),
+    });
   }
 
-  /** Creates missing checkpoints, then drives every workflow from its own (catch-up first). */
+  /** This processor's name in the lease table. */
+  get leaseHolder(): string {
+    return this.#leases.holder;
+  }
+
+  /** Creates missing checkpoints, claims the workflows' leases, then drives each it holds from its checkpoint (catch-up first). */
   async start(): Promise<void> {
     if (this.#started) return;
     this.#started = true;
     for (const workflow of this.#options.workflows as readonly AnyWorkflow[]) {
-      const running: Running = { workflow, checkpoint: checkpointOf(workflow), position: this.#log.start, instances: new Map(), subscription: null };
+      const running: Running = { workflow, checkpoint: checkpointOf(workflow), position: this.#log.start, instances: new Map(), subscription: null, serial: Promise.resolve() };
       this.#running.set(workflow.name, running);
       await this.#checkpoints.ensure(this.#db, running.checkpoint);
-      await this.#follow(running);
     }
+    await this.#leases.start();
+    await this.#followHeld();
+    this.#idleTimer = setInterval(() => {
+      for (const running of this.#running.values()) void this.#serially(running, () => this.#moveIdleCheckpoint(running)).catch((error) => this.#failed(running, error));
+      // A reader that failed to start (the database away) is started again.
+      if ([...this.#running.values()].some((r) => !r.subscription && this.#leases.holds(r.checkpoint))) void this.#followHeld();
+    }, this.#options.idleCheckpointMs ?? 1000);
+    this.#idleTimer.unref();
   }
 
-  /** Resolves once every workflow has reacted to every event committed before the call. */
+  /**
+   * Resolves once every workflow has reacted to every event committed before the call, whichever
+   * process drives it (one driven elsewhere: once its checkpoint passes the log's head as read now).
+   */
   async caughtUp(): Promise<void> {
-    for (const running of this.#running.values()) {
-      for (;;) {
-        const subscription = running.subscription;
-        try {
-          await subscription?.caughtUp();
-          if (subscription === running.subscription) break;
-        } catch (error) {
-          if (!this.#started) throw error;
-        }
-      }
-    }
+    if (!this.#started) return;
+    const checkpointNames = new Map([...this.#running.values()].map((r) => [r.checkpoint, r.workflow.name]));
+    await caughtUpWith({
+      names: [...this.#running.keys()],
+      log: this.#log,
+      target: () => logTarget(this.#log),
+      reader: (name) => this.#running.get(name)?.subscription ?? null,
+      stored: async (names) => {
+        const stored = await this.#checkpoints.read(this.#db, names.map((name) => this.#running.get(name)!.checkpoint));
+        return new Map([...stored].map(([checkpoint, value]) => [checkpointNames.get(checkpoint)!, value]));
+      },
+      settled: () => this.#following,
+      running: () => this.#started,
+    });
   }
 
+  /** Stops driving, then lets the leases go: another process takes the workflows over at its next claim. */
   async stop(): Promise<void> {
     this.#started = false;
-    for (const running of this.#running.values()) {
-      const subscription = running.subscription;
-      running.subscription = null;
-      await subscription?.stop();
+    if (this.#idleTimer) clearInterval(this.#idleTimer);
+    await this.#followHeld();
+    await this.#leases.stop();
+  }
+
+  /** Follows each workflow whose lease it holds (while started), and stops following the others; one call at a time. */
+  #followHeld(): Promise<void> {
+    const previous = this.#following;
+    const following = (async () => {
+      await previous;
+      for (const running of this.#running.values()) {
+        const wanted = this.#started && this.#leases.holds(running.checkpoint);
+        if (wanted && !running.subscription) await this.#follow(running).catch((e) => this.#options.onError?.(running.workflow.name, e));
+        if (!wanted && running.subscription) await this.#unfollow(running);
+      }
+    })().finally(() => {
+      if (this.#following === following) this.#following = null;
+    });
+    this.#following = following;
+    return following;
+  }
+
+  async #unfollow(running: Running): Promise<void> {
+    const subscription = running.subscription;
+    running.subscription = null;
+    await subscription?.stop();
+    await running.serial.catch(() => {});
+    running.instances.clear();
+  }
+
+  /** Runs `step` after the workflow's previous batch or checkpoint move. */
+  #serially<T>(running: Running, step: () => Promise<T>): Promise<T> {
+    const result = running.serial.catch(() => {}).then(step);
+    running.serial = result;
+    return result;
+  }
+
+  /** A failed batch or checkpoint move: a moved checkpoint restarts the reader from it, a lost lease stops it. */
+  #failed(running: Running, error: unknown): void {
+    running.instances.clear(); // what was decided in memory may not have been recorded
+    if (error instanceof CheckpointMoved) {
+      void this.#unfollow(running)
+        .then(() => this.#followHeld())
+        .catch((e) => this.#options.onError?.(running.workflow.name, e));
+      return;
     }
+    if (error instanceof LeaseLost) {
+      this.#leases.lost(error.names); // stops following it
+      return;
+    }
+    this.#options.onError?.(running.workflow.name, error);
+  }
+
+  /**
+   * Moves the checkpoint past what the reader passed over since the last input (events of other
+   * types), so a process waiting on the checkpoint sees the workflow caught up and a takeover starts
+   * near the head; nothing when nothing was passed over.
+   */
+  async #moveIdleCheckpoint(running: Running): Promise<void> {
+    const subscription = running.subscription;
+    const log = this.#log;
+    if (!subscription || !this.#leases.holds(running.checkpoint)) return;
+    const position = subscription.position;
+    if (log.comparePositions(position, running.position) <= 0) return;
+    const from = running.position;
+    await this.#db.transaction(async (tx) => {
+      await this.#leases.fence(tx, [running.checkpoint]);
+      const locked = await this.#checkpoints.lock(tx, [running.checkpoint]);
+      if (log.comparePositions(locked.get(running.checkpoint)?.position ?? log.start, from) !== 0) throw new CheckpointMoved(`checkpoint of ${running.checkpoint} moved`);
+      await this.#checkpoints.move(tx, [running.checkpoint], position);
+    });
+    if (running.subscription === subscription) running.position = position;
   }
 
   /** (Re)starts reading from the stored checkpoint, with the instances' states read afresh. */
@@ -149,26 +266,15 @@ export class WorkflowProcessor {
       pollIntervalMs: this.#options.pollIntervalMs,
       eventTypes: running.workflow.inputTypes,
       gatherMs: this.#options.gatherMs ?? 100,
-      handle: (events) => this.#react(running, events),
-      onError: (error) => {
-        running.instances.clear(); // what was decided in memory may not have been recorded
-        if (error instanceof CheckpointMoved) {
-          const previous = running.subscription;
-          running.subscription = null;
-          void previous
-            ?.stop()
-            .then(() => (this.#started ? this.#follow(running) : undefined))
-            .catch((e) => this.#options.onError?.(running.workflow.name, e));
-          return;
-        }
-        this.#options.onError?.(running.workflow.name, error);
-      },
+      handle: (events) => this.#serially(running, () => this.#react(running, events)),
+      onError: (error) => this.#failed(running, error),
     });
   }
 
   async #react(running: Running, batch: readonly RecordedEvent[]): Promise<void> {
     const { workflow } = running;
     const log = this.#log;
+    this.#leases.expectHeld([running.checkpoint]); // sends nothing once its lease may be another's
     const stored = (await this.#checkpoints.read(this.#db, [running.checkpoint])).get(running.checkpoint);
     if (!stored || log.comparePositions(stored.position, running.position) !== 0) throw new CheckpointMoved(`checkpoint of ${running.checkpoint} moved`);
     const last = batch[batch.length - 1].globalPosition;
@@ -193,6 +299,7 @@ export class WorkflowProcessor {
 
     // Send; each command's id makes a second sending of it (after a crash, by another process) append nothing.
     for (const { stream, command, commandId } of commands) {
+      this.#leases.expectHeld([running.checkpoint]);
       const outcome = await this.#handler.handle(stream, command, workflow.target, { commandId, metadata: { workflow: workflow.name } });
       if (!outcome.accepted) this.#options.onError?.(workflow.name, new Error(`${stream} refused ${(command as { type?: string }).type}: ${outcome.rejection.message}`));
     }
@@ -206,6 +313,7 @@ export class WorkflowProcessor {
     await this.#db.transaction(async (tx) => {
       // One store: record and move the checkpoint together, the appends first (they must be a transaction's first writes).
       if (sameStore) for (const [instance, { events }] of records) await (tx as StoreTransaction).append(instance.stream, events, expected(instance));
+      await this.#leases.fence(tx, [running.checkpoint]);
       const locked = await this.#checkpoints.lock(tx, [running.checkpoint]);
       if (log.comparePositions(locked.get(running.checkpoint)?.position ?? log.start, running.position) !== 0) throw new CheckpointMoved(`checkpoint of ${running.checkpoint} moved`);
       await this.#checkpoints.move(tx, [running.checkpoint], last);
