@@ -32,6 +32,8 @@ export interface Settings {
    * the tables stand still until a process runs them again, and catch up from their checkpoints then.
    */
   projections: boolean;
+  /** A projection's or workflow's lease (src/projection-runner/leases.ts) lasts this long unless its process renews it; another process takes it over after. */
+  processorLeaseMs: number;
   /** A hold whose request died (its process was killed) is expired this long after it was made or renewed. */
   reservationTtlMs: number;
   /** Daily GPU spend (in the configuration's cost units) past which the service answers 429 spend_cap; null: none. */
@@ -253,6 +255,7 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env, overrides: Pa
     shutdownGraceMs: intFromEnv(env, 'SVC_SHUTDOWN_GRACE_MS', 60_000, 0, 3600_000),
     metering: switchFromEnv(env, 'SVC_METERING', true),
     projections: switchFromEnv(env, 'SVC_PROJECTIONS', true),
+    processorLeaseMs: intFromEnv(env, 'SVC_PROCESSOR_LEASE_MS', 3000, 300, 600_000),
     reservationTtlMs: intFromEnv(env, 'SVC_RESERVATION_TTL_MS', 20 * 60 * 1000, 100, 7 * 24 * 3600 * 1000),
     dailySpendCap: numberFromEnv(env, 'SVC_DAILY_SPEND_CAP'),
     engines: {

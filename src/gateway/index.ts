@@ -193,10 +193,11 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     const sqlPort = options.sqlPort == null ? null : await serveReadOnlySql(store, { port: options.sqlPort });
     if (sqlPort) stoppers.push(() => sqlPort.close());
 
-    // Read models follow the log from their checkpoints (catch-up, then live); stopped before the store.
+    // Read models follow the log from their checkpoints (catch-up, then live), each in the one process holding its lease; stopped before the store.
     const runner = new ProjectionRunner({
       store,
       projections,
+      leaseMs: settings.processorLeaseMs,
       onError: (projection, error) => logger.error({ projection, err: (error as Error)?.message }, 'projection batch failed; retrying'),
     });
     if (settings.projections) {
@@ -215,6 +216,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
       store,
       handler: commands,
       workflows,
+      leaseMs: settings.processorLeaseMs,
       onError: (workflow, error) => logger.error({ workflow, err: (error as Error)?.message }, 'workflow batch failed; retrying'),
     });
     await workflowProcessor.start();
