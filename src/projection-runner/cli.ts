@@ -1,7 +1,9 @@
-/** `svc projections status|rebuild [name]`: lag per projection; replay-and-swap with a progress bar. */
+/** `svc projections status|rebuild [name]`: lag and lease per projection (and the workflows' leases); replay-and-swap with a progress bar. */
 import { formatPosition, type EventStore } from '../store/index.ts';
 import type { Projection } from './projection.ts';
 import { ProjectionRunner, type RebuildProgress } from './runner.ts';
+import { sqlCheckpoints } from './checkpoints.ts';
+import { sqlLeases, type LeaseRow } from './lease-store.ts';
 
 interface Output {
   write(text: string): unknown;
@@ -38,15 +40,33 @@ export async function runProjectionsCommand(args: readonly string[], io: Project
   const runner = new ProjectionRunner({ store: io.store, projections: io.projections });
   if (action === 'status') {
     const statuses = await runner.status();
+    // The other leased processors (workflows): their lease and checkpoint; their lag is not counted (they read a few event types).
+    const others = (await sqlLeases(io.store).list(io.store)).filter((l) => !runner.names.includes(l.name));
+    const otherCheckpoints = await sqlCheckpoints(io.store).read(io.store, others.map((l) => l.name));
     if (rest.includes('--json')) {
-      io.stdout.write(`${JSON.stringify(statuses.map((s) => ({ name: s.name, position: formatPosition(s.position), lag: s.lag, updated_at: s.updatedAt })))}\n`);
+      const lease = (l: Pick<LeaseRow, 'holder' | 'until' | 'held'> | undefined) => ({ holder: l?.holder ?? null, lease_until: l?.holder ? l.until : null, lease_held: l?.held ?? false });
+      const rows = [
+        ...statuses.map((s) => ({ name: s.name, position: formatPosition(s.position), lag: s.lag, updated_at: s.updatedAt, ...lease({ holder: s.holder, until: s.leaseUntil, held: s.leaseHeld }) })),
+        ...others.map((l) => ({ name: l.name, position: formatPosition(otherCheckpoints.get(l.name)?.position ?? io.store.start), lag: null, updated_at: otherCheckpoints.get(l.name)?.updatedAt ?? null, ...lease(l) })),
+      ];
+      io.stdout.write(`${JSON.stringify(rows)}\n`);
       return 0;
     }
     if (statuses.length === 0) {
       io.stdout.write('no projections registered\n');
       return 0;
     }
-    const rows = [['projection', 'checkpoint', 'lag', 'updated'], ...statuses.map((s) => [s.name, formatPosition(s.position), count.format(s.lag), s.updatedAt?.toISOString() ?? 'never'])];
+    // The embedded store's one process holds every lease without a row: no holder is shown.
+    const holderOf = (holder: string | null) => holder ?? '-';
+    const untilOf = (holder: string | null, until: Date | null, held: boolean) => (!holder || !until ? '-' : `${until.toISOString()}${held ? '' : ' (expired)'}`);
+    const rows = [
+      ['projection', 'checkpoint', 'lag', 'updated', 'holder', 'until'],
+      ...statuses.map((s) => [s.name, formatPosition(s.position), count.format(s.lag), s.updatedAt?.toISOString() ?? 'never', holderOf(s.holder), untilOf(s.holder, s.leaseUntil, s.leaseHeld)]),
+      ...others.map((l) => {
+        const checkpoint = otherCheckpoints.get(l.name);
+        return [l.name, formatPosition(checkpoint?.position ?? io.store.start), '-', checkpoint?.updatedAt.toISOString() ?? 'never', holderOf(l.holder), untilOf(l.holder, l.until, l.held)];
+      }),
+    ];
     const widths = rows[0].map((_, i) => Math.max(...rows.map((r) => r[i].length)));
     for (const row of rows) io.stdout.write(`${row.map((cell, i) => (i === 2 ? cell.padStart(widths[i]) : cell.padEnd(widths[i]))).join('  ').trimEnd()}\n`);
     return 0;

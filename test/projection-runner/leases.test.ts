@@ -8,7 +8,7 @@
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { randomBytes, randomUUID } from 'node:crypto';
-import { ProjectionRunner, sqlLeases, type LeaseStore, type Projection } from '../../src/projection-runner/index.ts';
+import { ProjectionRunner, runProjectionsCommand, sqlLeases, type LeaseStore, type Projection } from '../../src/projection-runner/index.ts';
 import { WorkflowProcessor } from '../../src/workflow-processor/index.ts';
 import { CommandHandler } from '../../src/command-handler/index.ts';
 import { internalTable, type EventStore, type RecordedEvent } from '../../src/store/index.ts';
@@ -100,6 +100,16 @@ for (const adapter of adaptersUnderTest()) {
       assert.is(statusB.live, false);
       assert.is((await runnerA.status())[0].live, true);
       assert.is(statusB.lag, 0, 'caught up, by the holder');
+      // svc projections status shows who holds it, until when.
+      let text = '';
+      const io = { store, projections: [a], stdout: { write: (t: string) => (text += t) }, stderr: { write: () => {} } };
+      assert.is(await runProjectionsCommand(['status'], io), 0);
+      const line = text.split('\n').find((l) => l.startsWith(`${name} `)) ?? '';
+      assert.ok(line.includes(` ${runnerA.leaseHolder}  `) && /\d{4}-\d\d-\d\dT[\d:.]+Z$/.test(line), line);
+      text = '';
+      assert.is(await runProjectionsCommand(['status', '--json'], io), 0);
+      const json = (JSON.parse(text) as { name: string; holder: string; lease_held: boolean }[]).find((r) => r.name === name);
+      assert.equal([json?.holder, json?.lease_held], [runnerA.leaseHolder, true]);
     } finally {
       await runnerB.stop();
       await runnerA.stop();

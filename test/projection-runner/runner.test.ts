@@ -285,7 +285,7 @@ for (const adapter of adaptersUnderTest()) {
     const stderr = collect();
     const io = { store, projections: [ledgerProjection], stdout, stderr };
     assert.is(await runProjectionsCommand(['status'], io), 0);
-    assert.match(stdout.text, /^projection\s+checkpoint\s+lag\s+updated\n/);
+    assert.match(stdout.text, /^projection\s+checkpoint\s+lag\s+updated\s+holder\s+until\n/);
     assert.match(stdout.text, /test_ledger\s+\d+\/\d+\s+[\d,]+\s+\S+/);
     stdout.text = '';
     assert.is(await runProjectionsCommand(['status', '--json'], io), 0);
