@@ -3,13 +3,14 @@ import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { execFile, spawn } from 'node:child_process';
 import { hostname } from 'node:os';
-import { mkdtempSync, rmSync, writeFileSync, existsSync, utimesSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { rmSync, writeFileSync, existsSync, utimesSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { createInterface } from 'node:readline';
 import { promisify } from 'node:util';
 import { DataDirLocked, openEventStore } from '../../src/store/index.ts';
 import { event, uniqueStream } from './adapters.ts';
+import { freshDataDir } from '../support/data-dir.ts';
 
 const run = promisify(execFile);
 const storeModule = fileURLToPath(new URL('../../src/store/index.ts', import.meta.url));
@@ -17,8 +18,9 @@ const lockModule = fileURLToPath(new URL('../../src/store/data-dir-lock.ts', imp
 const root = fileURLToPath(new URL('../..', import.meta.url));
 
 const it = suite<{ dir: string }>('embedded store data directory lock');
-it.before((context) => {
-  context.dir = mkdtempSync(join(tmpdir(), 'svc-store-lock-'));
+it.before(async (context) => {
+  // A copy of an empty database: what is tested is the lock, not creating one (seconds of CPU).
+  context.dir = await freshDataDir('svc-store-lock-');
 });
 it.after(({ dir }) => {
   rmSync(dir, { recursive: true, force: true });
@@ -63,18 +65,22 @@ it('a lock left by a process that died is taken over', async ({ dir }) => {
 
 it('openers racing for a stale lock: exactly one wins', async ({ dir }) => {
   const racer = join(dir, 'racer.mts');
-  // Each racer waits for the same instant, tries once, reports, and keeps its lock until told to exit.
+  // Each racer loads, says so, waits for the instant it is given, tries once, reports, and keeps its lock until told to exit.
   writeFileSync(
     racer,
-    `import { acquireDataDirLock } from ${JSON.stringify(lockModule)};
-     const startAt = Number(process.argv[2]);
-     while (Date.now() < startAt) {}
-     let verdict;
-     try { acquireDataDirLock(${JSON.stringify(dir)}, 'racer'); verdict = 'won'; }
-     catch (error) { verdict = error.name === 'DataDirLocked' ? 'locked' : 'error ' + error.message; }
-     process.stdout.write(verdict + '\\n');
-     process.stdin.resume();
-     process.stdin.on('end', () => process.exit(0));`,
+    `import { createInterface } from 'node:readline';
+     import { acquireDataDirLock } from ${JSON.stringify(lockModule)};
+     const lines = createInterface({ input: process.stdin });
+     lines.once('line', (line) => {
+       const startAt = Number(line);
+       while (Date.now() < startAt) {}
+       let verdict;
+       try { acquireDataDirLock(${JSON.stringify(dir)}, 'racer'); verdict = 'won'; }
+       catch (error) { verdict = error.name === 'DataDirLocked' ? 'locked' : 'error ' + error.message; }
+       process.stdout.write(verdict + '\\n');
+     });
+     lines.once('close', () => process.exit(0));
+     process.stdout.write('ready\\n');`,
   );
   const rounds = 6;
   const racers = 4;
@@ -82,18 +88,23 @@ it('openers racing for a stale lock: exactly one wins', async ({ dir }) => {
   for (let round = 0; round < rounds; round++) {
     // the lock of a process that died (a pid that cannot exist), on this host
     writeFileSync(join(dir, 'store.lock'), JSON.stringify({ pid: 2 ** 22 + 12345, host: hostname(), purpose: 'svc serve', since: new Date().toISOString() }));
-    const startAt = Date.now() + 4000; // after every racer has loaded
-    const children = Array.from({ length: racers }, () => spawn(process.execPath, ['--import', 'tsx', racer, String(startAt)], { cwd: root, stdio: ['pipe', 'pipe', 'inherit'] }));
-    const verdicts = await Promise.all(
-      children.map((child) => new Promise<string>((resolve) => {
-        let out = '';
-        child.stdout!.on('data', (d) => {
-          out += d;
-          if (out.includes('\n')) resolve(out.trim());
-        });
-        child.on('exit', () => resolve(out.trim() || 'exited'));
-      })),
-    );
+    const children = Array.from({ length: racers }, () => spawn(process.execPath, ['--import', 'tsx', racer], { cwd: root, stdio: ['pipe', 'pipe', 'inherit'] }));
+    // Each child's output lines in turn ('exited' once it has gone).
+    const outputs = children.map((child) => {
+      const lines: string[] = [];
+      const waiting: ((line: string) => void)[] = [];
+      const take = (line: string) => (waiting.length > 0 ? waiting.shift()!(line) : lines.push(line));
+      createInterface({ input: child.stdout! }).on('line', take);
+      child.on('close', () => {
+        for (let i = 0; i < 2; i++) take('exited');
+      });
+      return () => new Promise<string>((resolve) => (lines.length > 0 ? resolve(lines.shift()!) : waiting.push(resolve)));
+    });
+    assert.equal(await Promise.all(outputs.map((next) => next())), Array(racers).fill('ready'));
+    // Every racer has loaded: one instant, shortly after each is told it, for all of them.
+    const startAt = Date.now() + 500;
+    for (const child of children) child.stdin!.write(`${startAt}\n`);
+    const verdicts = await Promise.all(outputs.map((next) => next()));
     await Promise.all(children.map((child) => new Promise((resolve) => (child.once('exit', resolve), child.stdin!.end()))));
     outcomes.push(verdicts.sort());
   }
