@@ -5,11 +5,10 @@
  */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { rmSync } from 'node:fs';
 import { internalTable, openEventStore, type EventStore } from '../../src/store/index.ts';
 import { adaptersUnderTest } from './adapters.ts';
+import { freshDataDir } from '../support/data-dir.ts';
 
 /** Where the store's own tables are: schema name by table. */
 async function homes(store: EventStore): Promise<Record<string, string>> {
@@ -31,11 +30,11 @@ async function downgrade(store: EventStore): Promise<void> {
   await store.query(`INSERT INTO projection_checkpoints (name, transaction_id, global_position) VALUES ('old_projection', '7', 42)`);
 }
 
-const dirs: string[] = [];
+// PGlite's database, reopened by the tests, in a directory of its own: a copy of an empty one (initdb costs seconds of CPU).
+const pgliteDir = await freshDataDir('svc-migrations-');
 const reopenable = adaptersUnderTest().map((adapter) => {
   if (adapter.name === 'postgres') return { name: adapter.name, open: () => adapter.open(), cleanup: adapter.cleanup };
-  const dir = mkdtempSync(join(tmpdir(), 'svc-migrations-'));
-  dirs.push(dir);
+  const dir = pgliteDir;
   return { name: adapter.name, open: () => openEventStore({ dataDir: dir }), cleanup: async () => rmSync(dir, { recursive: true, force: true }) };
 });
 
