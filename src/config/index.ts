@@ -14,6 +14,13 @@ export interface Settings {
   host: string;
   dataDir: string;
   databaseUrl: string | null;
+  /**
+   * Where the event log lives: `sql` (default), in the SQL store beside the rows; `eventstoredb`, in
+   * EventStoreDB/KurrentDB at `eventStoreUrl`, the rows, checkpoints and leases staying in the SQL store.
+   */
+  eventLog: 'sql' | 'eventstoredb';
+  /** EVENTSTORE_URL, read only with `eventLog: 'eventstoredb'` (null otherwise). */
+  eventStoreUrl: string | null;
   configPath: string | null;
   models: ModelConfig[];
   /** Non-streaming request window; the contract's 14 minutes, shorter only in tests. */
@@ -210,6 +217,17 @@ function harvestTransportFromEnv(env: NodeJS.ProcessEnv): HarvestSettings['trans
   return value;
 }
 
+function eventLogFromEnv(env: NodeJS.ProcessEnv): Pick<Settings, 'eventLog' | 'eventStoreUrl'> {
+  const value = env.SVC_EVENT_LOG || 'sql';
+  if (value !== 'sql' && value !== 'eventstoredb') throw new ConfigError(`invalid environment variable SVC_EVENT_LOG: "${value}" is not sql or eventstoredb`);
+  if (value === 'sql') return { eventLog: 'sql', eventStoreUrl: null };
+  const url = env.EVENTSTORE_URL;
+  if (!url) throw new ConfigError('SVC_EVENT_LOG=eventstoredb needs EVENTSTORE_URL: the server\'s connection string, e.g. esdb://127.0.0.1:2113?tls=false');
+  // The client's two schemes; anything else would fail later, inside the client, with less to go on.
+  if (!/^esdb(\+discover)?:\/\/\S+$/.test(url)) throw new ConfigError('invalid environment variable EVENTSTORE_URL: not an esdb:// or esdb+discover:// connection string');
+  return { eventLog: 'eventstoredb', eventStoreUrl: url };
+}
+
 /** Read only when SVC_HARVEST_TRANSPORT is kafka (harvestTransportFromEnv has checked KAFKA_BROKERS is there). */
 function kafkaFromEnv(env: NodeJS.ProcessEnv): KafkaSettings | null {
   if (env.SVC_HARVEST_TRANSPORT !== 'kafka') return null;
@@ -244,6 +262,7 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env, overrides: Pa
     host: env.HOST || '127.0.0.1',
     dataDir: resolve(env.DATA_DIR || './data'),
     databaseUrl: env.DATABASE_URL || null,
+    ...eventLogFromEnv(env),
     requestWindowMs: intFromEnv(env, 'SVC_REQUEST_WINDOW_MS', 14 * 60 * 1000, 1, 24 * 3600 * 1000),
     deadlineTokensPerSecond: 20,
     logLevel: env.LOG_LEVEL || 'info',
