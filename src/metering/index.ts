@@ -18,7 +18,7 @@ import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
 import { apiError } from '../errors/index.ts';
 import type { CommandHandler } from '../command-handler/index.ts';
-import type { EventStore } from '../store/index.ts';
+import type { EventLog, EventStore, Queryable } from '../store/index.ts';
 import { meterDecider, secondsUntilUtcTurn } from '../../commands/index.ts';
 import { meterStream, meterStreamParts, utcDay, type RequestFactsData } from '../../events/index.ts';
 import { RequestQueue } from './queue.ts';
@@ -36,9 +36,16 @@ export type { AdmitRequest, Admission, MeteredKey, Refusal, Reservation, Usage }
 /** The usage of a request answered before it reached the engine (its reservation was not confirmed). */
 const notRun: Usage = { inputTokens: 0, outputTokens: 0, status: 503, latencyMs: 0, gpuSeconds: 0, costMicros: 0, pricePerGpuSecondMicros: null, basis: 'not_run', disconnected: false };
 
-export interface MeteringOptions {
+/**
+ * What metering reads besides its decisions: the day rollover asks the log which meter days exist,
+ * the sweep reads the SQL tables (meter_holds, daily_spend). One SQL store is both.
+ */
+export type MeteringSources = { store: EventStore } | { log: Pick<EventLog, 'streamVersions'>; db: Queryable };
+
+export type MeteringOptions = MeteringSources & MeteringSettings;
+
+export interface MeteringSettings {
   handler: CommandHandler;
-  store: EventStore;
   logger: Logger;
   /** A hold whose request died is expired this long after it was made or last renewed. */
   reservationTtlMs: number;
@@ -91,10 +98,10 @@ export class Metering {
     this.#lingerMs = options.settleLingerMs ?? 5;
     this.#leaseTtlMs = options.slotLeaseTtlMs ?? Math.min(60_000, options.reservationTtlMs);
     this.#now = options.now ?? (() => new Date());
-    this.#rollover = new DayRollover(options.handler, options.store);
+    this.#rollover = new DayRollover(options.handler, 'store' in options ? options.store : options.log);
     this.#sweeper = new Sweeper({
       handler: options.handler,
-      store: options.store,
+      db: 'store' in options ? options.store : options.db,
       logger: options.logger,
       ttlMs: this.#ttlMs,
       spendCap: options.dailySpendCap,

@@ -9,19 +9,20 @@
  * D + 1 from it. A hold of D that ends after the close is the carried-holds workflow's to release.
  */
 import type { CommandHandler } from '../command-handler/index.ts';
-import type { EventStore } from '../store/index.ts';
+import type { EventLog } from '../store/index.ts';
 import { balanceFrom, meterDecider } from '../../commands/index.ts';
 import { meterStream, type MeterOpening } from '../../events/index.ts';
 
 export class DayRollover {
   readonly #handler: CommandHandler;
-  readonly #store: EventStore;
+  /** Which of a key's meter days exist: the log's stream versions. */
+  readonly #log: Pick<EventLog, 'streamVersions'>;
   /** Openings under way, by stream: concurrent first reservations of a day wait for one opening. */
   readonly #opening = new Map<string, Promise<void>>();
 
-  constructor(handler: CommandHandler, store: EventStore) {
+  constructor(handler: CommandHandler, log: Pick<EventLog, 'streamVersions'>) {
     this.#handler = handler;
-    this.#store = store;
+    this.#log = log;
   }
 
   /** Resolves once the key's meter for `day` is open. */
@@ -47,7 +48,7 @@ export class DayRollover {
   async #openingBalance(keyId: string, day: string, now: Date): Promise<MeterOpening> {
     const date = Date.parse(`${day}T00:00:00Z`);
     const earlierDays = Array.from({ length: 31 }, (_, i) => new Date(date - (i + 1) * 86_400_000).toISOString().slice(0, 10));
-    const versions = await this.#store.streamVersions(earlierDays.map((d) => meterStream(keyId, d)));
+    const versions = await this.#log.streamVersions(earlierDays.map((d) => meterStream(keyId, d)));
     for (const earlier of earlierDays) {
       const stream = meterStream(keyId, earlier);
       if (!versions.get(stream)) continue;

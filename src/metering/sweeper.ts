@@ -8,7 +8,7 @@
  */
 import type { Logger } from 'pino';
 import type { CommandHandler } from '../command-handler/index.ts';
-import type { EventStore } from '../store/index.ts';
+import type { Queryable } from '../store/index.ts';
 import { meterDecider, reapHolds, spendDecider, watchSpend } from '../../commands/index.ts';
 import { toMicros } from '../../commands/billing.ts';
 import { expiredHolds, spendOfDay } from '../../projections/index.ts';
@@ -17,7 +17,8 @@ import type { Reservation } from './types.ts';
 
 export interface SweeperOptions {
   handler: CommandHandler;
-  store: EventStore;
+  /** The SQL database the projections' tables are read from (meter_holds, daily_spend). */
+  db: Queryable;
   logger: Logger;
   ttlMs: number;
   spendCap: number | null;
@@ -61,8 +62,8 @@ export class Sweeper {
   }
 
   async #reap(now: Date): Promise<void> {
-    const { handler, store, running, logger } = this.#o;
-    const expired = await expiredHolds(store, now, 500);
+    const { handler, db, running, logger } = this.#o;
+    const expired = await expiredHolds(db, now, 500);
     for (const { stream, command, commandId } of reapHolds({ now: now.toISOString() }, { expired, runningHere: new Set(running.keys()) })) {
       const outcome = await handler.handle(stream, command, meterDecider, { commandId });
       if (outcome.accepted && outcome.newEvents.length > 0) {
@@ -75,12 +76,12 @@ export class Sweeper {
 
   /** Reports the day's spend; also run after a settlement that cost something. */
   async checkSpend(): Promise<void> {
-    const { handler, store, spendCap, logger } = this.#o;
+    const { handler, db, spendCap, logger } = this.#o;
     const now = this.#o.now();
     // In integer micro-units, like daily_spend's cost_micros: the cap is met exactly, not by a float sum.
     const view = { capMicros: spendCap === null ? null : toMicros(spendCap), reachedDay: this.spendCappedDay, spendMicros: 0 };
     if (view.capMicros === null || view.reachedDay === utcDay(now)) return;
-    view.spendMicros = (await spendOfDay(store, utcDay(now))).costMicros;
+    view.spendMicros = (await spendOfDay(db, utcDay(now))).costMicros;
     for (const { stream, command, commandId } of watchSpend({ now: now.toISOString() }, view)) {
       const outcome = await handler.handle(stream, command, spendDecider, { commandId });
       if (!outcome.accepted || !outcome.state.reached) continue;
