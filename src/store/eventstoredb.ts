@@ -59,6 +59,8 @@ export interface OpenEventStoreDbLogOptions {
   deadlineMs?: number;
   /** A read's bound, client-side: the client gives reads of `$all` and of streams no deadline (default 10,000 ms). */
   readTimeoutMs?: number;
+  /** Told how long each append took to be acknowledged (ms), for /metrics (as the SQL adapters' group commits are). */
+  onAppend?: (ms: number) => void;
 }
 
 /** The ESDB log: the `EventLog` port, and a ping for /health. */
@@ -281,6 +283,7 @@ function eventStoreDbLog(lib: Client, client: EventStoreDBClient, options: OpenE
       return lib.jsonEvent({ id: e.id, type: e.type, data: e.data as JSONType, metadata: (e.metadata ?? {}) as JSONType });
     });
     let timer: NodeJS.Timeout | undefined;
+    const sent = performance.now();
     try {
       const sending = client.appendToStream(streamId, proposed, { expectedRevision: toExpectedRevision(expected), deadline: deadlineMs });
       sending.catch(() => {}); // after a client-side timeout its own failure comes unheard
@@ -291,6 +294,7 @@ function eventStoreDbLog(lib: Client, client: EventStoreDBClient, options: OpenE
         }),
       ]);
       unknownOutcome.delete(key);
+      options.onAppend?.(performance.now() - sent);
       const nextExpectedVersion = versionOf(result.nextExpectedRevision);
       const earlier = stored.get(key);
       // The server stores a repeat of ids at their place once; it answers with where they already are.
