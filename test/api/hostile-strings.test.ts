@@ -14,6 +14,7 @@ import * as assert from 'uvu/assert';
 import { randomBytes } from 'node:crypto';
 import pg from 'pg';
 import { issueKey, startTestGateway, type TestGateway } from '../support/gateway.ts';
+import { loadSettings } from '../../src/config/index.ts';
 import { logStart, toStorableText, type RecordedEvent } from '../../src/store/index.ts';
 import { within } from '../support/within.ts';
 
@@ -65,7 +66,9 @@ for (const adapter of adapters) {
       url.pathname = `/${context.dbName}`;
       databaseUrl = url.toString();
     }
-    context.gw = await startTestGateway(databaseUrl ? { databaseUrl } : {});
+    // ref-byte only: nothing here calls ref-gpt2, whose engine would start for nothing.
+    const models = loadSettings().models.filter((m) => m.id === 'ref-byte');
+    context.gw = await startTestGateway(databaseUrl ? { models, databaseUrl } : { models });
   });
 
   it.after(async (context) => {

@@ -2,6 +2,7 @@ import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { readdirSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
+import { loadSettings } from '../../src/config/index.ts';
 import { startTestGateway, type TestGateway } from '../support/gateway.ts';
 import { until } from '../support/until.ts';
 
@@ -9,9 +10,11 @@ import { until } from '../support/until.ts';
 const logging = suite('no prompt or completion in logs or store');
 let gw: TestGateway;
 const marker = `SECRETPROMPT${Date.now().toString(36)}`;
+// ref-byte only: nothing here calls ref-gpt2, whose engine would start for nothing.
+const models = loadSettings().models.filter((m) => m.id === 'ref-byte');
 
 logging.before(async () => {
-  gw = await startTestGateway();
+  gw = await startTestGateway({ models });
 });
 logging.after(async () => {
   await gw?.stop();
@@ -83,7 +86,7 @@ let chaos: TestGateway;
 
 ended.before(async () => {
   // A short grace: the request left hanging at the engine holds the drain until it (a known limit of drainAndClose).
-  chaos = await startTestGateway({ shutdownGraceMs: 2_000 }, { chaosEngines: true });
+  chaos = await startTestGateway({ models, shutdownGraceMs: 2_000 }, { chaosEngines: true });
 });
 ended.after(async () => {
   await chaos?.stop();

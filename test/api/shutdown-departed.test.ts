@@ -11,9 +11,12 @@ import * as assert from 'uvu/assert';
 import { connect, type Socket } from 'node:net';
 import { once } from 'node:events';
 import { startTestGateway, type TestGateway } from '../support/gateway.ts';
+import { loadSettings } from '../../src/config/index.ts';
 import { within } from '../support/within.ts';
 
 const graceMs = 20_000;
+// ref-byte only: nothing here calls ref-gpt2, whose engine would start for nothing.
+const models = loadSettings().models.filter((m) => m.id === 'ref-byte');
 const closedWellWithinMs = 5_000;
 
 async function timedStop(gw: TestGateway): Promise<number> {
@@ -32,7 +35,7 @@ function complete(gw: TestGateway, stream: boolean, signal: AbortSignal) {
 }
 
 test('clients that left a slow stream and a slow completion mid-way do not hold the shutdown for its grace', async () => {
-  const gw = await startTestGateway({ shutdownGraceMs: graceMs }, { chaosEngines: true });
+  const gw = await startTestGateway({ models, shutdownGraceMs: graceMs }, { chaosEngines: true });
   let stopped = false;
   try {
     // 200 ms per token for the next two generations: both are surely still running when their clients leave.
@@ -63,7 +66,7 @@ test('clients that left a slow stream and a slow completion mid-way do not hold 
 });
 
 test('a connection on which no request was sent does not hold the shutdown; one request under way is still answered whole', async () => {
-  const gw = await startTestGateway({ shutdownGraceMs: graceMs }, { chaosEngines: true });
+  const gw = await startTestGateway({ models, shutdownGraceMs: graceMs }, { chaosEngines: true });
   let stopped = false;
   const { hostname, port } = new URL(gw.url);
   const silent: Socket = connect(Number(port), hostname);
