@@ -7,15 +7,19 @@
 // load split evenly over the running processes (BENCH_CONNECTIONS in all, one autocannon per process, as
 // a load balancer with even spreading would give them).
 //
+// Keys: BENCH_SCALE_KEYS=spread (default) sends each key's requests to every process in turn, as a
+// load balancer that knows nothing of keys does; =affinity gives each process its own share of the keys
+// (as hashing on the Authorization header would), so a key's streams are written by one process.
+//
 // Measured per phase, from /proc: each gateway process's CPU per request it served, the PostgreSQL
 // backends of the bench's database (and the server's background processes, which other users of the
 // server share), the engine stub, the load generator (this process), and the whole machine's busy share
-// (/proc/stat), which says whether the host's cores, not the code, set the ceiling. From the last
-// phase with the most processes it projects the throughput on a host with more cores (formula printed).
+// (/proc/stat), which says whether the host's cores, not the code, set the ceiling. From the CPU per
+// request at each process count it projects the throughput with more cores (formula printed).
 //
 // Needs DATABASE_URL (the embedded store serves one process): a scratch database beside it is created
-// and dropped. Keys: BENCH_KEYS (default 384), used round-robin by every request; each key's starts
-// stay far below the 600 per minute limit (the bench prints the most any key saw in the whole run).
+// and dropped. Keys: BENCH_KEYS (default 384), used round-robin; each key's starts stay far below the
+// 600 per minute limit (the bench prints the most any key saw in the whole run).
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
@@ -34,6 +38,7 @@ const keyCount = Number(process.env.BENCH_KEYS ?? 384);
 const seconds = Number(process.env.BENCH_SECONDS ?? 10);
 const warmupSeconds = Number(process.env.BENCH_WARMUP_SECONDS ?? 2);
 const connections = Number(process.env.BENCH_CONNECTIONS ?? 64);
+const affinity = (process.env.BENCH_SCALE_KEYS ?? 'spread') === 'affinity';
 /** Gateway processes per phase, in order. */
 const phases = (process.env.BENCH_SCALE_PHASES ?? '1,2,3,2,1').split(',').map(Number);
 const startedAt = new Date();
@@ -132,9 +137,13 @@ async function main(): Promise<void> {
   cleanups.push(() => dispatcher.close());
   let keys: string[] = [];
   let nextKey = 0;
+  const nextInShare: number[] = [];
   const sentPerKey = new Map<string, number>();
-  const nextAuth = () => {
-    const key = keys[nextKey++ % keys.length];
+  /** The next key for the process at `slot` of `of` running: any key in turn, or (affinity) the next of its share (keys ≡ slot mod of). */
+  const nextAuth = (slot: number, of: number) => {
+    const usable = keys.length - (keys.length % of);
+    const i = affinity ? ((nextInShare[slot] = (nextInShare[slot] ?? 0) + 1) * of + slot) % usable : nextKey++ % keys.length;
+    const key = keys[i];
     sentPerKey.set(key, (sentPerKey.get(key) ?? 0) + 1);
     return `Bearer ${key}`;
   };
@@ -166,7 +175,7 @@ async function main(): Promise<void> {
   function load(duration: number) {
     const share = Math.max(1, Math.round(connections / running.length));
     return Promise.all(
-      running.map((gw) =>
+      running.map((gw, slot) =>
         autocannon({
           url: `${gw.url}/v1/completions`,
           connections: share,
@@ -177,7 +186,7 @@ async function main(): Promise<void> {
               method: 'POST',
               body,
               headers: { 'content-type': 'application/json' },
-              setupRequest: (req: Record<string, unknown>) => ({ ...req, headers: { 'content-type': 'application/json', authorization: nextAuth() } }),
+              setupRequest: (req: Record<string, unknown>) => ({ ...req, headers: { 'content-type': 'application/json', authorization: nextAuth(slot, running.length) } }),
             },
           ],
         }).then((result) => {
@@ -245,7 +254,7 @@ async function main(): Promise<void> {
   const counts = [...new Set(phases)].sort((a, b) => a - b);
   const lines = [
     `scale-out bench: metered gateways (svc serve --no-workers) on one PostgreSQL database, engine stub answering at once — ${startedAt.toISOString()} to ${new Date().toISOString()} — ${cores} cores (${cpus()[0]?.model}), ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.version}, load average ${loadAtStart.map((x) => x.toFixed(2)).join(' ')} at start, ${loadavg().map((x) => x.toFixed(2)).join(' ')} at end`,
-    `${connections} connections in all, split evenly over the processes; ${seconds} s per phase after ${warmupSeconds} s of warm-up; phases ${phases.join(', ')}`,
+    `${connections} connections in all, split evenly over the processes; keys ${affinity ? 'by affinity (each process its own share)' : 'spread (each key over every process)'}; ${seconds} s per phase after ${warmupSeconds} s of warm-up; phases ${phases.join(', ')}`,
     ...counts.map((n) => {
       const rows = results.filter((r) => r.processes === n);
       const m = (k: keyof PhaseResult) => mean(rows.map((r) => r[k] as number));
@@ -259,17 +268,31 @@ async function main(): Promise<void> {
   lines.push(
     `ceiling at ${last.processes} processes: ${f0(total)} CPU µs per request on this machine (gateways ${f0(last.gatewayUs)}, PostgreSQL ${f0(last.postgresUs + last.postgresBackgroundUs)}, engine ${f0(last.engineUs)}, load generator ${f0(last.clientUs)}); ${(last.machineBusy * cores).toFixed(2)} of ${cores} cores busy → at most ${f0((last.machineBusy * cores * 1e6) / total)} requests/s from CPU alone (measured ${f0(last.rps)})`,
   );
-  // Projection: r = the least CPU a process spends per request it serves (its own requests only); s = what
-  // the gateways spend per request beyond that (the projections and workflows, done once for all requests
-  // by the processes holding their leases). G processes, one per core, evenly loaded: each spends r·R/G,
-  // the lease holder also s·R, so R ≤ 1e6 / (r/G + s) (one holder for every processor, the worst case), and
-  // PostgreSQL needs R·p/1e6 cores.
-  const r = Math.min(...last.gateways.map((g) => g.cpuUs));
-  const s = Math.max(0, last.gatewayUs - r);
-  const p = last.postgresUs + last.postgresBackgroundUs;
-  const project = (g: number) => 1e6 / (r / g + s);
+  // Projection to a host with more cores: G gateway processes, each on a core of its own, serve at most
+  // R(G) = G × 1e6 / g(G) requests/s, where g(G) is the gateways' CPU µs per request with G processes, and
+  // PostgreSQL then needs R × p(G) / 1e6 cores. g and p are measured at each count run here and, beyond
+  // them, extrapolated by a least-squares line over the phases (g rises with G when processes share work).
+  const fit = (ys: number[]) => {
+    const xs = results.map((r) => r.processes);
+    const mx = mean(xs), my = mean(ys);
+    const sxx = xs.reduce((a, x) => a + (x - mx) ** 2, 0);
+    const slope = sxx > 0 ? xs.reduce((a, x, i) => a + (x - mx) * (ys[i] - my), 0) / sxx : 0;
+    return { slope, at: (g: number) => my + slope * (g - mx) };
+  };
+  const gFit = fit(results.map((r) => r.gatewayUs));
+  const pFit = fit(results.map((r) => r.postgresUs + r.postgresBackgroundUs));
+  const measuredAt = (g: number, k: 'gatewayUs' | 'postgres') => {
+    const rows = results.filter((r) => r.processes === g);
+    return rows.length ? mean(rows.map((r) => (k === 'gatewayUs' ? r.gatewayUs : r.postgresUs + r.postgresBackgroundUs))) : null;
+  };
+  const projected = [1, 2, 3, 4, 8, 16, 32].map((g) => {
+    const gUs = measuredAt(g, 'gatewayUs') ?? gFit.at(g);
+    const pUs = measuredAt(g, 'postgres') ?? pFit.at(g);
+    const rps = (g * 1e6) / gUs;
+    return `G=${g}${measuredAt(g, 'gatewayUs') === null ? ' (extrapolated)' : ''}: g ${f0(gUs)} µs → ${f0(rps)} requests/s, PostgreSQL ${(rps * pUs / 1e6).toFixed(1)} cores`;
+  });
   lines.push(
-    `projection from the ${last.processes}-process phase: r = ${f0(r)} µs (least per request a process served), s = ${f0(s)} µs (the rest of the gateways' CPU per request: the lease holders' projections and workflows), p = ${f0(p)} µs (PostgreSQL); with G gateway processes on G cores of their own, R = 1e6 / (r/G + s), PostgreSQL cores needed = R × p / 1e6: ${[2, 4, 8, 16, 32].map((g) => `G=${g}: ${f0(project(g))} requests/s, ${(project(g) * p / 1e6).toFixed(1)} PostgreSQL cores`).join('; ')}; limit as G grows: ${s > 0 ? `${f0(1e6 / s)} requests/s (1e6 / s)` : 'none from the gateways'}`,
+    `projection, R(G) = G × 1e6 / g(G), PostgreSQL cores = R × p(G) / 1e6 (g, p: the gateways' and PostgreSQL's CPU µs per request with G processes; measured where run, else the line g = ${f0(gFit.at(1))} + ${f0(gFit.slope)}·(G−1), p = ${f0(pFit.at(1))} + ${f0(pFit.slope)}·(G−1)): ${projected.join('; ')}${gFit.slope > 0 ? `; as G grows R tends to 1e6 / ${f0(gFit.slope)} = ${f0(1e6 / gFit.slope)} requests/s` : ''}`,
     `keys: ${keyCount}, round-robin over every request: at most ${Math.max(...sentPerKey.values())} requests on any key in the whole run (limit 600 starts per minute)`,
   );
   process.stdout.write(`${lines.join('\n')}\n`);
