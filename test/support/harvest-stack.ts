@@ -19,6 +19,8 @@ const svc = fileURLToPath(new URL('../../bin/svc.js', import.meta.url));
 
 export interface HarvestStack {
   readonly adminToken: string;
+  /** The shared reference engine (its /metrics count the generations running at once). */
+  readonly engineUrl: string;
   readonly harvestDir: string;
   readonly databaseUrl: string | null;
   /** `svc serve` (args: `--no-workers`, say) with these extra environment variables; resolves once it listens. */
@@ -32,7 +34,13 @@ export interface HarvestStack {
   stop(): Promise<void>;
 }
 
-export async function startHarvestStack(options: { name: string; postgres: string | null; env?: Record<string, string> }): Promise<HarvestStack> {
+export async function startHarvestStack(options: {
+  name: string;
+  postgres: string | null;
+  env?: Record<string, string>;
+  /** Changes the ref-byte model's entry in the processes' models file (its capabilities' limits, say). */
+  model?: (model: Record<string, any>) => Record<string, any>;
+}): Promise<HarvestStack> {
   const dir = mkdtempSync(join(tmpdir(), `svc-${options.name}-`));
   const children = new Set<ChildProcess>();
   const killAll = () => children.forEach((c) => c.kill('SIGKILL'));
@@ -52,7 +60,7 @@ export async function startHarvestStack(options: { name: string; postgres: strin
   const defaults = JSON.parse(readFileSync(fileURLToPath(new URL('../../infra/config/default.json', import.meta.url)), 'utf8'));
   const model = defaults.models.find((m: { id: string }) => m.id === 'ref-byte');
   const config = join(dir, 'models.json');
-  writeFileSync(config, JSON.stringify({ ...defaults, models: [{ ...model, engine: engineUrl }] }));
+  writeFileSync(config, JSON.stringify({ ...defaults, models: [{ ...(options.model ? options.model(model) : model), engine: engineUrl }] }));
 
   const spawnSvc = (args: string[], env: Record<string, string>) => {
     const child = spawn(process.execPath, [svc, ...args], {
@@ -79,6 +87,7 @@ export async function startHarvestStack(options: { name: string; postgres: strin
 
   return {
     adminToken,
+    engineUrl,
     harvestDir,
     databaseUrl: database?.url ?? null,
     async serve(env = {}, args = []) {
