@@ -2,6 +2,7 @@ import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { request as httpRequest } from 'node:http';
 import { connect } from 'node:net';
+import { loadSettings } from '../../src/config/index.ts';
 import { startTestGateway, json, type TestGateway } from '../support/gateway.ts';
 import { assertDocumented } from '../support/openapi.ts';
 
@@ -194,7 +195,8 @@ http('CORS: preflight allows any origin and exposes our headers', async () => {
 });
 
 http('GET /health is 503 with status down when the store is unreachable', async () => {
-  const other = await startTestGateway();
+  // No engine: only its store matters here.
+  const other = await startTestGateway({ engines: { ...loadSettings({}, { models: [] }).engines, warmAtStart: false } });
   try {
     await other.store.close();
     const res = await fetch(`${other.url}/health`);
