@@ -29,7 +29,8 @@ import { KeyService } from '../keys/index.ts';
 import { BackendService } from '../backends/index.ts';
 import { EngineClient } from '../engine-client/index.ts';
 import { ModelRegistry } from '../registry/index.ts';
-import { openEventStore, serveReadOnlySql, type EventStore } from '../store/index.ts';
+import { openEventStore, serveReadOnlySql, type EventLog, type EventStore } from '../store/index.ts';
+import { openConfiguredEventLog } from './event-log.ts';
 import { platformFor, type BootStageListener, type EngineBootKnobs, type Platform } from '../platforms/index.ts';
 import { portBlocked } from './preflight.ts';
 import { ProjectionRunner } from '../projection-runner/index.ts';
@@ -41,6 +42,7 @@ import { fileHarvestStorage, HarvestResumer, HarvestService, HarvestWorker } fro
 import { inProcessTransport, kafkaTransport, postgresTransport, type DispatchTransport } from '../dispatch/index.ts';
 
 export { checkServeCanStart, ServeBlocked } from './preflight.ts';
+export { EventLogUnreachable, openConfiguredEventLog, redactedEventStoreUrl } from './event-log.ts';
 
 export interface GatewayOptions {
   /** Where log lines go (default: stdout). Tests pass a stream to inspect them. */
@@ -62,7 +64,10 @@ export interface GatewayOptions {
 export interface Gateway {
   url: string;
   app: FastifyInstance;
+  /** The SQL store: projections' rows, checkpoints, leases, dispatch and harvest tables (and the log, with SVC_EVENT_LOG=sql). */
   store: EventStore;
+  /** The event log: `store` itself, or EventStoreDB/KurrentDB's with SVC_EVENT_LOG=eventstoredb. */
+  log: EventLog;
   /** The read-only SQL port's number, when one is served. */
   sqlPort: number | null;
   registry: ModelRegistry;
@@ -86,6 +91,12 @@ export interface Gateway {
   /** Resolves with the new address when the model's reference engine next comes back after dying. */
   engineRestarted(modelId: string): Promise<string>;
   close(): Promise<void>;
+}
+
+/** The SQL store's ping and the EventStoreDB log's (when the log is apart): ok when both are, the slower one's latency. */
+async function pingBoth(store: EventStore, log: { ping(timeoutMs: number): Promise<{ ok: boolean; latencyMs: number }> } | null, timeoutMs: number): Promise<{ ok: boolean; latencyMs: number }> {
+  const pings = await Promise.all([store.ping(timeoutMs), ...(log ? [log.ping(timeoutMs)] : [])]);
+  return { ok: pings.every((p) => p.ok), latencyMs: Math.max(...pings.map((p) => p.latencyMs)) };
 }
 
 /** How long a boot stage or a completion counts as recent (boot freshness, warm estimate). */
@@ -185,17 +196,25 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
       return opened;
     };
     const storeOpening = openStore();
+    // With SVC_EVENT_LOG=eventstoredb the log is EventStoreDB's, opened beside the SQL store (which keeps every row).
+    const logOpening = openConfiguredEventLog(settings, { onAppend: (ms) => observed.appended(ms) });
     // Every start is awaited before deciding, so nothing spawned is left running when one fails.
-    const started = await Promise.allSettled([storeOpening, registry.loadTokenizers(), ...settings.models.map(startEngine)]);
-    const failed = started.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+    const started = await Promise.allSettled([storeOpening, logOpening, registry.loadTokenizers(), ...settings.models.map(startEngine)]);
+    const esdb = started[1].status === 'fulfilled' ? started[1].value : null;
+    // Pushed after the store's close, so it runs before it (stoppers run last first) and after the processors that follow the log stop.
+    if (esdb) stoppers.push(() => esdb.close());
+    // The event log's failure first: it names EVENTSTORE_URL in one line.
+    const failed = started[1].status === 'rejected' ? started[1] : started.find((r): r is PromiseRejectedResult => r.status === 'rejected');
     if (failed) throw failed.reason;
     const store = await storeOpening;
+    const log: EventLog = esdb ?? store;
     const sqlPort = options.sqlPort == null ? null : await serveReadOnlySql(store, { port: options.sqlPort });
     if (sqlPort) stoppers.push(() => sqlPort.close());
 
     // Read models follow the log from their checkpoints (catch-up, then live), each in the one process holding its lease; stopped before the store.
     const runner = new ProjectionRunner({
-      store,
+      log,
+      db: store,
       projections,
       leaseMs: settings.processorLeaseMs,
       onError: (projection, error) => logger.error({ projection, err: (error as Error)?.message }, 'projection batch failed; retrying'),
@@ -206,14 +225,15 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     }
     const projectionsCaughtUp = () => (settings.projections ? runner.caughtUp() : Promise.resolve());
 
-    const commands = new CommandHandler({ store });
+    const commands = new CommandHandler({ store: log });
     stoppers.push(() => commands.settled());
     // The handler's cache follows the log: another process's write to a stream is read before the next decision there.
     const following = await commands.followLog((error) => logger.error({ err: (error as Error)?.message }, 'log subscription (cache freshness) failed a read; retrying'));
     stoppers.push(() => following.stop());
     // Reactions across streams (a hold carried over midnight released on the day that carried it) follow the log too.
     const workflowProcessor = new WorkflowProcessor({
-      store,
+      log,
+      db: store,
       handler: commands,
       workflows,
       leaseMs: settings.processorLeaseMs,
@@ -243,7 +263,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     const adminToken = options.adminToken ?? resolveAdminToken(process.env, settings.dataDir).token;
     const authenticate = requireApiKey(keys);
     const metering = settings.metering
-      ? new Metering({ handler: commands, store, logger, reservationTtlMs: settings.reservationTtlMs, dailySpendCap: settings.dailySpendCap })
+      ? new Metering({ handler: commands, log, db: store, logger, reservationTtlMs: settings.reservationTtlMs, dailySpendCap: settings.dailySpendCap })
       : null;
     if (metering) {
       metering.start();
@@ -344,7 +364,8 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
 
     const app = await buildApp({
       logger,
-      health: { pingStore: (timeoutMs) => store.ping(timeoutMs), backends },
+      // The database's round trip, and EventStoreDB's beside it: /health's `database` is down when either is.
+      health: { pingStore: (timeoutMs) => pingBoth(store, esdb, timeoutMs), backends },
       routes: async (scope) => {
         decorateAuthenticatedRequest(scope);
         completionRoutes(scope, {
@@ -389,6 +410,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
       url: address.replace('[::1]', '127.0.0.1'),
       app,
       store,
+      log,
       sqlPort: sqlPort?.port ?? null,
       registry,
       commands,
