@@ -9,7 +9,8 @@
  * projection that is merely behind the log is not reported as wrong (it is said how far behind it is).
  */
 import type { Settings } from '../config/index.ts';
-import { comparePositions, formatPosition, internalTable, openEventStore, type EventStore, type GlobalPosition } from '../store/index.ts';
+import { comparePositions, formatPosition, internalTable, openEventStore, type EventLog, type EventStore, type GlobalPosition } from '../store/index.ts';
+import { withEventLog } from './read-store.ts';
 import { meterEvents, meterStream, type MeterEvent } from '../../events/meter.ts';
 import { keyEvents, keyStream, type KeyEvent } from '../../events/key.ts';
 import { keyDecider, type KeyState } from '../../commands/key.ts';
@@ -21,7 +22,10 @@ interface Output {
 }
 
 export interface AuditCommandIo {
+  /** The SQL store: the projections' rows and checkpoints (and the log, unless `log` is given). */
   store: EventStore;
+  /** The event log when it is not the store's (EventStoreDB's, SVC_EVENT_LOG=eventstoredb). */
+  log?: EventLog;
   stdout: Output;
   stderr: Output;
   /** The clock that picks the default month (tests pass one). */
@@ -101,14 +105,14 @@ async function projectionSide(store: EventStore, key: string, month: string): Pr
 }
 
 /** The key's meter events of the month, checked and upcast by the meter catalogue (as the projections see them), up to `upTo`. */
-async function meterEventsOfMonth(store: EventStore, key: string, month: string, upTo: GlobalPosition): Promise<{ events: { streamId: string; event: MeterEvent }[]; streams: number }> {
+async function meterEventsOfMonth(log: EventLog, key: string, month: string, upTo: GlobalPosition): Promise<{ events: { streamId: string; event: MeterEvent }[]; streams: number }> {
   const events: { streamId: string; event: MeterEvent }[] = [];
   let streams = 0;
   for (const day of daysOf(month)) {
     const streamId = meterStream(key, day);
     const pageSize = 10_000;
     for (let from = 1; ; from += pageSize) {
-      const { events: page } = await store.readStream(streamId, { fromVersion: from, limit: pageSize });
+      const { events: page } = await log.readStream(streamId, { fromVersion: from, limit: pageSize });
       if (from === 1 && page.length > 0) streams++;
       for (const stored of page) {
         if (comparePositions(stored.globalPosition, upTo) > 0) continue;
@@ -145,8 +149,8 @@ function chargedTokens(events: readonly { event: MeterEvent }[]): ChargedTokens 
 }
 
 /** The key as its stream says (owner, status, budgets now); null: no such key in the log. */
-async function keyOf(store: EventStore, key: string): Promise<Exclude<KeyState, { status: 'none' }> | null> {
-  const { events } = await store.readStream(keyStream(key), { fromVersion: 1 });
+async function keyOf(log: EventLog, key: string): Promise<Exclude<KeyState, { status: 'none' }> | null> {
+  const { events } = await log.readStream(keyStream(key), { fromVersion: 1 });
   let state: KeyState = keyDecider.initialState();
   for (const stored of events) state = keyDecider.evolve(state, keyEvents.parse(stored) as KeyEvent);
   return state.status === 'none' ? null : state;
@@ -195,7 +199,7 @@ export async function runAuditCommand(args: readonly string[], io: AuditCommandI
     return 2;
   }
   const month = parsed.month ?? (io.now?.() ?? new Date()).toISOString().slice(0, 7);
-  const owner = await keyOf(io.store, parsed.key);
+  const owner = await keyOf(io.log ?? io.store, parsed.key);
   if (!owner) {
     io.stderr.write(`svc audit: unknown key ${parsed.key} (no key stream ${keyStream(parsed.key)} in the log)\n`);
     return 2;
@@ -211,10 +215,10 @@ async function auditUsageOf(io: AuditCommandIo, { key, json }: AuditArgs, month:
     io.stderr.write('svc audit: the key_usage projection has not run on this store yet (start the server, or run: svc projections rebuild key_usage)\n');
     return 2;
   }
-  const { events, streams } = await meterEventsOfMonth(io.store, key, month, projection.checkpoint);
+  const { events, streams } = await meterEventsOfMonth(io.log ?? io.store, key, month, projection.checkpoint);
   const log = { rows: [...foldKeyUsage(events.map(({ streamId, event }) => ({ streamId, type: event.type, data: event.data }))).values()], events: events.length, streams };
   const charged = chargedTokens(events);
-  const behind = await io.store.countAfter(projection.checkpoint);
+  const behind = await (io.log ?? io.store).countAfter(projection.checkpoint);
   const comparisons = compare(log.rows, projection.rows);
   const differing = comparisons.filter((c) => c.differs.length > 0);
   if (json) {
@@ -263,7 +267,7 @@ async function auditStatementOf(io: AuditCommandIo, { key, format, byUser: rollu
     io.stderr.write('svc audit: the usage_ledger projection has not run on this store yet (start the server, or run: svc projections rebuild usage_ledger)\n');
     return 2;
   }
-  const { events } = await meterEventsOfMonth(io.store, key, month, ledger.checkpoint);
+  const { events } = await meterEventsOfMonth(io.log ?? io.store, key, month, ledger.checkpoint);
   const lines = foldStatement(events);
   const totals = totalsOf(lines);
   const users = rollup ? byUser(lines) : null;
@@ -300,7 +304,7 @@ export async function auditCommand(args: string[], settings: Settings): Promise<
   // With the embedded store, a running server holds DATA_DIR: opening fails with DataDirLocked, which says so.
   const store = await openEventStore({ databaseUrl: settings.databaseUrl, dataDir: settings.dataDir, purpose: `svc audit ${args.join(' ')}` });
   try {
-    return await runAuditCommand(args, { store, stdout: process.stdout, stderr: process.stderr });
+    return await withEventLog(settings, store, (log) => runAuditCommand(args, { store, log, stdout: process.stdout, stderr: process.stderr }));
   } finally {
     await store.close();
   }

@@ -4,14 +4,16 @@
  * Readable text by default; `--json` writes one JSON object per line (NDJSON) for scripts.
  */
 import type { Settings } from '../config/index.ts';
-import { formatPosition, logStart, openEventStore, type EventStore, type GlobalPosition, type RecordedEvent } from '../store/index.ts';
+import { formatPosition, logStart, openEventStore, type EventLog, type GlobalPosition, type RecordedEvent } from '../store/index.ts';
+import { openConfiguredEventLog } from '../gateway/event-log.ts';
 
 interface Output {
   write(text: string): unknown;
 }
 
 export interface EventsCommandIo {
-  store: EventStore;
+  /** The event log: the SQL store's, or EventStoreDB's (SVC_EVENT_LOG=eventstoredb). */
+  store: EventLog;
   stdout: Output;
   stderr: Output;
   /** Stops `tail` (SIGINT / SIGTERM from the command line). */
@@ -125,8 +127,10 @@ export async function eventsCommand(args: string[], settings: Settings): Promise
     process.stderr.write(eventsUsage);
     return 2;
   }
-  // With the embedded store, a running server holds DATA_DIR: opening fails with DataDirLocked, which says so.
-  const store = await openEventStore({ databaseUrl: settings.databaseUrl, dataDir: settings.dataDir, purpose: `svc events ${args.join(' ')}` });
+  // Only the log is read: EventStoreDB's when configured, no SQL store then. With the embedded store, a
+  // running server holds DATA_DIR: opening fails with DataDirLocked, which says so.
+  const store: EventLog =
+    (await openConfiguredEventLog(settings)) ?? (await openEventStore({ databaseUrl: settings.databaseUrl, dataDir: settings.dataDir, purpose: `svc events ${args.join(' ')}` }));
   const stop = new AbortController();
   const onSignal = () => stop.abort();
   process.once('SIGINT', onSignal);

@@ -25,6 +25,7 @@ commands:
                                  manage API keys through a running gateway (svc keys --help)
 
 environment: PORT (8080), HOST (127.0.0.1), DATA_DIR (./data), DATABASE_URL, SVC_CONFIG (models file),
+             SVC_EVENT_LOG (sql, or eventstoredb with EVENTSTORE_URL),
              SVC_ADMIN_TOKEN, LOG_LEVEL (info), SVC_URL (svc keys, svc harvest: http://127.0.0.1:8080),
              SVC_API_KEY (svc harvest)`;
 
@@ -136,7 +137,7 @@ async function main(argv: string[]): Promise<number> {
           import('../projection-runner/index.ts'),
           import('../../projections/index.ts'),
         ]);
-        const read = await readThroughRunningGateway(settings, 'projections status', (store) => runProjectionsCommand(args, { store, projections, stdout: process.stdout, stderr: process.stderr }));
+        const read = await readThroughRunningGateway(settings, 'projections status', (store, log) => runProjectionsCommand(args, { store, log, projections, stdout: process.stdout, stderr: process.stderr }));
         if (read !== null) return read;
       }
       return projectionsCommand(args, settings);
@@ -144,13 +145,14 @@ async function main(argv: string[]): Promise<number> {
     case 'audit': {
       const { auditCommand, runAuditCommand } = await import('./audit.ts');
       const { readThroughRunningGateway } = await import('./read-store.ts');
-      const read = await readThroughRunningGateway(settings, 'audit', (store) => runAuditCommand(args, { store, stdout: process.stdout, stderr: process.stderr }));
+      const read = await readThroughRunningGateway(settings, 'audit', (store, log) => runAuditCommand(args, { store, log, stdout: process.stdout, stderr: process.stderr }));
       if (read !== null) return read;
       return auditCommand(args, settings);
     }
     case 'events': {
       const { eventsCommand, runEventsCommand } = await import('./events.ts');
-      if (args[0] === 'read') {
+      // With EventStoreDB as the log nothing of the SQL store is read: no gateway's SQL port is needed.
+      if (args[0] === 'read' && settings.eventLog === 'sql') {
         const { readThroughRunningGateway } = await import('./read-store.ts');
         const read = await readThroughRunningGateway(settings, 'events read', (store) => runEventsCommand(args, { store, stdout: process.stdout, stderr: process.stderr }));
         if (read !== null) return read;
@@ -166,7 +168,7 @@ async function main(argv: string[]): Promise<number> {
 try {
   process.exitCode = await main(process.argv.slice(2));
 } catch (err) {
-  if (err instanceof ConfigError || ['DataDirLocked', 'ServeBlocked'].includes((err as Error)?.name)) {
+  if (err instanceof ConfigError || ['DataDirLocked', 'ServeBlocked', 'EventLogUnreachable'].includes((err as Error)?.name)) {
     process.stderr.write(`svc: ${(err as Error).message}\n`);
     process.exitCode = 1;
   } else {

@@ -2,6 +2,7 @@
 import type { Settings } from '../config/index.ts';
 import { isProjectionsCommand, projectionsUsage, runProjectionsCommand } from '../projection-runner/index.ts';
 import { openEventStore } from '../store/index.ts';
+import { withEventLog } from './read-store.ts';
 import { projections } from '../../projections/index.ts';
 
 export async function projectionsCommand(args: string[], settings: Settings): Promise<number> {
@@ -18,7 +19,7 @@ export async function projectionsCommand(args: string[], settings: Settings): Pr
     ...(process.env.SVC_DB_STATEMENT_TIMEOUT_MS ? {} : { statementTimeoutMs: 0 }),
   });
   try {
-    return await runProjectionsCommand(args, { store, projections, stdout: process.stdout, stderr: process.stderr });
+    return await withEventLog(settings, store, (log) => runProjectionsCommand(args, { store, log, projections, stdout: process.stdout, stderr: process.stderr }));
   } finally {
     await store.close();
   }

@@ -1,9 +1,11 @@
 /**
  * The store for the CLI's read-only commands. While a gateway holds the embedded store's data directory,
  * they read through its SQL port instead of refusing; without a port they say, in one line, how to get one.
+ * The log is the store's, or EventStoreDB's when SVC_EVENT_LOG=eventstoredb (opened beside it).
  */
 import type { Settings } from '../config/index.ts';
-import { DataDirLocked, openStoreThroughSqlPort, readDataDirLock, type EventStore } from '../store/index.ts';
+import { DataDirLocked, openStoreThroughSqlPort, readDataDirLock, type EventLog, type EventStore } from '../store/index.ts';
+import { openConfiguredEventLog } from '../gateway/event-log.ts';
 
 /** The port of the gateway holding the embedded store, null when nothing holds it (or on PostgreSQL); throws when a holder serves none. */
 export function runningSqlPort(settings: Settings, command: string): number | null {
@@ -19,13 +21,27 @@ export function runningSqlPort(settings: Settings, command: string): number | nu
   );
 }
 
-/** Runs `read` on the running gateway's store through its SQL port; null when no gateway holds the store (open it as usual then). */
-export async function readThroughRunningGateway(settings: Settings, command: string, read: (store: EventStore) => Promise<number>): Promise<number | null> {
+/** Runs `use` with the configured event log: `store` itself, or EventStoreDB's, opened for it and closed after. */
+export async function withEventLog<T>(settings: Settings, store: EventStore, use: (log: EventLog) => Promise<T>): Promise<T> {
+  const esdb = await openConfiguredEventLog(settings);
+  if (!esdb) return use(store);
+  try {
+    return await use(esdb);
+  } finally {
+    await esdb.close();
+  }
+}
+
+/**
+ * Runs `read` on the running gateway's store through its SQL port (and the configured log); null when
+ * no gateway holds the store (open it as usual then).
+ */
+export async function readThroughRunningGateway(settings: Settings, command: string, read: (store: EventStore, log: EventLog) => Promise<number>): Promise<number | null> {
   const port = runningSqlPort(settings, command);
   if (port === null) return null;
   const store = await openStoreThroughSqlPort(port);
   try {
-    return await read(store);
+    return await withEventLog(settings, store, (log) => read(store, log));
   } finally {
     await store.close();
   }

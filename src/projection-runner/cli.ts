@@ -1,5 +1,5 @@
 /** `svc projections status|rebuild [name]`: lag and lease per projection (and the workflows' leases); replay-and-swap with a progress bar. */
-import { formatPosition, type EventStore } from '../store/index.ts';
+import { formatPosition, type EventLog, type EventStore } from '../store/index.ts';
 import type { Projection } from './projection.ts';
 import { ProjectionRunner, type RebuildProgress } from './runner.ts';
 import { sqlCheckpoints } from './checkpoints.ts';
@@ -11,7 +11,10 @@ interface Output {
 }
 
 export interface ProjectionsCommandIo {
+  /** The SQL store: rows, checkpoints, leases (and the log, unless `log` is given). */
   store: EventStore;
+  /** The event log when it is not the store's (EventStoreDB's, SVC_EVENT_LOG=eventstoredb). */
+  log?: EventLog;
   projections: readonly Projection[];
   stdout: Output;
   stderr: Output;
@@ -37,7 +40,7 @@ function progressLine(p: RebuildProgress): string {
 /** Runs one `svc projections ...` command; returns the process exit code. */
 export async function runProjectionsCommand(args: readonly string[], io: ProjectionsCommandIo): Promise<number> {
   const [action, ...rest] = args;
-  const runner = new ProjectionRunner({ store: io.store, projections: io.projections });
+  const runner = new ProjectionRunner(io.log ? { log: io.log, db: io.store, projections: io.projections } : { store: io.store, projections: io.projections });
   if (action === 'status') {
     const statuses = await runner.status();
     // The other leased processors (workflows): their lease and checkpoint; their lag is not counted (they read a few event types).
