@@ -99,6 +99,26 @@ async function pingBoth(store: EventStore, log: { ping(timeoutMs: number): Promi
   return { ok: pings.every((p) => p.ok), latencyMs: Math.max(...pings.map((p) => p.latencyMs)) };
 }
 
+/** The harvest jobs' dispatch transport the settings name (src/dispatch). */
+function dispatchTransportFor(settings: Settings, store: EventStore, logger: Logger): DispatchTransport {
+  const onError = (error: unknown) => logger.warn({ err: (error as Error)?.message }, 'harvest dispatch failed; retrying');
+  switch (settings.harvest.transport) {
+    case 'postgres':
+      return postgresTransport(store, {
+        // A message whose worker died is delivered again once its visibility (renewed by the worker's heartbeat) lapses: the claim's lease.
+        visibilityTimeoutMs: settings.harvest.leaseMs,
+        // Its own LISTEN connection: a job published by another process reaches an idle worker at once, not at the next poll.
+        listenUrl: settings.databaseUrl ?? undefined,
+        onError,
+      });
+    case 'kafka':
+      // A consumer that dies leaves its group after the session timeout; another takes its partitions and redelivers.
+      return kafkaTransport({ brokers: [], ...settings.harvest.kafka, sasl: settings.harvest.kafka?.sasl ?? undefined, onError });
+    case 'inprocess':
+      return inProcessTransport();
+  }
+}
+
 /** How long a boot stage or a completion counts as recent (boot freshness, warm estimate). */
 const freshForMs = 15 * 60_000;
 
@@ -290,25 +310,9 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     );
     stoppers.push(() => engines.close());
 
-    // Harvests: jobs dispatched on a transport to this process's workers (or another's), shards under DATA_DIR/harvest.
+    // Harvests: jobs dispatched on a transport to this process's workers (or another's), files under SVC_HARVEST_DIR.
     const harvestStorage = fileHarvestStorage(settings.harvest.storageDir);
-    const transport: DispatchTransport = settings.harvest.transport === 'postgres'
-        ? // A message whose worker died is delivered again once its visibility (renewed by the worker's heartbeat) lapses: the claim's lease.
-          postgresTransport(store, {
-            visibilityTimeoutMs: settings.harvest.leaseMs,
-            // Its own LISTEN connection: a job published by another process reaches an idle worker at once, not at the next poll.
-            listenUrl: settings.databaseUrl ?? undefined,
-            onError: (error) => logger.warn({ err: (error as Error)?.message }, 'harvest dispatch failed; retrying'),
-          })
-        : settings.harvest.transport === 'kafka'
-          ? // A consumer that dies leaves its group after the session timeout; another takes its partitions and redelivers.
-            kafkaTransport({
-              brokers: [],
-              ...settings.harvest.kafka,
-              sasl: settings.harvest.kafka?.sasl ?? undefined,
-              onError: (error) => logger.warn({ err: (error as Error)?.message }, 'harvest dispatch failed; retrying'),
-            })
-          : inProcessTransport();
+    const transport = dispatchTransportFor(settings, store, logger);
     stoppers.push(() => transport.close());
     const harvests = new HarvestService({ handler: commands, db: store, storage: harvestStorage, transport, registry, settings: settings.harvest, logger });
     harvests.start();
