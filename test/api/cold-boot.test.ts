@@ -18,7 +18,7 @@ import { backendEvents, backendStream } from '../../events/backend.ts';
 const knobs: EngineBootKnobs = {};
 const it = suite<{ gw: TestGateway }>('cold boots');
 it.before(async (context) => {
-  const engines = { ...loadSettings({}, { models: [] }).engines, warmAtStart: false, idleMs: 1_000, ackTimeoutMs: 10_000, graceMs: 300, keepaliveMs: 200 };
+  const engines = { ...loadSettings({}, { models: [] }).engines, warmAtStart: false, idleMs: 1_000, ackTimeoutMs: 20_000, graceMs: 300, keepaliveMs: 200 };
   context.gw = await startTestGateway({ engines }, { engineBootKnobs: knobs });
 });
 it.after(async ({ gw }) => {
