@@ -21,6 +21,7 @@ import type { EventStore } from '../../src/store/index.ts';
 import { meterEvents, meterStream, utcDay, type MeterEvent } from '../../events/meter.ts';
 import { meterDecider } from '../../commands/meter.ts';
 import { harvestEvents, harvestStream } from '../../events/harvest.ts';
+import { backendEvents, backendStream } from '../../events/backend.ts';
 import { projections } from '../../projections/index.ts';
 import { workflows } from '../../commands/index.ts';
 
@@ -75,7 +76,7 @@ if (!unavailable) {
     stack = await startHarvestStack({
       name: 'scale',
       postgres: databaseUrl!,
-      env: { SVC_PROCESSOR_LEASE_MS: String(leaseMs), SVC_HARVEST_LEASE_MS: '2000' },
+      env: { SVC_PROCESSOR_LEASE_MS: String(leaseMs), SVC_HARVEST_LEASE_MS: '2000', SVC_BREAKER_FAILURE_THRESHOLD: '3', SVC_BREAKER_COOLDOWN_MS: '2000' },
       model: (model) => ({ ...model, capabilities: { ...model.capabilities, ...limits } }),
     });
     // The first alone (it runs the migrations); it takes every lease.
@@ -169,6 +170,35 @@ if (!unavailable) {
     // A call sent in a slot lease before its reservation was durable, whose decision another process's append then superseded, runs at the engine until its cancellation arrives.
     assert.ok(peak <= limits.max_inflight_per_key + cancelled, `${peak} generations ran at once at the engine, ${cancelled} cancelled there`);
     assert.ok(most > 1, 'requests overlapped');
+  });
+
+  it("one breaker for three gateways: opened by one gateway's failures, refused by all, and one half-open probe among concurrent requests through all three", async () => {
+    const { key } = await issue(gateways[2].url, { email: 'scale-breaker@example.org' });
+    const probesBefore = (await store.readStream(backendStream('ref-byte'))).events.map((e) => backendEvents.parse(e)).filter((e) => e.type === 'ProbeStarted').length;
+    await stack.chaos({ mode: 'error500', count: 1_000 });
+    try {
+      for (let i = 0; i < 3; i++) assert.is((await complete(gateways[0].url, key, { prompt: 'x', max_tokens: 1 })).status, 502);
+      // The other two learn it from the log: refused without contacting the engine.
+      for (const gw of gateways) {
+        await until(`${gw.url} to refuse with circuit_open`, async () => {
+          const res = await complete(gw.url, key, { prompt: 'x', max_tokens: 1 });
+          return res.status === 503 && (await json(res)).error.code === 'circuit_open';
+        }, 10_000, 50);
+      }
+      // The engine recovers (slowly, so the probe is still under way when the others ask); the cooldown ends.
+      await stack.chaos({ mode: 'delay', count: 1_000, delay_ms: 800 });
+      await new Promise((r) => setTimeout(r, 2_300));
+      const results = await Promise.all(Array.from({ length: 6 }, (_, i) => complete(gateways[i % 3].url, key, { prompt: 'x', max_tokens: 1 }).then(async (r) => ({ status: r.status, code: (await json(r)).error?.code }))));
+      assert.is(results.filter((r) => r.status === 200).length, 1, JSON.stringify(results));
+      assert.ok(results.filter((r) => r.status !== 200).every((r) => r.status === 503 && r.code === 'circuit_open'), JSON.stringify(results));
+      const events = (await store.readStream(backendStream('ref-byte'))).events.map((e) => backendEvents.parse(e));
+      assert.is(events.filter((e) => e.type === 'ProbeStarted').length, probesBefore + 1, 'one probe across the three gateways');
+      assert.is(events.at(-1)!.type, 'BreakerClosed');
+    } finally {
+      await stack.chaos({ mode: 'none' });
+    }
+    // Closed everywhere again.
+    for (const gw of gateways) await until(`${gw.url} to serve again`, async () => (await complete(gw.url, key, { prompt: 'x', max_tokens: 1 })).status === 200, 10_000, 50);
   });
 
   it('the process holding the projections SIGKILLed: another takes them over within about 1⅓ leases, and the tables go on (api_keys, key_usage)', async () => {
