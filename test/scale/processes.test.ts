@@ -81,9 +81,9 @@ if (!unavailable) {
     });
     // The first alone (it runs the migrations); it takes every lease.
     gateways.push(await stack.serve({}, ['--no-workers']));
-    const rest = await Promise.all([stack.serve({}, ['--no-workers']), stack.serve({}, ['--no-workers']), stack.worker(), stack.worker()]);
-    gateways.push(rest[0], rest[1]);
-    workers.push(rest[2] as ChildProcess, rest[3] as ChildProcess);
+    // The others one at a time too: four processes starting at once beside a full suite's other files once ran out of the 90 s a start is given.
+    for (let i = 0; i < 2; i++) gateways.push(await stack.serve({}, ['--no-workers']));
+    for (let i = 0; i < 2; i++) workers.push(await stack.worker());
     store = await stack.openStore();
   });
   it.after(async () => {
@@ -191,9 +191,12 @@ if (!unavailable) {
       const results = await Promise.all(Array.from({ length: 6 }, (_, i) => complete(gateways[i % 3].url, key, { prompt: 'x', max_tokens: 1 }).then(async (r) => ({ status: r.status, code: (await json(r)).error?.code }))));
       assert.is(results.filter((r) => r.status === 200).length, 1, JSON.stringify(results));
       assert.ok(results.filter((r) => r.status !== 200).every((r) => r.status === 503 && r.code === 'circuit_open'), JSON.stringify(results));
-      const events = (await store.readStream(backendStream('ref-byte'))).events.map((e) => backendEvents.parse(e));
+      // The probe's success closes the breaker just after its answer went out.
+      const events = await until('the breaker closed by the probe', async () => {
+        const read = (await store.readStream(backendStream('ref-byte'))).events.map((e) => backendEvents.parse(e));
+        return read.at(-1)!.type === 'BreakerClosed' ? read : null;
+      }, 10_000, 50);
       assert.is(events.filter((e) => e.type === 'ProbeStarted').length, probesBefore + 1, 'one probe across the three gateways');
-      assert.is(events.at(-1)!.type, 'BreakerClosed');
     } finally {
       await stack.chaos({ mode: 'none' });
     }
