@@ -2,9 +2,8 @@
  * The in-process transport: queues in memory, handlers in this process. Nothing survives the process;
  * the jobs' own streams do, and their resumer dispatches again what a restart lost.
  */
+import { TransportLifecycle, kindKey, type RunningDelivery } from './consumer-stop.ts';
 import {
-  DispatchClosed,
-  DispatchStopping,
   concurrencyOf,
   dispatchDefaults,
   retryDelayMs,
@@ -27,34 +26,23 @@ interface Entry {
   deliveries: number;
 }
 
-interface Running {
-  readonly controller: AbortController;
-  readonly settled: Promise<void>;
-}
-
 interface Consumer {
-  readonly kind: string;
   readonly handler: DispatchHandler;
   readonly concurrency: number;
-  readonly running: Set<Running>;
+  readonly running: Set<RunningDelivery>;
   stopping: boolean;
 }
 
-const entryKey = (kind: string, key: string) => `${kind}\u0000${key}`;
-
 export function inProcessTransport(options: InProcessDispatchOptions = {}): DispatchTransport {
-  const graceMs = options.stopGraceMs ?? dispatchDefaults.stopGraceMs;
+  const lifecycle = new TransportLifecycle(options.stopGraceMs ?? dispatchDefaults.stopGraceMs);
   /** Every message waiting, backing off or in flight, by kind and key: what `publish` refuses to add twice. */
   const entries = new Map<string, Entry>();
   /** Per kind, the messages ready for a handler, oldest first. */
   const ready = new Map<string, Entry[]>();
   const consumers = new Map<string, Set<Consumer>>();
-  const consumerStops = new Set<Promise<void>>();
   const retryTimers = new Set<NodeJS.Timeout>();
   const pumpsDue = new Set<string>();
   let seq = 0;
-  let closed = false;
-  let closing: Promise<void> | null = null;
 
   /** Back in line at its first place: a redelivered message keeps its turn. */
   function enqueue(entry: Entry): void {
@@ -78,7 +66,7 @@ export function inProcessTransport(options: InProcessDispatchOptions = {}): Disp
 
   function pump(kind: string): void {
     const line = ready.get(kind);
-    while (line && line.length > 0 && !closed) {
+    while (line && line.length > 0 && !lifecycle.closed) {
       // the least busy consumer of the kind, so several consumers share the work
       let chosen: Consumer | null = null;
       for (const consumer of consumers.get(kind) ?? []) {
@@ -104,11 +92,11 @@ export function inProcessTransport(options: InProcessDispatchOptions = {}): Disp
       .then(() => consumer.handler(message, controller.signal))
       .then(
         () => {
-          entries.delete(entryKey(entry.kind, entry.key));
+          entries.delete(kindKey(entry.kind, entry.key));
         },
         (error: unknown) => {
           options.onError?.(error, message);
-          if (closed) return;
+          if (lifecycle.closed) return;
           // stopped mid-way: another consumer may take it at once; otherwise retry after the backoff
           if (controller.signal.aborted) return enqueue(entry);
           const timer = setTimeout(() => {
@@ -122,30 +110,13 @@ export function inProcessTransport(options: InProcessDispatchOptions = {}): Disp
         consumer.running.delete(running);
         schedulePump(entry.kind);
       });
-    const running: Running = { controller, settled };
+    const running: RunningDelivery = { controller, settled };
     consumer.running.add(running);
   }
 
-  async function stopConsumer(consumer: Consumer): Promise<void> {
-    consumer.stopping = true;
-    consumers.get(consumer.kind)?.delete(consumer);
-    if (consumer.running.size === 0) return;
-    const grace = setTimeout(() => {
-      for (const running of consumer.running) running.controller.abort(new DispatchStopping(graceMs));
-    }, graceMs);
-    try {
-      while (consumer.running.size > 0) await Promise.all([...consumer.running].map((r) => r.settled));
-    } finally {
-      clearTimeout(grace);
-    }
-  }
-
-  return {
-    name: 'inprocess',
-
+  return lifecycle.transport('inprocess', {
     async publish(kind, key, payload) {
-      if (closed) throw new DispatchClosed();
-      const id = entryKey(kind, key);
+      const id = kindKey(kind, key);
       if (entries.has(id)) return false;
       const entry: Entry = { seq: ++seq, kind, key, payload: JSON.stringify(payload), deliveries: 0 };
       entries.set(id, entry);
@@ -154,37 +125,25 @@ export function inProcessTransport(options: InProcessDispatchOptions = {}): Disp
     },
 
     consume(kind: string, handler: DispatchHandler, consumeOptions?: ConsumeOptions): DispatchConsumer {
-      if (closed) throw new DispatchClosed();
-      const consumer: Consumer = { kind, handler, concurrency: concurrencyOf(consumeOptions), running: new Set(), stopping: false };
-      let kindConsumers = consumers.get(kind);
-      if (!kindConsumers) consumers.set(kind, (kindConsumers = new Set()));
+      const consumer: Consumer = { handler, concurrency: concurrencyOf(consumeOptions), running: new Set(), stopping: false };
+      const kindConsumers = consumers.get(kind) ?? new Set();
+      consumers.set(kind, kindConsumers);
       kindConsumers.add(consumer);
       schedulePump(kind);
-      let stopped: Promise<void> | null = null;
-      return {
-        stop() {
-          if (!stopped) {
-            const stopping = stopConsumer(consumer);
-            consumerStops.add(stopping);
-            stopped = stopping.finally(() => consumerStops.delete(stopping));
-          }
-          return stopped;
+      return lifecycle.consumer({
+        halt() {
+          consumer.stopping = true;
+          kindConsumers.delete(consumer);
         },
-      };
+        running: consumer.running,
+      });
     },
 
-    close() {
-      closing ??= (async () => {
-        const all = [...consumers.values()].flatMap((set) => [...set]);
-        const stops = [...consumerStops, ...all.map(stopConsumer)];
-        closed = true;
-        await Promise.all(stops);
-        for (const timer of retryTimers) clearTimeout(timer);
-        retryTimers.clear();
-        entries.clear();
-        ready.clear();
-      })();
-      return closing;
+    async release() {
+      for (const timer of retryTimers) clearTimeout(timer);
+      retryTimers.clear();
+      entries.clear();
+      ready.clear();
     },
-  };
+  });
 }

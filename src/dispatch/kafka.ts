@@ -6,10 +6,10 @@
  */
 import { createHash } from 'node:crypto';
 import { AssignerProtocol, Kafka, Partitioners, logLevel, type Admin, type Assigner, type Consumer, type EachBatchPayload, type KafkaMessage, type PartitionAssigner, type Producer, type SASLOptions } from 'kafkajs';
+import { TransportLifecycle, kindKey } from './consumer-stop.ts';
 import {
   DispatchClosed,
   DispatchLeaseLost,
-  DispatchStopping,
   concurrencyOf,
   dispatchDefaults,
   retryDelayMs,
@@ -440,8 +440,8 @@ export function kafkaTransport(options: KafkaDispatchOptions): KafkaDispatchTran
   if (!Number.isSafeInteger(partitions) || partitions < 1) throw new RangeError(`dispatch Kafka partitions must be a whole number >= 1, got ${partitions}`);
   const maxHeld = options.maxHeldPerPartition ?? kafkaDispatchDefaults.maxHeldPerPartition;
   if (!Number.isSafeInteger(maxHeld) || maxHeld < 1 || maxHeld > 100) throw new RangeError(`dispatch Kafka maxHeldPerPartition must be 1 to 100, got ${maxHeld}`);
-  const graceMs = options.stopGraceMs ?? dispatchDefaults.stopGraceMs;
   const reportError = (error: unknown, message?: DispatchMessage) => options.onError?.(error, message);
+  const lifecycle = new TransportLifecycle(options.stopGraceMs ?? dispatchDefaults.stopGraceMs);
 
   const kafka = new Kafka({
     clientId: options.clientId ?? kafkaDispatchDefaults.clientId,
@@ -454,8 +454,6 @@ export function kafkaTransport(options: KafkaDispatchOptions): KafkaDispatchTran
   const admin: Admin = kafka.admin();
   // idempotent: a send retried after a lost answer is written once; acks -1: durable on every in-sync replica
   const producer: Producer = kafka.producer({ idempotent: true, maxInFlightRequests: 1, allowAutoTopicCreation: false, createPartitioner: Partitioners.DefaultPartitioner });
-  let closed = false;
-  let closing: Promise<void> | null = null;
 
   let connected: Promise<void> | null = null;
   function ready(): Promise<void> {
@@ -501,10 +499,10 @@ export function kafkaTransport(options: KafkaDispatchOptions): KafkaDispatchTran
   async function publishOnce(kind: string, key: string, body: string): Promise<boolean> {
     const topic = topicFor(topicPrefix, kind);
     await ensureTopic(topic);
-    const id = `${kind}\u0000${key}`;
+    const id = kindKey(kind, key);
     const last = sent.get(id);
     if (last && (await stillWaiting(kind, topic, last))) return false;
-    if (closed) throw new DispatchClosed();
+    if (lifecycle.closed) throw new DispatchClosed();
     const [record] = await producer.send({ topic, acks: -1, messages: [{ key, value: body, headers: { [seqHeader]: String(++sequence) } }] });
     sent.delete(id);
     sent.set(id, { partition: record.partition, offset: BigInt(record.baseOffset ?? record.offset ?? '0') });
@@ -513,11 +511,8 @@ export function kafkaTransport(options: KafkaDispatchOptions): KafkaDispatchTran
     return true;
   }
 
-  const consumers = new Set<{ stop(): Promise<void> }>();
-
   function consume(kind: string, handler: DispatchHandler, consumeOptions?: ConsumeOptions): DispatchConsumer {
     const concurrency = concurrencyOf(consumeOptions);
-    if (closed) throw new DispatchClosed();
     const topic = topicFor(topicPrefix, kind);
     const groupId = groupFor(groupPrefix, kind);
     const states = new Map<number, PartitionState>();
@@ -797,71 +792,53 @@ export function kafkaTransport(options: KafkaDispatchOptions): KafkaDispatchTran
     }
     const started = run();
 
-    let stopped: Promise<void> | null = null;
-    const consumer = {
-      stop(): Promise<void> {
-        stopped ??= (async () => {
-          stopping = true;
-          clearTimeout(arrivalTimer);
-          clearTimeout(restartTimer);
-          try {
-            kafkaConsumer.pause([{ topic }]);
-          } catch {
-            // not running: nothing is fetched anyway
-          }
-          const grace = setTimeout(() => {
-            for (const held of running) held.controller.abort(new DispatchStopping(graceMs));
-          }, graceMs);
-          try {
-            while (running.size > 0) await Promise.all([...running].map((h) => h.settled));
-          } finally {
-            clearTimeout(grace);
-          }
-          for (const state of states.values()) {
-            for (const held of state.held.values()) clearTimeout(held.timer);
-            await state.committer.idle();
-          }
-          await started;
-          // leaving the group hands its partitions to the other members at once (not after the session timeout)
-          await kafkaConsumer.disconnect().catch((error: unknown) => reportError(error));
-          consumers.delete(consumer);
-        })();
-        return stopped;
+    return lifecycle.consumer({
+      halt() {
+        stopping = true;
+        clearTimeout(arrivalTimer);
+        clearTimeout(restartTimer);
+        try {
+          kafkaConsumer.pause([{ topic }]);
+        } catch {
+          // not running: nothing is fetched anyway
+        }
       },
-    };
-    consumers.add(consumer);
-    return consumer;
+      running,
+      async release() {
+        for (const state of states.values()) {
+          for (const held of state.held.values()) clearTimeout(held.timer);
+          await state.committer.idle();
+        }
+        await started;
+        // leaving the group hands its partitions to the other members at once (not after the session timeout)
+        await kafkaConsumer.disconnect().catch((error: unknown) => reportError(error));
+      },
+    });
   }
 
   return {
-    name: 'kafka',
-    ready,
+    ...lifecycle.transport('kafka', {
+      async publish(kind, key, payload) {
+        const body = JSON.stringify(payload);
+        const id = kindKey(kind, key);
+        // one publish of a kind and key at a time here, so two at once cannot both see nothing waiting
+        const previous = publishing.get(id) ?? Promise.resolve();
+        const attempt = previous.catch(() => {}).then(() => publishOnce(kind, key, body));
+        publishing.set(id, attempt);
+        try {
+          return await attempt;
+        } finally {
+          if (publishing.get(id) === attempt) publishing.delete(id);
+        }
+      },
 
-    async publish(kind, key, payload) {
-      if (closed) throw new DispatchClosed();
-      const body = JSON.stringify(payload);
-      const id = `${kind}\u0000${key}`;
-      // one publish of a kind and key at a time here, so two at once cannot both see nothing waiting
-      const previous = publishing.get(id) ?? Promise.resolve();
-      const attempt = previous.catch(() => {}).then(() => publishOnce(kind, key, body));
-      publishing.set(id, attempt);
-      try {
-        return await attempt;
-      } finally {
-        if (publishing.get(id) === attempt) publishing.delete(id);
-      }
-    },
+      consume,
 
-    consume,
-
-    close() {
-      closing ??= (async () => {
-        closed = true;
-        await Promise.all([...consumers].map((c) => c.stop()));
+      async release() {
         await Promise.all([...publishing.values()].map((p) => p.catch(() => {})));
         await Promise.all([producer.disconnect(), admin.disconnect()]).catch((error: unknown) => reportError(error));
-      })();
-      return closing;
-    },
+      },
+    }),
+    ready,
   };
 }

@@ -7,10 +7,9 @@
 import { createHash, randomUUID } from 'node:crypto';
 import pg from 'pg';
 import { internalTable, type SqlDatabase } from '../store/index.ts';
+import { TransportLifecycle } from './consumer-stop.ts';
 import {
-  DispatchClosed,
   DispatchLeaseLost,
-  DispatchStopping,
   concurrencyOf,
   dispatchDefaults,
   retryDelayMs,
@@ -121,9 +120,9 @@ export function postgresTransport(db: SqlDatabase, options: PostgresDispatchOpti
   const visibilityMs = options.visibilityTimeoutMs ?? postgresDispatchDefaults.visibilityTimeoutMs;
   const heartbeatMs = options.heartbeatMs ?? Math.max(1, Math.floor(visibilityMs / 3));
   const pollMs = options.pollIntervalMs ?? postgresDispatchDefaults.pollIntervalMs;
-  const graceMs = options.stopGraceMs ?? dispatchDefaults.stopGraceMs;
   if (!(heartbeatMs > 0 && heartbeatMs < visibilityMs)) throw new RangeError(`dispatch heartbeatMs (${heartbeatMs}) must be above 0 and below visibilityTimeoutMs (${visibilityMs})`);
   const reportError = (error: unknown, message?: DispatchMessage) => options.onError?.(error, message);
+  const lifecycle = new TransportLifecycle(options.stopGraceMs ?? dispatchDefaults.stopGraceMs);
 
   let bell = bells.get(db);
   if (!bell) bells.set(db, (bell = new Bell()));
@@ -131,8 +130,6 @@ export function postgresTransport(db: SqlDatabase, options: PostgresDispatchOpti
   /** Consumers of this transport: a NOTIFY it hears rings only these (the others' transports listen for themselves). */
   const ownBell = new Bell();
   let listener: { close(): Promise<void> } | null = null;
-  let closed = false;
-  let closing: Promise<void> | null = null;
 
   async function start(): Promise<void> {
     await db.transaction(async (tx) => {
@@ -150,8 +147,8 @@ export function postgresTransport(db: SqlDatabase, options: PostgresDispatchOpti
         UNIQUE (kind, key)
       )`);
     });
-    if (options.listenUrl && !closed) listener = await listenForPublishes(options.listenUrl, channel, (kind) => ownBell.ring(kind), reportError);
-    if (closed) await listener?.close();
+    if (options.listenUrl && !lifecycle.closed) listener = await listenForPublishes(options.listenUrl, channel, (kind) => ownBell.ring(kind), reportError);
+    if (lifecycle.closed) await listener?.close();
   }
   let started: Promise<void> | null = null;
   function ready(): Promise<void> {
@@ -161,8 +158,6 @@ export function postgresTransport(db: SqlDatabase, options: PostgresDispatchOpti
     });
     return started;
   }
-
-  const consumers = new Set<{ stop(): Promise<void> }>();
 
   const publishSql = `WITH published AS (
       INSERT INTO ${table} (kind, key, payload) VALUES ($1, $2, $3::jsonb) ON CONFLICT (kind, key) DO NOTHING RETURNING id)
@@ -196,7 +191,6 @@ export function postgresTransport(db: SqlDatabase, options: PostgresDispatchOpti
     SELECT pg_notify($4, kind) FROM released`;
 
   function consume(kind: string, handler: DispatchHandler, consumeOptions?: ConsumeOptions): DispatchConsumer {
-    if (closed) throw new DispatchClosed();
     const concurrency = concurrencyOf(consumeOptions);
     const running = new Set<Delivery>();
     const waker = new Waker();
@@ -294,57 +288,37 @@ export function postgresTransport(db: SqlDatabase, options: PostgresDispatchOpti
     }
 
     const looping = loop();
-    let stopped: Promise<void> | null = null;
-    const consumer = {
-      stop(): Promise<void> {
-        stopped ??= (async () => {
-          stopping = true;
-          waker.ring();
-          offLocal();
-          offOwn();
-          const grace = setTimeout(() => {
-            for (const delivery of running) delivery.controller.abort(new DispatchStopping(graceMs));
-          }, graceMs);
-          try {
-            await looping;
-            while (running.size > 0) await Promise.all([...running].map((d) => d.settled));
-          } finally {
-            clearTimeout(grace);
-            clearInterval(heartbeat);
-            consumers.delete(consumer);
-          }
-        })();
-        return stopped;
+    return lifecycle.consumer({
+      halt() {
+        stopping = true;
+        waker.ring();
+        offLocal();
+        offOwn();
       },
-    };
-    consumers.add(consumer);
-    return consumer;
+      halted: looping,
+      running,
+      release: () => clearInterval(heartbeat),
+    });
   }
 
   return {
-    name: 'postgres',
-    ready,
+    ...lifecycle.transport('postgres', {
+      async publish(kind, key, payload) {
+        await ready();
+        const { rows } = await db.query<{ id: string }>(publishSql, [kind, key, JSON.stringify(payload), channel]);
+        if (rows.length === 0) return false;
+        localBell.ring(kind);
+        return true;
+      },
 
-    async publish(kind, key, payload) {
-      if (closed) throw new DispatchClosed();
-      await ready();
-      const { rows } = await db.query<{ id: string }>(publishSql, [kind, key, JSON.stringify(payload), channel]);
-      if (rows.length === 0) return false;
-      localBell.ring(kind);
-      return true;
-    },
+      consume,
 
-    consume,
-
-    close() {
-      closing ??= (async () => {
-        closed = true;
-        await Promise.all([...consumers].map((c) => c.stop()));
+      async release() {
         await started?.catch(() => {});
         await listener?.close();
-      })();
-      return closing;
-    },
+      },
+    }),
+    ready,
   };
 }
 
