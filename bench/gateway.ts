@@ -28,9 +28,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir, cpus, totalmem, loadavg } from 'node:os';
 import { join } from 'node:path';
 import { Agent, request } from 'undici';
-import autocannon from 'autocannon';
-import { execFileSync } from 'node:child_process';
-import { benchAdminToken, cpuPerRequest, gatewayServeArgs, issueKeys, memoryOf, percentile, portkeyHeaders, portkeyVersion, root, scratchDatabase, spawnWithUrl, startPortkey, stop } from './support.ts';
+import { KeyPool, benchAdminToken, benchModel, buildGateway, cpuPerRequest, gatewayServeArgs, issueKeys, memoryOf, percentile, portkeyHeaders, portkeyVersion, postLoad, scratchDatabase, spawnWithUrl, startPortkey, stop } from './support.ts';
 
 // BENCH_PARTS=latency,slow,throughput,relay picks parts (all by default).
 const parts = new Set((process.env.BENCH_PARTS ?? 'latency,slow,throughput,relay').split(','));
@@ -62,44 +60,21 @@ async function main(): Promise<void> {
   // Portkey's open-source gateway in front of the same engines, for the figures the issue compares with.
   const portkey = await startPortkey();
   if (portkey) cleanups.push(() => stop(portkey.child));
-  const capabilities = {
-    max_model_len: 32768,
-    max_logprobs: 100,
-    prompt_logprobs_full_vocab: true,
-    full_vocab_max_prompt_tokens: 1024,
-    max_output_work_tokens: 32000,
-    max_inflight_per_key: 16,
-    max_queued_per_key: 64,
-    rate_limit_per_minute: 600,
-  };
-  const model = (id: string, checkpoint: string, url: string, isDefault: boolean) => ({
-    id,
-    default: isDefault,
-    checkpoint,
-    engine: url,
-    gpu_shape: 'none',
-    cost_per_second: 0,
-    tokenizer: { kind: 'byte' },
-    capabilities,
-  });
-  writeFileSync(join(dir, 'models.json'), JSON.stringify({ models: [model('instant', 'bench/instant', engine.url, true), model('slow20', 'bench/slow20', slowEngine.url, false)] }));
+  writeFileSync(join(dir, 'models.json'), JSON.stringify({ models: [benchModel('instant', 'bench/instant', engine.url, true), benchModel('slow20', 'bench/slow20', slowEngine.url, false)] }));
 
   // The gateways' stores: PostgreSQL when DATABASE_URL is set (production's shape), else embedded PGlite,
   // whose WebAssembly Postgres alone holds some 250-450 MB of the gateway's RSS.
   const storeKind = process.env.DATABASE_URL ? 'postgres' : 'pglite';
-  // Measure what `npm start` runs: the compiled gateway.
-  execFileSync(process.execPath, [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', join(root, 'tsconfig.build.json')], { stdio: 'inherit' });
+  buildGateway();
 
   interface Gw {
     /** Metering on, off, or on in a process that does not keep the analyst tables (what the projections cost). */
     name: 'on' | 'off' | 'noproj';
     url: string;
     pid: number;
-    keys: string[];
+    pool: KeyPool;
     /** Keys no request has used, one per first-request sample of the slow part. */
     fresh: string[];
-    next: number;
-    sent: number;
   }
   async function startGateway(name: Gw['name']): Promise<Gw> {
     const env: NodeJS.ProcessEnv = {
@@ -120,16 +95,11 @@ async function main(): Promise<void> {
     const gw = await spawnWithUrl(gatewayServeArgs(process.env.BENCH_PROF === name ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_PROF_DIR ?? dir}`] : []), env, /listening on (http:\/\/\S+)/);
     cleanups.push(() => stop(gw.child));
     const keys = await issueKeys(gw.url, keyCount + freshKeyCount, `gw-${name}`);
-    return { name, url: gw.url, pid: gw.child.pid!, keys: keys.slice(0, keyCount), fresh: keys.slice(keyCount), next: 0, sent: 0 };
+    return { name, url: gw.url, pid: gw.child.pid!, pool: new KeyPool(keys.slice(0, keyCount)), fresh: keys.slice(keyCount) };
   }
   const on = await startGateway('on');
   const off = await startGateway('off');
   const noproj = parts.has('throughput') ? await startGateway('noproj') : null;
-  /** The next key of the gateway's pool, round-robin over every request it is sent. */
-  const keyOf = (gw: Gw) => {
-    gw.sent++;
-    return `Bearer ${gw.keys[gw.next++ % gw.keys.length]}`;
-  };
 
   const body = JSON.stringify({ prompt: 'The quick brown fox', max_tokens: 16, temperature: 0 });
   const streamBody = JSON.stringify({ prompt: 'The quick brown fox', max_tokens: 16, temperature: 0, stream: true });
@@ -146,7 +116,7 @@ async function main(): Promise<void> {
   type Target = { url: string; payload: string; gw: Gw | null; key?: string; headers?: Record<string, string> };
   /** Portkey in front of `engineUrl`, when it runs. */
   const viaPortkey = (engineUrl: string, payload: string): Target | null => (portkey ? { url: `${portkey.url}/v1/completions`, payload, gw: null, headers: portkeyHeaders(engineUrl) } : null);
-  const auth = (t: Target) => (t.key ? `Bearer ${t.key}` : t.gw ? keyOf(t.gw) : 'Bearer direct');
+  const auth = (t: Target) => (t.key ? `Bearer ${t.key}` : t.gw ? t.gw.pool.next() : 'Bearer direct');
 
   async function timeOne(t: Target, firstByte: boolean): Promise<number> {
     const started = performance.now();
@@ -218,7 +188,7 @@ async function main(): Promise<void> {
     const res = await request(`${gw.url}/v1/completions`, {
       method: 'POST',
       body: JSON.stringify({ prompt: 'x'.repeat(1000), max_tokens: 1, prompt_logprobs: -1 }),
-      headers: { 'content-type': 'application/json', authorization: keyOf(gw), ...(gzip ? { 'accept-encoding': 'gzip' } : {}) },
+      headers: { 'content-type': 'application/json', authorization: gw.pool.next(), ...(gzip ? { 'accept-encoding': 'gzip' } : {}) },
     });
     if (res.statusCode !== 200) throw new Error(`relay: ${res.statusCode} ${await res.body.text()}`);
     let bytes = 0;
@@ -239,7 +209,7 @@ async function main(): Promise<void> {
   for (const gw of [on, off, ...(noproj ? [noproj] : [])]) {
     await Promise.all(
       Array.from({ length: 16 }, async () => {
-        while (gw.next < gw.keys.length) await timeOne({ url: `${gw.url}/v1/completions`, payload: body, gw }, false);
+        while (gw.pool.sent < gw.pool.keys.length) await timeOne({ url: `${gw.url}/v1/completions`, payload: body, gw }, false);
       }),
     );
   }
@@ -300,22 +270,8 @@ async function main(): Promise<void> {
   async function throughput(t: Target): Promise<number> {
     const viaPk = portkey !== null && t.url.startsWith(portkey.url);
     const meter = cpuPerRequest({ gateway: t.gw?.pid ?? (viaPk ? portkey.child.pid! : engine.child.pid!), engine: engine.child.pid!, client: process.pid });
-    const result = await autocannon({
-      url: t.url,
-      connections: 64,
-      duration: throughputSeconds,
-      pipelining: 1,
-      requests: [
-        {
-          method: 'POST',
-          body: t.payload,
-          headers: { 'content-type': 'application/json' },
-          // Every request takes the next key of the pool (the engine gets a dummy header: same client work).
-          setupRequest: (req: Record<string, unknown>) => ({ ...req, headers: { 'content-type': 'application/json', authorization: auth(t), ...t.headers } }),
-        },
-      ],
-    } as Parameters<typeof autocannon>[0]);
-    if (result.non2xx > 0 || result.errors > 0) throw new Error(`${t.url}: ${result.non2xx} non-2xx, ${result.errors} errors`);
+    // Every request takes the next key of the pool (the engine gets a dummy header: same client work).
+    const result = await postLoad({ url: t.url, body: t.payload, connections: 64, seconds: throughputSeconds, authorization: () => auth(t), headers: t.headers });
     if (t.gw) cpu[t.gw.name].push(meter.stop(result.requests.total));
     else if (viaPk) cpu.portkey.push(meter.stop(result.requests.total));
     return result.requests.average;
@@ -361,7 +317,7 @@ async function main(): Promise<void> {
     `  gateway CPU per request, metered / unmetered: ${(cpuOf('on', 'gateway') / cpuOf('off', 'gateway')).toFixed(2)} (target <= 2); the projections' share of a metered request (on - on without projections): gateway ${Math.round(cpuOf('on', 'gateway') - cpuOf('noproj', 'gateway'))} µs, PostgreSQL ${Math.round(cpuOf('on', 'postgres') - cpuOf('noproj', 'postgres'))} µs of ${Math.round(cpuOf('on', 'postgres'))}`,
     relayLine(on),
     relayLine(off),
-    `keys: ${keyCount} per gateway, round-robin over every request: metering on received ${on.sent} requests (at most ${Math.ceil(on.sent / keyCount)} starts on any key in the whole run; limit 600 per minute), metering off ${off.sent}`,
+    `keys: ${keyCount} per gateway, round-robin over every request: metering on received ${on.pool.sent} requests (at most ${on.pool.most} starts on any key in the whole run; limit 600 per minute), metering off ${off.pool.sent}`,
   ];
   process.stdout.write(`${lines.join('\n')}\n`);
 }

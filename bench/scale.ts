@@ -23,11 +23,10 @@
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
-import { execFileSync, type ChildProcess } from 'node:child_process';
-import autocannon from 'autocannon';
+import { type ChildProcess } from 'node:child_process';
 import pg from 'pg';
 import { Agent, request } from 'undici';
-import { benchAdminToken, cpuSecondsOf, gatewayServeArgs, issueKeys, root, scratchDatabase, spawnWithUrl, stop } from './support.ts';
+import { KeyPool, benchAdminToken, benchModel, buildGateway, cpuSince, gatewayServeArgs, issueKeys, postLoad, scratchDatabase, spawnWithUrl, stop } from './support.ts';
 
 const databaseUrl = process.env.DATABASE_URL;
 if (!databaseUrl) {
@@ -89,22 +88,8 @@ interface PhaseResult {
 async function main(): Promise<void> {
   const engine = await spawnWithUrl(['--import', 'tsx', 'bench/instant-engine.ts', 'bench/instant'], process.env);
   cleanups.push(() => stop(engine.child));
-  const capabilities = {
-    max_model_len: 32768,
-    max_logprobs: 100,
-    prompt_logprobs_full_vocab: true,
-    full_vocab_max_prompt_tokens: 1024,
-    max_output_work_tokens: 32000,
-    max_inflight_per_key: 16,
-    max_queued_per_key: 64,
-    rate_limit_per_minute: 600,
-  };
-  writeFileSync(
-    join(dir, 'models.json'),
-    JSON.stringify({ models: [{ id: 'instant', default: true, checkpoint: 'bench/instant', engine: engine.url, gpu_shape: 'none', cost_per_second: 0, tokenizer: { kind: 'byte' }, capabilities }] }),
-  );
-  // Measure what `npm start` runs: the compiled gateway.
-  execFileSync(process.execPath, [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', join(root, 'tsconfig.build.json')], { stdio: 'inherit' });
+  writeFileSync(join(dir, 'models.json'), JSON.stringify({ models: [benchModel('instant', 'bench/instant', engine.url, true)] }));
+  buildGateway();
 
   const db = await scratchDatabase(databaseUrl!, 'scale');
   cleanups.push(db.drop);
@@ -135,34 +120,23 @@ async function main(): Promise<void> {
   const running: Gateway[] = [];
   const dispatcher = new Agent({ connections: 16, keepAliveTimeout: 60_000 });
   cleanups.push(() => dispatcher.close());
-  let keys: string[] = [];
-  let nextKey = 0;
-  const nextInShare: number[] = [];
-  const sentPerKey = new Map<string, number>();
-  /** The next key for the process at `slot` of `of` running: any key in turn, or (affinity) the next of its share (keys ≡ slot mod of). */
-  const nextAuth = (slot: number, of: number) => {
-    const usable = keys.length - (keys.length % of);
-    const i = affinity ? ((nextInShare[slot] = (nextInShare[slot] ?? 0) + 1) * of + slot) % usable : nextKey++ % keys.length;
-    const key = keys[i];
-    sentPerKey.set(key, (sentPerKey.get(key) ?? 0) + 1);
-    return `Bearer ${key}`;
-  };
+  let pool: KeyPool | null = null;
+  /** The next key for the process at `slot` of `of` running: any key in turn, or (affinity) the next of its share. */
+  const nextAuth = (slot: number, of: number) => (affinity ? pool!.nextInShare(slot, of) : pool!.next());
   const body = JSON.stringify({ prompt: 'The quick brown fox', max_tokens: 16, temperature: 0 });
 
   async function startGateway(index: number): Promise<Gateway> {
     const gw = await spawnWithUrl([...gatewayServeArgs(), '--no-workers'], { ...env, DATA_DIR: join(dir, `data-${index}`) }, /listening on (http:\/\/\S+)/);
     const gateway = { index, url: gw.url, child: gw.child };
     cleanups.push(() => stop(gw.child));
-    if (keys.length === 0) keys = await issueKeys(gw.url, keyCount, 'scale');
+    const keyPool = (pool ??= new KeyPool(await issueKeys(gw.url, keyCount, 'scale')));
     // Every key once through this process: its slot lease on each key (and, on the first process, each
     // key's meter day) is taken here, not in the timed load.
     let i = 0;
     await Promise.all(
       Array.from({ length: 16 }, async () => {
-        while (i < keys.length) {
-          const key = keys[i++];
-          sentPerKey.set(key, (sentPerKey.get(key) ?? 0) + 1);
-          const res = await request(`${gw.url}/v1/completions`, { method: 'POST', body, headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` }, dispatcher });
+        while (i < keyPool.keys.length) {
+          const res = await request(`${gw.url}/v1/completions`, { method: 'POST', body, headers: { 'content-type': 'application/json', authorization: keyPool.give(i++) }, dispatcher });
           const text = await res.body.text();
           if (res.statusCode !== 200) throw new Error(`warm-up on gateway ${index}: ${res.statusCode} ${text}`);
         }
@@ -176,23 +150,7 @@ async function main(): Promise<void> {
     const share = Math.max(1, Math.round(connections / running.length));
     return Promise.all(
       running.map((gw, slot) =>
-        autocannon({
-          url: `${gw.url}/v1/completions`,
-          connections: share,
-          duration,
-          pipelining: 1,
-          requests: [
-            {
-              method: 'POST',
-              body,
-              headers: { 'content-type': 'application/json' },
-              setupRequest: (req: Record<string, unknown>) => ({ ...req, headers: { 'content-type': 'application/json', authorization: nextAuth(slot, running.length) } }),
-            },
-          ],
-        }).then((result) => {
-          if (result.non2xx > 0 || result.errors > 0) throw new Error(`gateway ${gw.index}: ${result.non2xx} non-2xx, ${result.errors} errors`);
-          return result;
-        }),
+        postLoad({ url: `${gw.url}/v1/completions`, body, connections: share, seconds: duration, authorization: () => nextAuth(slot, running.length), label: `gateway ${gw.index}` }),
       ),
     );
   }
@@ -202,25 +160,17 @@ async function main(): Promise<void> {
     while (running.length > processes) await stop(running.pop()!.child);
     await load(warmupSeconds);
     const pids = await postgresPids();
-    const gatewayBefore = running.map((gw) => cpuSecondsOf(gw.child.pid!));
-    const pgBefore = new Map([...pids.mine, ...pids.background].map((pid) => [pid, cpuSecondsOf(pid)]));
-    const engineBefore = cpuSecondsOf(engine.child.pid!);
-    const clientBefore = process.cpuUsage();
+    const cpu = cpuSince([...running.map((gw) => gw.child.pid!), ...pids.mine, ...pids.background, engine.child.pid!, process.pid]);
     const machineBefore = machineTicks();
     const started = performance.now();
     const results = await load(seconds);
     const elapsed = (performance.now() - started) / 1000;
     const machineAfter = machineTicks();
-    const clientUsed = process.cpuUsage(clientBefore);
     // Backends opened during the phase count from zero; one that ended during it is lost (the pools keep theirs).
     const after = await postgresPids();
-    const used = (pids: number[]) => pids.reduce((sum, pid) => sum + Math.max(0, cpuSecondsOf(pid) - (pgBefore.get(pid) ?? 0)), 0);
     const requests = results.reduce((sum, r) => sum + r.requests.total, 0);
     const perRequest = (cpuSeconds: number, n = requests) => (n > 0 ? (cpuSeconds * 1e6) / n : NaN);
-    const gateways = running.map((gw, i) => {
-      const cpu = cpuSecondsOf(gw.child.pid!) - gatewayBefore[i];
-      return { index: gw.index, requests: results[i].requests.total, cpu };
-    });
+    const gateways = running.map((gw, i) => ({ index: gw.index, requests: results[i].requests.total, cpu: cpu.used(gw.child.pid!) }));
     const weighted = (k: 'p50' | 'p99') => results.reduce((sum, r) => sum + r.latency[k] * r.requests.total, 0) / requests;
     return {
       processes,
@@ -229,10 +179,10 @@ async function main(): Promise<void> {
       rps: requests / elapsed,
       gateways: gateways.map((g) => ({ index: g.index, requests: g.requests, cpuUs: perRequest(g.cpu, g.requests) })),
       gatewayUs: perRequest(gateways.reduce((sum, g) => sum + g.cpu, 0)),
-      postgresUs: perRequest(used([...new Set([...pids.mine, ...after.mine])])),
-      postgresBackgroundUs: perRequest(used(pids.background)),
-      engineUs: perRequest(cpuSecondsOf(engine.child.pid!) - engineBefore),
-      clientUs: perRequest((clientUsed.user + clientUsed.system) / 1e6),
+      postgresUs: perRequest(cpu.used(...new Set([...pids.mine, ...after.mine]))),
+      postgresBackgroundUs: perRequest(cpu.used(...pids.background)),
+      engineUs: perRequest(cpu.used(engine.child.pid!)),
+      clientUs: perRequest(cpu.used(process.pid)),
       machineBusy: (machineAfter.busy - machineBefore.busy) / Math.max(1, machineAfter.total - machineBefore.total),
       machineSteal: (machineAfter.steal - machineBefore.steal) / Math.max(1, machineAfter.total - machineBefore.total),
       // Request-weighted over the processes' generators: a rough figure, autocannon reports no histogram to merge.
@@ -293,7 +243,7 @@ async function main(): Promise<void> {
   });
   lines.push(
     `projection, R(G) = G × 1e6 / g(G), PostgreSQL cores = R × p(G) / 1e6 (g, p: the gateways' and PostgreSQL's CPU µs per request with G processes; measured where run, else the line g = ${f0(gFit.at(1))} + ${f0(gFit.slope)}·(G−1), p = ${f0(pFit.at(1))} + ${f0(pFit.slope)}·(G−1)): ${projected.join('; ')}${gFit.slope > 0 ? `; as G grows R tends to 1e6 / ${f0(gFit.slope)} = ${f0(1e6 / gFit.slope)} requests/s` : ''}`,
-    `keys: ${keyCount}, round-robin over every request: at most ${Math.max(...sentPerKey.values())} requests on any key in the whole run (limit 600 starts per minute)`,
+    `keys: ${keyCount}, round-robin over every request: at most ${pool!.most} requests on any key in the whole run (limit 600 starts per minute)`,
   );
   process.stdout.write(`${lines.join('\n')}\n`);
 }

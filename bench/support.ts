@@ -6,6 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { randomBytes } from 'node:crypto';
+import autocannon from 'autocannon';
 import pg from 'pg';
 import { openEventStore, type EventStore } from '../src/store/index.ts';
 
@@ -95,22 +96,140 @@ export function postgresPids(): number[] {
 }
 
 /**
+ * CPU seconds the processes use from now on: `used(...pids)` sums theirs since this call (a process not
+ * seen then counts from zero, one that ended meanwhile counts nothing).
+ */
+export function cpuSince(pids: Iterable<number>): { used(...pids: number[]): number } {
+  const before = new Map([...pids].map((pid) => [pid, cpuSecondsOf(pid)]));
+  return {
+    used: (...pids) => pids.reduce((sum, pid) => sum + Math.max(0, cpuSecondsOf(pid) - (before.get(pid) ?? 0)), 0),
+  };
+}
+
+/**
  * CPU used per request between `start()` and `stop(requests)`, in µs, by each named process and by
  * the local PostgreSQL server (its processes summed; one that ended meanwhile counts nothing).
  */
 export function cpuPerRequest(processes: Record<string, number>): { stop(requests: number): Record<string, number> } {
   const pg = postgresPids();
-  const before = new Map([...Object.values(processes), ...pg].map((pid) => [pid, cpuSecondsOf(pid)]));
+  const cpu = cpuSince([...Object.values(processes), ...pg]);
   return {
     stop(requests) {
-      const used = (pid: number) => Math.max(0, cpuSecondsOf(pid) - (before.get(pid) ?? 0));
       const perRequest = (seconds: number) => (requests > 0 ? (seconds * 1e6) / requests : NaN);
       const result: Record<string, number> = {};
-      for (const [name, pid] of Object.entries(processes)) result[name] = perRequest(used(pid));
-      result.postgres = perRequest(pg.reduce((sum, pid) => sum + used(pid), 0));
+      for (const [name, pid] of Object.entries(processes)) result[name] = perRequest(cpu.used(pid));
+      result.postgres = perRequest(cpu.used(...pg));
       return result;
     },
   };
+}
+
+/**
+ * API keys for load, used round-robin by every request sent with them: metering lets a key start 600
+ * requests per rolling minute, so a pool counts each key's requests, for the bench to print the most.
+ */
+export class KeyPool {
+  readonly keys: readonly string[];
+  readonly #sent: Uint32Array;
+  #next = 0;
+  readonly #nextInShare: number[] = [];
+
+  constructor(keys: readonly string[]) {
+    if (keys.length === 0) throw new RangeError('a key pool needs keys');
+    this.keys = keys;
+    this.#sent = new Uint32Array(keys.length);
+  }
+
+  /** Requests given a key of the pool. */
+  get sent(): number {
+    return this.#sent.reduce((a, b) => a + b, 0);
+  }
+
+  /** The most requests any one key was given. */
+  get most(): number {
+    return Math.max(...this.#sent);
+  }
+
+  /** The Authorization header of the next key, round-robin over the pool. */
+  next(): string {
+    return this.give(this.#next++ % this.keys.length);
+  }
+
+  /**
+   * The next key of share `slot` of `of` (the keys ≡ slot mod `of`): a process's own keys, as a
+   * balancer hashing the Authorization header gives each process its share.
+   */
+  nextInShare(slot: number, of: number): string {
+    const usable = this.keys.length - (this.keys.length % of);
+    return this.give(((this.#nextInShare[slot] = (this.#nextInShare[slot] ?? 0) + 1) * of + slot) % usable);
+  }
+
+  /** The Authorization header of key `i`, counted (also a request outside the pool's turn, such as a warm-up). */
+  give(i: number): string {
+    this.#sent[i] += 1;
+    return `Bearer ${this.keys[i]}`;
+  }
+}
+
+/** Builds the compiled gateway: the benches measure what `npm start` runs. */
+export function buildGateway(): void {
+  execFileSync(process.execPath, [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', join(root, 'tsconfig.build.json')], { stdio: 'inherit' });
+}
+
+/** A model of the benches' configuration (SVC_CONFIG) on an engine stub at `engineUrl`, with the production limits per key. */
+export function benchModel(id: string, checkpoint: string, engineUrl: string, isDefault: boolean): Record<string, unknown> {
+  return {
+    id,
+    default: isDefault,
+    checkpoint,
+    engine: engineUrl,
+    gpu_shape: 'none',
+    cost_per_second: 0,
+    tokenizer: { kind: 'byte' },
+    capabilities: {
+      max_model_len: 32768,
+      max_logprobs: 100,
+      prompt_logprobs_full_vocab: true,
+      full_vocab_max_prompt_tokens: 1024,
+      max_output_work_tokens: 32000,
+      max_inflight_per_key: 16,
+      max_queued_per_key: 64,
+      rate_limit_per_minute: 600,
+    },
+  };
+}
+
+/**
+ * `connections` clients (autocannon, in this process) posting `body` to `url` for `seconds`, each
+ * request with the next `authorization()` header; throws on any error or answer other than 2xx.
+ */
+export async function postLoad(options: {
+  url: string;
+  body: string;
+  connections: number;
+  seconds: number;
+  authorization: () => string;
+  headers?: Record<string, string>;
+  /** What failed, in the error (default the URL). */
+  label?: string;
+}): Promise<Awaited<ReturnType<typeof autocannon>>> {
+  const { url, body, headers, authorization } = options;
+  const result = await autocannon({
+    url,
+    connections: options.connections,
+    duration: options.seconds,
+    pipelining: 1,
+    requests: [
+      {
+        method: 'POST',
+        body,
+        headers: { 'content-type': 'application/json' },
+        setupRequest: (req: Record<string, unknown>) => ({ ...req, headers: { 'content-type': 'application/json', authorization: authorization(), ...headers } }),
+      },
+    ],
+  });
+  if (result.non2xx > 0 || result.errors > 0) throw new Error(`${options.label ?? url}: ${result.non2xx} non-2xx, ${result.errors} errors`);
+  return result;
 }
 
 export function percentile(sorted: number[], p: number): number {
