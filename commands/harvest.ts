@@ -30,6 +30,7 @@ import {
   type HarvestEvent,
   type HarvestShardWrittenData,
   type HarvestSubmittedData,
+  type WrittenShard,
 } from '../events/harvest.ts';
 
 export type HarvestStatus = 'none' | 'pending' | 'running' | 'succeeded' | 'failed' | 'cancelled';
@@ -66,16 +67,6 @@ export interface HarvestState {
 }
 
 type Now = { now: string };
-/** A shard as its worker wrote it (fsynced under its name): what RecordShard records. */
-export interface WrittenShard {
-  shard: number;
-  file: string;
-  firstPrompt: number;
-  promptCount: number;
-  tokenCount: number;
-  bytes: number;
-  sha256: string;
-}
 
 export type HarvestCommand =
   | { type: 'Submit'; job: HarvestSubmittedData }

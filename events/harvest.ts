@@ -170,6 +170,20 @@ export type HarvestEvent =
 export type HarvestSubmittedData = EventOf<typeof HarvestSubmitted>['data'];
 export type HarvestShardWrittenData = EventOf<typeof HarvestShardWritten>['data'];
 
+/**
+ * A shard as its worker wrote it (fsynced under its name), camelCase: what RecordShard records, and
+ * what the harvest_shards projection keeps of it.
+ */
+export interface WrittenShard {
+  shard: number;
+  file: string;
+  firstPrompt: number;
+  promptCount: number;
+  tokenCount: number;
+  bytes: number;
+  sha256: string;
+}
+
 /** The events that end a job, one per job. */
 export type HarvestEnded = Extract<HarvestEvent, { type: 'HarvestSucceeded' | 'HarvestFailed' | 'HarvestCancelled' | 'HarvestStartFailed' }>;
 

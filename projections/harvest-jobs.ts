@@ -10,7 +10,7 @@
  * replaying a stream's events in order, in any cut into batches, ends on the same rows.
  */
 import { defineProjection, toStorableText, type Queryable } from '../src/event-sourcing/index.ts';
-import { harvestEvents, type HarvestEvent } from '../events/harvest.ts';
+import { harvestEvents, type HarvestEvent, type WrittenShard } from '../events/harvest.ts';
 import { describeTable } from './table-comments.ts';
 
 const unfinished = `status IN ('pending', 'running')`;
@@ -255,15 +255,8 @@ export interface ResumableHarvestRow {
 }
 
 /** A recorded shard's row, with camelCase fields. */
-export interface HarvestShardRow {
+export interface HarvestShardRow extends WrittenShard {
   jobId: string;
-  shard: number;
-  file: string;
-  firstPrompt: number;
-  promptCount: number;
-  tokenCount: number;
-  bytes: number;
-  sha256: string;
   writtenAt: Date;
 }
 

@@ -10,8 +10,8 @@ import type { CaptureBuffers, CapturedPrompt } from './capture-decode.ts';
 export type { CapturedPrompt } from './capture-decode.ts';
 
 /** One shard as written and fsynced under its final name: what the worker records (RecordShard's fields). */
-export type { WrittenShard } from '../../commands/harvest.ts';
-import type { WrittenShard } from '../../commands/harvest.ts';
+export type { WrittenShard } from '../../events/harvest.ts';
+import type { WrittenShard } from '../../events/harvest.ts';
 
 /** What to write: the job's facts and where this run starts. */
 export interface ShardPlan {
