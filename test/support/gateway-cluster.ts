@@ -59,6 +59,47 @@ export function waitForLine(child: ChildProcess, stream: 'stdout' | 'stderr', pa
   });
 }
 
+/** The shared reference engine of the multi-process tests: `svc engine --chaos`, so a test can slow it down or make it fail. */
+export interface ChaosEngine {
+  readonly child: ChildProcess;
+  readonly url: string;
+  /** A models file (SVC_CONFIG) for the processes: infra/config/default.json with one model, ref-byte, on this engine. */
+  readonly config: string;
+  /** Sets the engine's failure mode (`{ mode: 'delay', count, delay_ms }`, `{ mode: 'none' }`, ...). */
+  chaos(body: Record<string, unknown>): Promise<void>;
+}
+
+/**
+ * Starts the reference engine (ref-byte) and writes its models file into `dir`; `model` changes the
+ * model's entry (its capabilities' limits, say). The caller stops the child; it is killed here if it
+ * never listens.
+ */
+export async function startChaosEngine(dir: string, model: (model: Record<string, any>) => Record<string, any> = (m) => m): Promise<ChaosEngine> {
+  const child = spawn(process.execPath, [svc, 'engine', '--model', 'ref-byte', '--chaos'], { env: { ...process.env, DATABASE_URL: '' }, stdio: ['ignore', 'pipe', 'pipe'] });
+  child.stderr!.resume();
+  let url: string;
+  try {
+    const [, line] = await waitForLine(child, 'stdout', /^(\{.*"listening".*\})$/);
+    url = JSON.parse(line).url as string;
+  } catch (error) {
+    child.kill('SIGKILL');
+    throw error;
+  }
+  const defaults = JSON.parse(readFileSync(fileURLToPath(new URL('../../infra/config/default.json', import.meta.url)), 'utf8'));
+  const refByte = defaults.models.find((m: { id: string }) => m.id === 'ref-byte');
+  const config = join(dir, 'models.json');
+  writeFileSync(config, JSON.stringify({ ...defaults, models: [{ ...model(refByte), engine: url }] }));
+  return {
+    child,
+    url,
+    config,
+    async chaos(body) {
+      const res = await fetch(`${url}/_chaos`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+      assert.is(res.status, 200);
+    },
+  };
+}
+
 /** A cluster of `gateways` gateways with reservation TTL `ttlMs` (more can be started later). */
 export async function startGatewayCluster(databaseUrl: string, options: { name: string; gateways: number; ttlMs: number }): Promise<GatewayCluster> {
   const adminToken = `svc_admin_${randomBytes(12).toString('hex')}`;
@@ -90,16 +131,9 @@ export async function startGatewayCluster(databaseUrl: string, options: { name: 
   };
 
   try {
-    const engine = spawn(process.execPath, [svc, 'engine', '--model', 'ref-byte', '--chaos'], { env: { ...process.env, DATABASE_URL: '' }, stdio: ['ignore', 'pipe', 'pipe'] });
-    children.add(engine);
-    engine.stderr!.resume();
-    const [, line] = await waitForLine(engine, 'stdout', /^(\{.*"listening".*\})$/);
-    const engineUrl = JSON.parse(line).url as string;
-
-    const defaults = JSON.parse(readFileSync(fileURLToPath(new URL('../../infra/config/default.json', import.meta.url)), 'utf8'));
-    const model = defaults.models.find((m: { id: string }) => m.id === 'ref-byte');
-    const config = join(dir, 'models.json');
-    writeFileSync(config, JSON.stringify({ ...defaults, models: [{ ...model, engine: engineUrl }] }));
+    const engine = await startChaosEngine(dir);
+    children.add(engine.child);
+    const config = engine.config;
 
     const startGateway = async (ttlMs: number): Promise<Gateway> => {
       const dataDir = mkdtempSync(join(dir, 'gw-'));
@@ -123,14 +157,11 @@ export async function startGatewayCluster(databaseUrl: string, options: { name: 
     const opened = store;
     return {
       adminToken,
-      engine,
-      engineUrl,
+      engine: engine.child,
+      engineUrl: engine.url,
       store: opened,
       startGateway,
-      async chaos(body) {
-        const res = await fetch(`${engineUrl}/_chaos`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
-        assert.is(res.status, 200);
-      },
+      chaos: engine.chaos,
       async meterEventsOf(key) {
         const read = await opened.readStream(meterStream(key.split('_')[1], utcDay(new Date())));
         return read.events.map((e) => meterEvents.parse(e));

@@ -4,14 +4,13 @@
  * store (one data directory, one process at a time) or on a fresh PostgreSQL database. They share one
  * harvest directory (SVC_HARVEST_DIR), as a deployment's processes share one volume.
  */
-import * as assert from 'uvu/assert';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { waitForLine } from './gateway-cluster.ts';
+import { startChaosEngine, waitForLine } from './gateway-cluster.ts';
 import { scratchDatabase } from './postgres.ts';
 import { openEventStore, type EventStore } from '../../src/store/index.ts';
 
@@ -52,15 +51,9 @@ export async function startHarvestStack(options: {
   mkdirSync(dataDir);
   const stores: EventStore[] = [];
 
-  const engine = spawn(process.execPath, [svc, 'engine', '--model', 'ref-byte', '--chaos'], { env: { ...process.env, DATABASE_URL: '' }, stdio: ['ignore', 'pipe', 'pipe'] });
-  children.add(engine);
-  engine.stderr!.resume();
-  const [, line] = await waitForLine(engine, 'stdout', /^(\{.*"listening".*\})$/);
-  const engineUrl = JSON.parse(line).url as string;
-  const defaults = JSON.parse(readFileSync(fileURLToPath(new URL('../../infra/config/default.json', import.meta.url)), 'utf8'));
-  const model = defaults.models.find((m: { id: string }) => m.id === 'ref-byte');
-  const config = join(dir, 'models.json');
-  writeFileSync(config, JSON.stringify({ ...defaults, models: [{ ...(options.model ? options.model(model) : model), engine: engineUrl }] }));
+  const engine = await startChaosEngine(dir, options.model);
+  children.add(engine.child);
+  const { url: engineUrl, config } = engine;
 
   const spawnSvc = (args: string[], env: Record<string, string>) => {
     const child = spawn(process.execPath, [svc, ...args], {
@@ -100,10 +93,7 @@ export async function startHarvestStack(options: {
       await waitForLine(child, 'stderr', /svc worker working on harvest jobs/);
       return child;
     },
-    async chaos(body) {
-      const res = await fetch(`${engineUrl}/_chaos`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
-      assert.is(res.status, 200);
-    },
+    chaos: engine.chaos,
     async openStore() {
       const store = await openEventStore(database ? { databaseUrl: database.url } : { dataDir });
       stores.push(store);
