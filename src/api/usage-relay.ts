@@ -175,14 +175,18 @@ export class BodyEnds {
   }
 
   usage(): EngineUsage | null {
-    return usageFrom(this.#tail) ?? usageFrom(Buffer.concat(this.#head));
+    return usageFrom(this.#tail.subarray(Math.max(0, this.#tail.length - tailBytes))) ?? usageFrom(Buffer.concat(this.#head));
   }
 }
 
+/**
+ * The body's last bytes once `chunk` is added: at least `tailBytes` of them (or the whole body so far). A chunk
+ * that long is the tail, by reference (it is held or relayed anyway; copying its end was an allocation per
+ * chunk, 173 per 11 MB capture); a shorter one is joined to the previous tail's end, a copy of at most `tailBytes`.
+ */
 function keepTail(tail: Buffer, chunk: Buffer): Buffer {
-  if (chunk.length >= tailBytes) return Buffer.from(chunk.subarray(chunk.length - tailBytes));
-  const joined = Buffer.concat([tail, chunk]);
-  return joined.length > tailBytes ? joined.subarray(joined.length - tailBytes) : joined;
+  if (chunk.length >= tailBytes) return chunk;
+  return Buffer.concat([tail.subarray(Math.max(0, tail.length - (tailBytes - chunk.length))), chunk]);
 }
 
 const usageKey = Buffer.from('"usage"');

@@ -3,6 +3,7 @@ import * as assert from 'uvu/assert';
 import { startTestGateway, type TestGateway } from '../support/gateway.ts';
 import { until } from '../support/until.ts';
 import { captureRequest, engineCaptureBody, postHashed, startCaptureStub, stubModel, STUB_CHECKPOINT, type CaptureStub } from '../support/capture.ts';
+import { BodyEnds } from '../../src/api/usage-relay.ts';
 
 // An 11 MB capture (16 layers x 129 positions x 2048, bf16) from a stub engine process that answers at
 // once, relayed by a real gateway; the 610 MB one is in capture-large.test.ts.
@@ -151,3 +152,42 @@ capture('clients that leave while the capture is read: each settled, the gateway
 });
 
 capture.run();
+
+// The relay reads a capture's usage from the body's ends as its chunks pass (BodyEnds): the last 4 KiB,
+// kept by reference when a chunk is that long, or the first 64 KiB (a capture's usage, ahead of its data).
+const ends = suite('capture relay: the usage at either end of a body, however it is chunked');
+
+const usageText = '"usage":{"prompt_tokens":7,"total_tokens":9,"completion_tokens":2}';
+const usage = { prompt_tokens: 7, completion_tokens: 2 };
+
+function usageOf(body: Buffer, sizes: number[]): ReturnType<BodyEnds['usage']> {
+  const seen = new BodyEnds();
+  for (let at = 0, i = 0; at < body.length; i++) {
+    const size = sizes[i % sizes.length];
+    seen.add(body.subarray(at, at + size));
+    at += size;
+  }
+  return seen.usage();
+}
+
+const chunkings = [[1], [7, 4095], [4096], [4097, 3], [65_536], [65_536, 10, 10, 10], [10, 65_536]];
+
+ends('usage at the end (a completion), read from the last bytes whatever the chunks', () => {
+  const body = Buffer.from(`{"choices":[{"text":"${'x'.repeat(100_000)}"}],${usageText}}`);
+  for (const sizes of chunkings) assert.equal(usageOf(body, sizes), usage, String(sizes));
+});
+
+ends('usage at the start and a long body after it (a capture), read from the first bytes', () => {
+  const body = Buffer.from(`{"choices":[],${usageText},"activations":{"data":"${'A'.repeat(200_000)}"}}`);
+  for (const sizes of chunkings) assert.equal(usageOf(body, sizes), usage, String(sizes));
+});
+
+ends('usage past the first 64 KiB and before the last 4 KiB is not read, even from one long last chunk', () => {
+  const body = Buffer.from(`{"a":"${'x'.repeat(70_000)}",${usageText},"b":"${'y'.repeat(5000)}"}`);
+  for (const sizes of [...chunkings, [body.length]]) assert.is(usageOf(body, sizes), null, String(sizes));
+  // The same body with its usage moved into the last 4 KiB is read.
+  const late = Buffer.from(`{"a":"${'x'.repeat(70_000)}","b":"${'y'.repeat(5000)}",${usageText}}`);
+  for (const sizes of [...chunkings, [late.length]]) assert.equal(usageOf(late, sizes), usage, String(sizes));
+});
+
+ends.run();
