@@ -3,7 +3,7 @@
 // one run. Prints the 11 MB capture's time both ways (interleaved rounds) and their ratio, beside two
 // bare Node.js relays for scale (bench/bare-relay.ts), the 610 MB capture's time both ways, and the
 // gateway's RSS while relaying 4 concurrent 610 MB captures.
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir, cpus, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { execFileSync } from 'node:child_process';
@@ -33,6 +33,19 @@ const direct = (req: Record<string, unknown>) => ({ url: `${engine.url}/v1/compl
 const viaGateway = (req: Record<string, unknown>) => ({ url: `${gateway.url}/v1/completions`, body: JSON.stringify(req), headers: keyHeader });
 const viaBare = (mode: 'pipe' | 'buffer') => (req: Record<string, unknown>) => ({ url: `${bare.url}/${mode}/v1/completions`, body: engineCaptureBody(req), headers: {} });
 
+/** CPU time a process's threads have run, in ms (from schedstat: nanoseconds, where /proc's stat counts 10 ms ticks). */
+function cpuMsOf(pid: number): number {
+  let ns = 0;
+  for (const task of readdirSync(`/proc/${pid}/task`)) {
+    try {
+      ns += Number(readFileSync(`/proc/${pid}/task/${task}/schedstat`, 'utf8').split(' ')[0]);
+    } catch {
+      /* a thread that ended meanwhile */
+    }
+  }
+  return ns / 1e6;
+}
+
 /** Milliseconds from sending to the last byte read (bytes counted, not kept or hashed). */
 async function timeOne(target: { url: string; body: string; headers: Record<string, string> }): Promise<{ ms: number; bytes: number }> {
   const started = performance.now();
@@ -44,7 +57,7 @@ async function timeOne(target: { url: string; body: string; headers: Record<stri
 }
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
-// BENCH_PARTS=memory,small,large picks parts (all by default).
+// BENCH_PARTS=memory,small,large picks parts (all by default); BENCH_CAPTURE_ROUNDS sets the 11 MB rounds (40).
 const parts = new Set((process.env.BENCH_PARTS ?? 'memory,small,large').split(','));
 
 // Byte-identical first (hashed while streaming), outside the timings.
@@ -70,20 +83,31 @@ for (let i = 0; i < (parts.has('small') ? 10 : 0); i++) {
   await timeOne(viaBare('pipe')(small));
   await timeOne(viaBare('buffer')(small));
 }
-const rounds = 40;
+const rounds = Number(process.env.BENCH_CAPTURE_ROUNDS ?? 40);
 const smallDirect: number[] = [];
 const smallGateway: number[] = [];
 const smallPipe: number[] = [];
 const smallBuffer: number[] = [];
 let smallBytes = 0;
+// CPU per capture, which a busy machine skews less than wall time: each relay's around its own requests,
+// and the gateway's over the whole rounds too (its settlement and projections run after a response,
+// during the other relays' turns).
+const gatewayCpuBefore = cpuMsOf(gateway.child.pid!);
+let gatewayCpu = 0;
+let bareBufferCpu = 0;
 for (let i = 0; i < (parts.has('small') ? rounds : 0); i++) {
   const d = await timeOne(direct(small));
   smallDirect.push(d.ms);
+  const gatewayBefore = cpuMsOf(gateway.child.pid!);
   smallGateway.push((await timeOne(viaGateway(small))).ms);
+  gatewayCpu += cpuMsOf(gateway.child.pid!) - gatewayBefore;
   smallPipe.push((await timeOne(viaBare('pipe')(small))).ms);
+  const bareBefore = cpuMsOf(bare.child.pid!);
   smallBuffer.push((await timeOne(viaBare('buffer')(small))).ms);
+  bareBufferCpu += cpuMsOf(bare.child.pid!) - bareBefore;
   smallBytes = d.bytes;
 }
+const gatewayRoundsCpuMs = (cpuMsOf(gateway.child.pid!) - gatewayCpuBefore) / rounds;
 
 // 610 MB: twice each way, interleaved.
 const largeDirect: number[] = [];
@@ -104,6 +128,7 @@ const lines = [
   `capture relay bench (store: ${storeKind}) — ${new Date().toISOString()} — ${cpus().length} cores (${cpus()[0]?.model}), ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.version}`,
   `11 MB capture (${mb(smallBytes)} MB, 16 x 129 x 2048 bf16), median of ${rounds} interleaved: direct ${ms(median(smallDirect))} ms | gateway ${ms(median(smallGateway))} ms | gateway speed ${(median(smallDirect) / median(smallGateway)).toFixed(2)} of direct (target >= 0.8)`,
   `  bare Node.js relays in their own process, same rounds: streaming ${ms(median(smallPipe))} ms (${(median(smallDirect) / median(smallPipe)).toFixed(2)} of direct), holding the body ${ms(median(smallBuffer))} ms (${(median(smallDirect) / median(smallBuffer)).toFixed(2)} of direct); the gateway, with a key, at ${(median(smallBuffer) / median(smallGateway)).toFixed(2)} of the holding relay's speed (target >= 0.9)`,
+  `  CPU per 11 MB capture (all threads): gateway ${ms(gatewayCpu / rounds)} ms during its requests, ${ms(gatewayRoundsCpuMs)} ms with what it does after them (settlement, projections) | bare holding relay ${ms(bareBufferCpu / rounds)} ms during its requests`,
   `610 MB capture (${mb(largeBytes)} MB, 16 x 6,980 x 2048 bf16): direct ${largeDirect.map((x) => (x / 1000).toFixed(2)).join(', ')} s | gateway ${largeGateway.map((x) => (x / 1000).toFixed(2)).join(', ')} s | bare holding relay ${largeBuffer.map((x) => (x / 1000).toFixed(2)).join(', ')} s: the gateway at ${(median(largeBuffer) / median(largeGateway)).toFixed(2)} of its speed`,
   `4 concurrent 610 MB captures through the gateway: ${(concurrentMs / 1000).toFixed(1)} s; gateway RSS ${beforeMb.toFixed(0)} MB before, peak ${peakMb.toFixed(0)} MB; bodies in flight ${inFlightMb.toFixed(0)} MB, so the bound (bodies + 200 MB) is ${(inFlightMb + 200).toFixed(0)} MB: ${peakMb <= inFlightMb + 200 ? 'met' : 'NOT met'} (peak - before = ${(peakMb - beforeMb).toFixed(0)} MB)`,
 ];
