@@ -199,19 +199,78 @@ const refusedValueCodes = new Set(['22P05', '22021', '22P02']);
 const appendBatchSql = `SELECT idx, outcome, version, last_position, last_tx
   FROM svc_append_batch($1::text[], $2::bigint[], $3::int[], $4::int[], $5::int[], $6::uuid[], $7::text[], $8::jsonb, $9::jsonb)`;
 
-async function runBatch(db: PreparedQueryable, batch: readonly PendingAppend[]): Promise<BatchOutcome[]> {
+/**
+ * The common case as one plain INSERT: every append of the batch names the version it follows, so no
+ * stream's version is read first and no function runs (here 0.37 ms a commit at p50 against the
+ * function's 0.44-0.50, interleaved on one connection; a bare one-row INSERT takes 0.32). It keeps the
+ * function's rules: the same per-stream locks, taken first and in the same order (the WHERE's
+ * subquery runs once, before the first row), so it and the function never wait on each other in a
+ * cycle and a stream's later versions belong to later transactions. The primary key (stream, version)
+ * and the event-id index refuse what the function would sort out (another writer got there first, a
+ * resend of stored events), and a named version that is not stored gives its rows no version, which
+ * the table refuses: the statement is then undone whole and the batch goes to the function.
+ */
+// The arrays are read through subqueries so that no plan knows their length: the generic plan then
+// costs what a custom one does and is kept, instead of planning the statement again at every call.
+const appendExplicitSql = `INSERT INTO events (stream_id, stream_version, event_id, event_type, data, metadata)
+  SELECT s.stream_id,
+    CASE WHEN (SELECT bool_and(c.expected = 0 OR EXISTS (SELECT 1 FROM events e WHERE e.stream_id = c.stream_id AND e.stream_version = c.expected))
+               FROM unnest((SELECT $1::text[]), (SELECT $2::bigint[])) AS c(stream_id, expected))
+      THEN s.expected + ev.ord END,
+    ev.event_id, ev.event_type, ev.data, ev.metadata
+  FROM ROWS FROM (unnest($3::int[]), unnest($4::int[]), unnest($5::uuid[]), unnest($6::text[]),
+                  jsonb_array_elements($7::jsonb), jsonb_array_elements($8::jsonb))
+         AS ev(append_idx, ord, event_id, event_type, data, metadata)
+  JOIN unnest((SELECT $1::text[]), (SELECT $2::bigint[])) WITH ORDINALITY AS s(stream_id, expected, idx) ON s.idx = ev.append_idx
+  WHERE (SELECT count(*) FROM (
+    SELECT pg_advisory_xact_lock(1937138433, l.k) FROM (SELECT DISTINCT hashtext(x) AS k FROM unnest((SELECT $1::text[])) AS x ORDER BY 1) AS l) AS locked) > 0
+  ORDER BY ev.append_idx, ev.ord
+  RETURNING stream_id, global_position, transaction_id::text AS tx`;
+
+/** unique_violation (a version or an event id taken), not_null_violation (a named version not stored). */
+const explicitFallbackCodes = new Set(['23505', '23502']);
+
+/**
+ * Stores a batch: outside a transaction, a batch whose appends all name their version goes as one plain
+ * INSERT (`appendExplicitSql`); anything else, or what that refuses, through the append function.
+ */
+async function runBatch(db: PreparedQueryable, batch: readonly PendingAppend[], autocommit: boolean): Promise<BatchOutcome[]> {
+  const params = batchParams(batch);
+  if (autocommit && batch.every((append) => typeof append.expected === 'number' || append.expected === 'no_stream')) {
+    try {
+      const follows = batch.map((append) => (typeof append.expected === 'number' ? append.expected : 0));
+      const { rows } = await db.queryPrepared<{ stream_id: string; global_position: string | number; tx: string }>('svc_append_explicit', appendExplicitSql, [params[0], follows, ...params.slice(3)]);
+      const last = new Map<string, number>();
+      for (const row of rows) last.set(row.stream_id, Math.max(last.get(row.stream_id) ?? 0, Number(row.global_position)));
+      const transactionId = Number(rows[0].tx);
+      return batch.map((append, i) => ({
+        ok: {
+          nextExpectedVersion: follows[i] + append.events.length,
+          lastPosition: { transactionId, position: last.get(append.streamId)! },
+          idempotent: false,
+        },
+      }));
+    } catch (error) {
+      if (!explicitFallbackCodes.has((error as { code?: string }).code ?? '')) throw storeError(error, batch);
+    }
+  }
   let rows: BatchRow[];
   try {
     // Prepared once per connection: the call is parsed and planned once, not per batch.
-    ({ rows } = await db.queryPrepared<BatchRow>('svc_append_batch', appendBatchSql, batchParams(batch)));
+    ({ rows } = await db.queryPrepared<BatchRow>('svc_append_batch', appendBatchSql, params));
   } catch (error) {
-    const code = (error as { code?: string }).code;
-    if (code === 'SVA01' || code === 'SVA02') throw new AppendNotFirstWrite(batch[0].streamId, code === 'SVA01' ? 'wrote_first' : 'newer_writer');
-    // A value the database's types refuse: typed, and (retried alone by the group commit) failing only its own append.
-    if (code !== undefined && refusedValueCodes.has(code)) throw new EventNotStorable(batch.length === 1 ? batch[0].streamId : '(batch)', code, { cause: error });
-    throw error;
+    throw storeError(error, batch);
   }
   return batch.map((append, i) => toOutcome(append, rows[i]));
+}
+
+/** A failed append's error, typed where the database said why. */
+function storeError(error: unknown, batch: readonly PendingAppend[]): unknown {
+  const code = (error as { code?: string }).code;
+  if (code === 'SVA01' || code === 'SVA02') return new AppendNotFirstWrite(batch[0].streamId, code === 'SVA01' ? 'wrote_first' : 'newer_writer');
+  // A value the database's types refuse: typed, and (retried alone by the group commit) failing only its own append.
+  if (code !== undefined && refusedValueCodes.has(code)) return new EventNotStorable(batch.length === 1 ? batch[0].streamId : '(batch)', code, { cause: error });
+  return error;
 }
 
 /**
@@ -259,7 +318,7 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
     maxBatchEvents: options.maxBatchEvents ?? 1000,
     async execute(batch) {
       const started = options.onAppend ? performance.now() : 0;
-      const outcomes = await runBatch(driver, batch).finally(() => options.onAppend?.(performance.now() - started));
+      const outcomes = await runBatch(driver, batch, true).finally(() => options.onAppend?.(performance.now() - started));
       const stored = batch.filter((_, i) => { const o = outcomes[i]; return 'ok' in o && !o.ok.idempotent; }).map((append) => append.events);
       if (stored.length > 0) committed(stored);
       return outcomes;
@@ -481,7 +540,7 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
             validateAppend(streamId, events, expected);
             const encoded = encodeEvents(events);
             for (;;) {
-              const [outcome] = await runBatch(tx, [{ streamId, events, expected, encoded }]);
+              const [outcome] = await runBatch(tx, [{ streamId, events, expected, encoded }], false);
               if ('retry' in outcome) continue; // another process's append to this stream went first; `any` goes on top
               if ('error' in outcome) throw outcome.error;
               if (!outcome.ok.idempotent) appended.push(events);

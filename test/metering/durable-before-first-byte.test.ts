@@ -77,7 +77,8 @@ it('an engine that answers at once still waits for the append to be acknowledged
   // The key's meter day is opened and this process's slot lease taken first, so that the engine call
   // below starts alongside the append (the path where it could otherwise overtake it).
   for (let i = 0; i < 3; i++) assert.is((await firstByte(`warm-${i}`, false)).status, 200);
-  proxy.delayRepliesTo('svc_append_batch', ackDelayMs);
+  // Both of the store's append statements (the plain INSERT and the append function) are prepared under names starting so.
+  proxy.delayRepliesTo('svc_append', ackDelayMs);
   try {
     for (const stream of [false, true]) {
       for (let i = 0; i < 2; i++) {
@@ -88,7 +89,7 @@ it('an engine that answers at once still waits for the append to be acknowledged
       }
     }
   } finally {
-    proxy.delayRepliesTo('svc_append_batch', 0);
+    proxy.delayRepliesTo('svc_append', 0);
   }
 });
 
