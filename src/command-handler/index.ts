@@ -318,7 +318,6 @@ export class CommandHandler {
     slot.inflight = batch;
     const expected = batch[0].options.expectedVersion ?? slot.confirmed.version;
     const events = batch.flatMap((e) => e.toAppend);
-(globalThis as any).__T?.('ch.flush:'+batch.map(e=>(e.command as any).type).join('+'));
     void this.#appendWithResends(slot.streamId, events, expected).then(
       (result) => this.#stored(slot, batch, result),
       (error) => this.#failed(slot, batch, error),
@@ -338,7 +337,6 @@ export class CommandHandler {
   }
 
   #stored(slot: Slot, batch: Entry[], result: AppendResult): void {
-(globalThis as any).__T?.('ch.stored:'+batch.map(e=>(e.command as any).type).join('+'));
     slot.inflight = null;
     // Nothing decided on top of this batch: the state it leaves is the latest, evolved already when
     // its decisions were made. Else it is evolved again from the confirmed state.
