@@ -56,7 +56,8 @@ async function timeOne(target: { url: string; body: string; headers: Record<stri
   return { ms: performance.now() - started, bytes };
 }
 
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+// NaN for a part not run (BENCH_PARTS).
+const median = (xs: number[]) => (xs.length === 0 ? NaN : [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]);
 // BENCH_PARTS=memory,small,large picks parts (all by default); BENCH_CAPTURE_ROUNDS sets the 11 MB rounds (40).
 const parts = new Set((process.env.BENCH_PARTS ?? 'memory,small,large').split(','));
 
