@@ -147,6 +147,8 @@ export class CommandHandler {
   readonly #underway = new Set<Promise<unknown>>();
   /** Streams whose pending decisions linger (CommandOptions.lingerMs). */
   readonly #lingering = new Set<Slot>();
+  readonly #urgent = new Set<Slot>();
+  #urgentScheduled = false;
 
   constructor(options: CommandHandlerOptions) {
     this.#store = options.store;
@@ -254,17 +256,31 @@ export class CommandHandler {
       this.#underway.add(tracked);
       const linger = options.lingerMs ?? 0;
       if (linger <= 0) {
-        // What lingers on other streams leaves now too: the store's group commit takes all of it into
-        // this append's batch, one commit where there would have been two (a key's settlement rides on
-        // the next request's reservation, whichever key that is).
-        for (const other of this.#lingering) this.#flush(other);
-        this.#flush(slot);
+        // Sent from the next turn of the event loop, with what lingers on other streams (the store's
+        // group commit takes all of it into this append's batch, one commit where there would have been
+        // two: a key's settlement rides on the next request's reservation, whichever key that is). Not
+        // at once: the caller's own work this turn (the engine call a reservation in a standing slot
+        // lease starts) goes before the append's encoding.
+        this.#urgent.add(slot);
+        if (!this.#urgentScheduled) {
+          this.#urgentScheduled = true;
+          setImmediate(() => this.#flushUrgent());
+        }
       } else if (!slot.lingering) {
         slot.lingering = setTimeout(() => this.#flush(slot), linger);
         this.#lingering.add(slot);
       }
     }
     return { outcome: decided, get superseded() { return supersededSignal(entry); }, durable };
+  }
+
+  /** Sends what decisions without a linger left pending, and everything lingering with it. */
+  #flushUrgent(): void {
+    this.#urgentScheduled = false;
+    const urgent = [...this.#urgent];
+    this.#urgent.clear();
+    for (const other of this.#lingering) this.#flush(other);
+    for (const slot of urgent) this.#flush(slot);
   }
 
   /** Runs the decider for `entry` against the slot's latest state; queues its events. */

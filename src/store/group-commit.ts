@@ -66,23 +66,21 @@ export class GroupCommitter {
   }
 
   /**
-   * Batches leave at the end of the next turn of the event loop, not at the first append: callers
-   * woken by the previous batch's acknowledgements append in the same turn, and all of them go in one
-   * batch instead of the first going alone. The next turn, not this one: socket writes this turn
-   * scheduled for its end (undici writes a request on a reused connection from a setImmediate, such as
-   * the engine call a reservation in a standing slot lease starts alongside its append) go first. On
-   * this VM a write to a socket whose reader sleeps costs the writer ~0.5 ms while it wakes that
-   * process; the engine call should not wait for PostgreSQL's wake-up (BENCHMARKS.md, slot leases).
+   * Batches leave at the end of this turn of the event loop (a setImmediate), not at the first append:
+   * callers woken by the previous batch's acknowledgements append in the same turn, and all of them go
+   * in one batch instead of the first going alone. The command handler hands its appends over from a
+   * setImmediate of its own, after the socket writes its caller made meanwhile (the engine call that a
+   * reservation in a standing slot lease starts alongside its append): on this VM a write to a socket
+   * whose reader sleeps costs the writer ~0.5 ms while it wakes that process, and the engine call
+   * should not wait for PostgreSQL's wake-up (BENCHMARKS.md, gateway).
    */
   #schedulePump(): void {
     if (this.#pumpScheduled) return;
     this.#pumpScheduled = true;
-    setImmediate(() =>
-      setImmediate(() => {
-        this.#pumpScheduled = false;
-        this.#pump();
-      }),
-    );
+    setImmediate(() => {
+      this.#pumpScheduled = false;
+      this.#pump();
+    });
   }
 
   #pump(): void {
