@@ -231,12 +231,13 @@ const appendExplicitSql = `INSERT INTO events (stream_id, stream_version, event_
 const explicitFallbackCodes = new Set(['23505', '23502']);
 
 /**
- * Stores a batch: outside a transaction, a batch whose appends all name their version goes as one plain
- * INSERT (`appendExplicitSql`); anything else, or what that refuses, through the append function.
+ * Stores a batch: with `plainInsert` (a batch of its own, outside a transaction, on a connection that
+ * keeps prepared statements), a batch whose appends all name their version goes as one plain INSERT
+ * (`appendExplicitSql`); anything else, or what that refuses, through the append function.
  */
-async function runBatch(db: PreparedQueryable, batch: readonly PendingAppend[], autocommit: boolean): Promise<BatchOutcome[]> {
+async function runBatch(db: PreparedQueryable, batch: readonly PendingAppend[], plainInsert: boolean): Promise<BatchOutcome[]> {
   const params = batchParams(batch);
-  if (autocommit && batch.every((append) => typeof append.expected === 'number' || append.expected === 'no_stream')) {
+  if (plainInsert && batch.every((append) => typeof append.expected === 'number' || append.expected === 'no_stream')) {
     try {
       const follows = batch.map((append) => (typeof append.expected === 'number' ? append.expected : 0));
       const { rows } = await db.queryPrepared<{ stream_id: string; global_position: string | number; tx: string }>('svc_append_explicit', appendExplicitSql, [params[0], follows, ...params.slice(3)]);
@@ -318,7 +319,9 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
     maxBatchEvents: options.maxBatchEvents ?? 1000,
     async execute(batch) {
       const started = options.onAppend ? performance.now() : 0;
-      const outcomes = await runBatch(driver, batch, true).finally(() => options.onAppend?.(performance.now() - started));
+      // PGlite plans every statement again (no prepared statements): there the INSERT's planning costs
+      // more than the function it saves, whose plans plpgsql keeps (0.88-1.25 ms against 0.56-0.61).
+      const outcomes = await runBatch(driver, batch, driver.kind === 'postgres').finally(() => options.onAppend?.(performance.now() - started));
       const stored = batch.filter((_, i) => { const o = outcomes[i]; return 'ok' in o && !o.ok.idempotent; }).map((append) => append.events);
       if (stored.length > 0) committed(stored);
       return outcomes;
