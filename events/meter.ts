@@ -358,8 +358,18 @@ export function meterStreamParts(streamId: string): { keyId: string; day: string
   const match = /^meter-(.+)-(\d{4}-\d{2}-\d{2})$/.exec(streamId);
   return match ? { keyId: match[1], day: match[2] } : null;
 }
+/** The last UTC day asked for by instant, and the span of milliseconds it covers: most calls are of today. */
+let lastDay = { from: 0, to: 0, day: '' };
+
 export function utcDay(at: Date | string): string {
-  if (typeof at !== 'string') return at.toISOString().slice(0, 10);
+  if (typeof at !== 'string') {
+    const ms = at.getTime();
+    if (ms >= lastDay.from && ms < lastDay.to) return lastDay.day;
+    const from = Math.floor(ms / 86_400_000) * 86_400_000;
+    if (!Number.isFinite(from)) return at.toISOString().slice(0, 10); // an invalid Date throws as before
+    lastDay = { from, to: from + 86_400_000, day: at.toISOString().slice(0, 10) };
+    return lastDay.day;
+  }
   // Only an instant written in UTC can be cut as text: 2026-11-25T01:30:00+02:00 is still the 24th in UTC.
   return at.endsWith('Z') ? at.slice(0, 10) : new Date(at).toISOString().slice(0, 10);
 }

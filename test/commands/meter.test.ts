@@ -553,6 +553,16 @@ boundaries('closing a day: the opener of the next day closes it; a reservation t
     .when(settle('mid', 10, 60, at('00:00:01.000', next)))
     .then([settled('mid', 10, 60, at('00:00:01.000', next)), CarriedHoldEnded({ request_id: 'mid', day: d, input_tokens: 10, output_tokens: 60, at: at('00:00:01.000', next) })]);
 });
+boundaries('utcDay: the UTC day of an instant, asked again and again across midnight (it keeps the last day it computed)', () => {
+  const instants = ['2026-11-25T23:59:59.999Z', '2026-11-26T00:00:00.000Z', '2026-11-25T23:59:59.999Z', '2024-02-29T23:59:59.999Z', '2024-03-01T00:00:00.000Z', '1969-12-31T23:59:59.999Z', '1970-01-01T00:00:00.000Z'];
+  for (const iso of [...instants, ...instants.reverse()]) {
+    assert.is(utcDay(new Date(iso)), iso.slice(0, 10), iso);
+    assert.is(utcDay(new Date(iso)), iso.slice(0, 10), `${iso}, asked again`);
+  }
+  assert.is(utcDay('2026-11-26T01:30:00+02:00'), '2026-11-25');
+  assert.throws(() => utcDay(new Date(NaN)));
+});
+
 boundaries.run();
 
 const records = suite('meter decider: rejections recorded, metadata only');
