@@ -13,7 +13,7 @@
  */
 import { defineBatchProjection, type Queryable } from '../src/event-sourcing/index.ts';
 import { meterEvents, type MeterEvent } from '../events/meter.ts';
-import { advanceGuard, createInternalTable, useInternalSchema, closesEarlierHold, createPositionGuard, freshBatch, guardTable, logPlace, meterDayOf, outlivesBatch, pairWithinBatch } from './meter-streams.ts';
+import { advanceGuard, createInternalTable, useInternalSchema, closesEarlierHold, createPositionGuard, freshBatch, guardTable, isClose, logPlace, meterDayOf, outlivesBatch, pairWithinBatch, rowsWhere } from './meter-streams.ts';
 import { describeTable } from './table-comments.ts';
 
 export interface KeyUsageRow {
@@ -33,7 +33,7 @@ export const usageCounters = ['reserved_tokens', 'input_tokens', 'output_tokens'
 
 const holds = 'key_usage_holds';
 
-const columns = 'pos int, stream_id text, type text, key_id text, month text, day text, request_id text, input_tokens bigint, output_tokens bigint, closed boolean, paired int';
+const columns = 'stream_id text, type text, key_id text, month text, day text, request_id text, input_tokens bigint, output_tokens bigint, rtx bigint, rgp bigint';
 const counterList = usageCounters.join(', ');
 
 /**
@@ -95,7 +95,7 @@ export const keyUsageProjection = defineBatchProjection<MeterEvent>({
     await createInternalTable(db, holds, 'stream_id text COLLATE "C" NOT NULL, request_id text NOT NULL, tokens bigint NOT NULL, PRIMARY KEY (stream_id, request_id)');
     await createPositionGuard(db, 'key_usage');
   },
-  // Two statements, in this order, as one event at a time would leave the rows (see `outlivesBatch`):
+  // Two statements, in this order, as one event at a time would leave the rows (see `pairWithinBatch`):
   // holds made before the batch released by their close, with what every settlement and expiry
   // charged, and the rejections; then the holds still open at the batch's end (each remembered with its
   // size, so its release subtracts exactly what it added). A hold made and released within the batch
@@ -103,39 +103,45 @@ export const keyUsageProjection = defineBatchProjection<MeterEvent>({
   async apply(events, db) {
     await useInternalSchema(db);
     const pairing = pairWithinBatch(events);
-    const batch = JSON.stringify(
-      events.map((e, pos) => {
-        const d = e.data as Partial<{ request_id: string; input_tokens: number; output_tokens: number }>;
-        const { keyId, month, day } = meterDayOf(e.streamId);
-        return { pos, stream_id: e.streamId, type: e.type, key_id: keyId, month, day, request_id: d.request_id, input_tokens: d.input_tokens ?? 0, output_tokens: d.output_tokens ?? 0, ...logPlace(e), ...pairing[pos] };
-      }),
-    );
+    const row = (e: (typeof events)[number], pos: number) => {
+      const d = e.data as Partial<{ request_id: string; input_tokens: number; output_tokens: number }>;
+      const { keyId, month, day } = meterDayOf(e.streamId);
+      const { rtx, rgp } = pairing[pos];
+      return { stream_id: e.streamId, type: e.type, key_id: keyId, month, day, request_id: d.request_id, input_tokens: d.input_tokens ?? 0, output_tokens: d.output_tokens ?? 0, ...logPlace(e), rtx, rgp };
+    };
+    // Each statement is sent the events it acts on: closes and rejections, then the reservations still open.
+    const ended = rowsWhere(events, (e) => isClose(e) || e.type === 'RequestRejected', row);
+    const opened = rowsWhere(events, (e, pos) => outlivesBatch(e, pairing[pos]), row);
     const fresh = freshBatch('key_usage', columns);
-    await db.query(
-      `WITH ${fresh},
-       released AS (
-         DELETE FROM ${holds} h USING fresh f
-         WHERE ${closesEarlierHold('f')} AND h.stream_id = f.stream_id AND h.request_id = f.request_id
-         RETURNING h.stream_id, h.tokens),
-       deltas AS (
-         ${delta('-tokens', '0', '0', '0', '0', '0')} FROM released
-         UNION ALL
-         ${delta('0', 'input_tokens', 'output_tokens', "(type = 'UsageSettled')::int", "(type = 'ReservationExpired')::int", '0')} FROM fresh WHERE type IN ('UsageSettled', 'ReservationExpired')
-         UNION ALL
-         ${delta('0', '0', '0', '0', '0', '1')} FROM fresh WHERE type = 'RequestRejected')
-       ${addDeltas}`,
-      [batch],
-    );
-    await db.query(
-      `WITH ${fresh},
-       held AS (
-         INSERT INTO ${holds} (stream_id, request_id, tokens)
-         SELECT stream_id, request_id, input_tokens + output_tokens FROM fresh f WHERE ${outlivesBatch('f')}
-         ON CONFLICT DO NOTHING RETURNING stream_id, tokens),
-       deltas AS (${delta('tokens', '0', '0', '0', '0', '0')} FROM held)
-       ${addDeltas}`,
-      [batch],
-    );
+    if (ended !== '[]') {
+      await db.query(
+        `WITH ${fresh},
+         released AS (
+           DELETE FROM ${holds} h USING fresh f
+           WHERE ${closesEarlierHold('f', 'key_usage')} AND h.stream_id = f.stream_id AND h.request_id = f.request_id
+           RETURNING h.stream_id, h.tokens),
+         deltas AS (
+           ${delta('-tokens', '0', '0', '0', '0', '0')} FROM released
+           UNION ALL
+           ${delta('0', 'input_tokens', 'output_tokens', "(type = 'UsageSettled')::int", "(type = 'ReservationExpired')::int", '0')} FROM fresh WHERE type IN ('UsageSettled', 'ReservationExpired')
+           UNION ALL
+           ${delta('0', '0', '0', '0', '0', '1')} FROM fresh WHERE type = 'RequestRejected')
+         ${addDeltas}`,
+        [ended],
+      );
+    }
+    if (opened !== '[]') {
+      await db.query(
+        `WITH ${fresh},
+         held AS (
+           INSERT INTO ${holds} (stream_id, request_id, tokens)
+           SELECT stream_id, request_id, input_tokens + output_tokens FROM fresh
+           ON CONFLICT DO NOTHING RETURNING stream_id, tokens),
+         deltas AS (${delta('tokens', '0', '0', '0', '0', '0')} FROM held)
+         ${addDeltas}`,
+        [opened],
+      );
+    }
     await advanceGuard(db, 'key_usage', events);
   },
 });

@@ -7,7 +7,7 @@
  */
 import { defineBatchProjection, type Queryable } from '../src/event-sourcing/index.ts';
 import { meterEvents, type MeterEvent } from '../events/meter.ts';
-import { advanceGuard, useInternalSchema, closesEarlierHold, createPositionGuard, freshBatch, guardTable, logPlace, meterDayOf, outlivesBatch, pairWithinBatch } from './meter-streams.ts';
+import { advanceGuard, useInternalSchema, closesEarlierHold, createPositionGuard, freshBatch, guardTable, isClose, logPlace, meterDayOf, outlivesBatch, pairWithinBatch, rowsWhere } from './meter-streams.ts';
 import { describeTable } from './table-comments.ts';
 
 export interface OpenHold {
@@ -21,7 +21,7 @@ export interface OpenHold {
   expiresAt: Date;
 }
 
-const columns = 'pos int, stream_id text, type text, key_id text, day text, request_id text, input_tokens bigint, output_tokens bigint, at text, expires_at text, closed boolean, paired int, superseded boolean';
+const columns = 'pos int, stream_id text, type text, key_id text, day text, request_id text, input_tokens bigint, output_tokens bigint, at text, expires_at text, rtx bigint, rgp bigint';
 
 export const meterHoldsProjection = defineBatchProjection<MeterEvent>({
   name: 'meter_holds',
@@ -51,7 +51,7 @@ export const meterHoldsProjection = defineBatchProjection<MeterEvent>({
     });
     await createPositionGuard(db, 'meter_holds');
   },
-  // In order, as one event at a time would leave them (see `outlivesBatch`): holds made before the
+  // In order, as one event at a time would leave them (see `pairWithinBatch`): holds made before the
   // batch closed on their own stream; holds still open at the batch's end made; then renewals, the
   // last of each request after its last reservation in the batch (an earlier one renewed a hold that
   // is gone; a carried hold may be renewed on the next day's stream, so it is found by request id).
@@ -70,36 +70,42 @@ export const meterHoldsProjection = defineBatchProjection<MeterEvent>({
       if (e.type === 'BudgetReserved') reservedLater.add(request);
       else superseded[i] = reservedLater.has(request);
     }
-    const batch = JSON.stringify(
-      events.map((e, pos) => {
-        const d = e.data as Partial<{ request_id: string; input_tokens: number; output_tokens: number; at: string; expires_at: string }>;
-        const { keyId, day } = meterDayOf(e.streamId);
-        return { pos, stream_id: e.streamId, type: e.type, key_id: keyId, day, request_id: d.request_id, input_tokens: d.input_tokens, output_tokens: d.output_tokens, at: d.at, expires_at: d.expires_at, superseded: superseded[pos], ...logPlace(e), ...pairing[pos] };
-      }),
-    );
+    const row = (e: (typeof events)[number], pos: number) => {
+      const d = e.data as Partial<{ request_id: string; input_tokens: number; output_tokens: number; at: string; expires_at: string }>;
+      const { keyId, day } = meterDayOf(e.streamId);
+      const { rtx, rgp } = pairing[pos];
+      return { pos, stream_id: e.streamId, type: e.type, key_id: keyId, day, request_id: d.request_id, input_tokens: d.input_tokens, output_tokens: d.output_tokens, at: d.at, expires_at: d.expires_at, ...logPlace(e), rtx, rgp };
+    };
     const fresh = freshBatch('meter_holds', columns);
-    await db.query(
-      `WITH ${fresh}
-       DELETE FROM meter_holds h USING fresh f
-       WHERE ${closesEarlierHold('f')} AND h.request_id = f.request_id AND h.stream_id = f.stream_id`,
-      [batch],
-    );
-    await db.query(
-      `WITH ${fresh}
-       INSERT INTO meter_holds (request_id, key_id, stream_id, day, input_tokens, output_tokens, reserved_at, expires_at)
-       SELECT request_id, key_id, stream_id, day::date, input_tokens, output_tokens, at::timestamptz, expires_at::timestamptz
-       FROM fresh f WHERE ${outlivesBatch('f')} ORDER BY pos
-       ON CONFLICT (request_id) DO NOTHING`,
-      [batch],
-    );
+    // Each statement is sent the events it acts on: closes, the reservations still open, the renewals that count.
+    const closes = rowsWhere(events, isClose, row);
+    if (closes !== '[]') {
+      await db.query(
+        `WITH ${fresh}
+         DELETE FROM meter_holds h USING fresh f
+         WHERE ${closesEarlierHold('f', 'meter_holds')} AND h.request_id = f.request_id AND h.stream_id = f.stream_id`,
+        [closes],
+      );
+    }
+    const opened = rowsWhere(events, (e, pos) => outlivesBatch(e, pairing[pos]), row);
+    if (opened !== '[]') {
+      await db.query(
+        `WITH ${fresh}
+         INSERT INTO meter_holds (request_id, key_id, stream_id, day, input_tokens, output_tokens, reserved_at, expires_at)
+         SELECT request_id, key_id, stream_id, day::date, input_tokens, output_tokens, at::timestamptz, expires_at::timestamptz
+         FROM fresh ORDER BY pos
+         ON CONFLICT (request_id) DO NOTHING`,
+        [opened],
+      );
+    }
     // Renewals are rare (a request running past half its TTL): a batch without one skips the statement.
-    if (events.some((e, i) => e.type === 'ReservationRenewed' && !superseded[i])) {
+    const renewals = rowsWhere(events, (e, pos) => e.type === 'ReservationRenewed' && !superseded[pos], row);
+    if (renewals !== '[]') {
       await db.query(
         `WITH ${fresh}, renewed AS (
-           SELECT DISTINCT ON (request_id, key_id) request_id, key_id, expires_at FROM fresh
-           WHERE type = 'ReservationRenewed' AND NOT superseded ORDER BY request_id, key_id, pos DESC)
+           SELECT DISTINCT ON (request_id, key_id) request_id, key_id, expires_at FROM fresh ORDER BY request_id, key_id, pos DESC)
          UPDATE meter_holds h SET expires_at = r.expires_at::timestamptz FROM renewed r WHERE h.request_id = r.request_id AND h.key_id = r.key_id`,
-        [batch],
+        [renewals],
       );
     }
     await advanceGuard(db, 'meter_holds', events);

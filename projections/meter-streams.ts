@@ -88,11 +88,12 @@ export const logPlace = (e: Placed) => ({ tx: e.globalPosition.transactionId, gp
 
 /**
  * For a projection applied a batch at a time (`defineBatchProjection`): a CTE named `fresh` holding
- * the batch's events (`$1`, a JSON array of rows with `columns`, among them `pos int`, the event's
- * index in the batch, and its `logPlace`) that come after the guard. Every statement of the batch
- * reads `fresh` against the guard as it was before the batch; `advanceGuard`, sent last, moves it.
- * The batch is read as `json`, not `jsonb`: each statement parses it again, and PostgreSQL reads
- * 400 events' `json` in about half the time it takes to build their `jsonb` (1.2 against 2.5 ms).
+ * the events of the statement's JSON (`$1`, an array of rows with `columns` and each event's
+ * `logPlace`, see `rowsWhere`) that come after the guard. Every statement of the batch reads `fresh`
+ * against the guard as it was before the batch; `advanceGuard`, sent last, moves it. The rows are read
+ * as `json`, not `jsonb`: PostgreSQL reads 400 events' `json` in about half the time it takes to
+ * build their `jsonb` (1.2 against 2.5 ms); that parse is most of a statement's cost, hence one JSON
+ * per statement holding only the events it acts on.
  */
 export function freshBatch(projection: string, columns: string): string {
   return `fresh AS (
@@ -121,22 +122,28 @@ export function advanceGuard(db: Queryable, projection: string, events: readonly
  * within the batch leaves the rows as they were, so it writes none: at a steady load, nearly every
  * request, where one event at a time would add a row and delete it again.
  *
- * `pairWithinBatch` finds the pairs in one pass, for the batch's JSON: a reservation's `closed` (a
- * close of it follows in the batch) and a close's `paired` (its reservation's index in the batch, when
- * that is in the batch). The SQL conditions below read them against the guard, so that a replayed
- * batch whose reservation was applied before still closes the hold it made.
+ * `pairWithinBatch` finds the pairs in one pass: a reservation's `closed` (a close of it follows in
+ * the batch) and a close's `paired` (its reservation's index in the batch, when that is in the batch)
+ * with that reservation's place in the log (`rtx`, `rgp`). So each statement is sent only the rows it
+ * can act on (`rowsWhere`): a reservation closed within the batch is sent to none (a close of it,
+ * whose reservation is fresh, removes nothing either), and the SQL conditions below read a close's
+ * reservation place against the guard, so that a replayed batch whose reservation was applied before
+ * still closes the hold it made.
  */
 export interface BatchPairing {
   /** A reservation: a close of it follows in the batch. */
   closed: boolean;
   /** A settlement or expiry: its reservation's index in the batch, when it is there. */
   paired: number | null;
+  /** A settlement or expiry whose reservation is in the batch: that reservation's place in the log (as `logPlace`). */
+  rtx: number | null;
+  rgp: number | null;
 }
 
 const closeTypes = new Set(['UsageSettled', 'ReservationExpired']);
 
-export function pairWithinBatch(events: readonly { type: string; streamId: string; data: unknown }[]): BatchPairing[] {
-  const pairing = events.map((): BatchPairing => ({ closed: false, paired: null }));
+export function pairWithinBatch(events: readonly (Placed & { type: string; streamId: string; data: unknown })[]): BatchPairing[] {
+  const pairing = events.map((): BatchPairing => ({ closed: false, paired: null, rtx: null, rgp: null }));
   const open = new Map<string, number>(); // stream + request id -> index of its reservation in the batch
   events.forEach((e, i) => {
     if (e.type !== 'BudgetReserved' && !closeTypes.has(e.type)) return;
@@ -146,17 +153,32 @@ export function pairWithinBatch(events: readonly { type: string; streamId: strin
     if (reserved === undefined) return;
     open.delete(request);
     pairing[reserved].closed = true;
-    pairing[i].paired = reserved;
+    const place = events[reserved].globalPosition;
+    Object.assign(pairing[i], { paired: reserved, rtx: place.transactionId, rgp: place.position });
   });
   return pairing;
 }
 
-/** The batch's `fresh` row under `alias` is a reservation still open at the batch's end: it adds its rows. */
-export const outlivesBatch = (alias: string) => `${alias}.type = 'BudgetReserved' AND NOT ${alias}.closed`;
+/**
+ * The rows of one statement's batch JSON: `row(event, index)` of each event `wanted` picks, in batch
+ * order. A statement parses its whole JSON (`fresh`), so each is sent only the events it can act on.
+ */
+export function rowsWhere<E, Row>(events: readonly E[], wanted: (event: E, pos: number) => boolean, row: (event: E, pos: number) => Row): string {
+  const rows: Row[] = [];
+  for (let pos = 0; pos < events.length; pos++) if (wanted(events[pos], pos)) rows.push(row(events[pos], pos));
+  return JSON.stringify(rows);
+}
+
+/** A reservation still open at the batch's end: it adds its rows (the statement's `fresh` then holds only those). */
+export const outlivesBatch = (e: { type: string }, pairing: BatchPairing) => e.type === 'BudgetReserved' && !pairing.closed;
+
+/** A settlement or expiry: it removes its reservation's rows if that came before the batch or before the guard (see below). */
+export const isClose = (e: { type: string }) => closeTypes.has(e.type);
 
 /**
- * The batch's `fresh` row under `alias` closes a hold made before the batch (or applied before it: the
- * fresh events are the batch's tail, so a reservation before the first of them is): it removes its rows.
+ * The batch's `fresh` row under `alias`, a close (columns `type`, `rtx`, `rgp`), closes a hold made
+ * before the batch, or in the batch but applied before (at or before the guard, `projection`'s): it
+ * removes its rows. A close whose reservation is fresh removes nothing: that reservation added none.
  */
-export const closesEarlierHold = (alias: string) =>
-  `${alias}.type IN ('UsageSettled', 'ReservationExpired') AND (${alias}.paired IS NULL OR ${alias}.paired < (SELECT min(pos) FROM fresh))`;
+export const closesEarlierHold = (alias: string, projection: string) =>
+  `${alias}.type IN ('UsageSettled', 'ReservationExpired') AND (${alias}.rtx IS NULL OR EXISTS (SELECT FROM ${guardTable(projection)} g WHERE (g.transaction_id, g.global_position) >= (${alias}.rtx, ${alias}.rgp)))`;

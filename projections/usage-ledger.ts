@@ -10,7 +10,7 @@
  */
 import { defineBatchProjection, toStorableText, type Recorded } from '../src/event-sourcing/index.ts';
 import { meterEvents, type MeterEvent, type RequestFactsData } from '../events/meter.ts';
-import { advanceGuard, createInternalTable, useInternalSchema, closesEarlierHold, createPositionGuard, freshBatch, guardTable, logPlace, meterDayOf, outlivesBatch, pairWithinBatch } from './meter-streams.ts';
+import { advanceGuard, createInternalTable, useInternalSchema, closesEarlierHold, createPositionGuard, freshBatch, guardTable, isClose, logPlace, meterDayOf, outlivesBatch, pairWithinBatch, rowsWhere } from './meter-streams.ts';
 import { describeTable } from './table-comments.ts';
 
 const pending = 'usage_ledger_pending';
@@ -234,7 +234,7 @@ export const usageLedgerProjection = defineBatchProjection<MeterEvent>({
     await createInternalTable(db, pending, 'stream_id text COLLATE "C" NOT NULL, request_id text NOT NULL, facts jsonb NOT NULL, PRIMARY KEY (stream_id, request_id)');
     await createPositionGuard(db, 'usage_ledger');
   },
-  // Two statements, in this order, as one event at a time would leave the rows (see `outlivesBatch`):
+  // Two statements, in this order, as one event at a time would leave the rows (see `pairWithinBatch`):
   // one row per request that ended, in log order (the first outcome of a request id wins), an
   // expiry's row taking the facts its reservation put aside (before the batch) or wrote (in it); then
   // the facts of the reservations still open at the batch's end put aside. Settlements carry their
@@ -242,48 +242,55 @@ export const usageLedgerProjection = defineBatchProjection<MeterEvent>({
   async apply(events, db) {
     await useInternalSchema(db);
     const pairing = pairWithinBatch(events);
-    // A reservation's facts are read only if it stays open or an expiry in the batch closes it.
+    // A reservation closed in the batch is sent only when an expiry closes it (the expiry's row takes its facts).
     const expiring = new Set(events.flatMap((e, pos) => (e.type === 'ReservationExpired' && pairing[pos].paired !== null ? [pairing[pos].paired] : [])));
-    const read = (e: Recorded<MeterEvent>, pos: number) => e.type !== 'BudgetReserved' || !pairing[pos].closed || expiring.has(pos);
-    const batch = JSON.stringify(
-      events.map((e, pos) => ({ pos, stream_id: e.streamId, type: e.type, request_id: (e.data as { request_id: string }).request_id, row: read(e, pos) ? rowOf(e) : null, ...logPlace(e), ...pairing[pos] })),
-    );
-    const fresh = freshBatch('usage_ledger', 'pos int, stream_id text, type text, request_id text, row json, closed boolean, paired int');
-    await db.query(
-      `WITH ${fresh},
-       ended AS (
-         DELETE FROM ${pending} p USING fresh f
-         WHERE ${closesEarlierHold('f')} AND p.stream_id = f.stream_id AND p.request_id = f.request_id
-         RETURNING p.stream_id, p.request_id, p.facts)
-       INSERT INTO usage_ledger
-       SELECT r.* FROM fresh f
-       LEFT JOIN ended x ON f.type = 'ReservationExpired' AND x.stream_id = f.stream_id AND x.request_id = f.request_id
-       LEFT JOIN fresh y ON f.type = 'ReservationExpired' AND y.pos = f.paired
-       CROSS JOIN LATERAL json_populate_record(NULL::usage_ledger,
-         CASE WHEN f.type = 'ReservationExpired' THEN (coalesce(x.facts, y.row::jsonb, '{}'::jsonb) || f.row::jsonb)::json ELSE f.row END) r
-       WHERE f.type NOT IN ('BudgetReserved', 'LateUsageRecorded')
-       ORDER BY f.pos
-       ON CONFLICT (request_id) DO NOTHING`,
-      [batch],
-    );
+    const row = (e: Recorded<MeterEvent>, pos: number) => {
+      const { paired, rtx, rgp } = pairing[pos];
+      return { pos, stream_id: e.streamId, type: e.type, request_id: (e.data as { request_id: string }).request_id, row: rowOf(e), ...logPlace(e), paired, rtx, rgp };
+    };
+    const fresh = freshBatch('usage_ledger', 'pos int, stream_id text, type text, request_id text, row json, paired int, rtx bigint, rgp bigint');
+    const ended = rowsWhere(events, (e, pos) => isClose(e) || e.type === 'RequestRejected' || expiring.has(pos), row);
+    if (ended !== '[]') {
+      await db.query(
+        `WITH ${fresh},
+         ended AS (
+           DELETE FROM ${pending} p USING fresh f
+           WHERE ${closesEarlierHold('f', 'usage_ledger')} AND p.stream_id = f.stream_id AND p.request_id = f.request_id
+           RETURNING p.stream_id, p.request_id, p.facts)
+         INSERT INTO usage_ledger
+         SELECT r.* FROM fresh f
+         LEFT JOIN ended x ON f.type = 'ReservationExpired' AND x.stream_id = f.stream_id AND x.request_id = f.request_id
+         LEFT JOIN fresh y ON f.type = 'ReservationExpired' AND y.pos = f.paired
+         CROSS JOIN LATERAL json_populate_record(NULL::usage_ledger,
+           CASE WHEN f.type = 'ReservationExpired' THEN (coalesce(x.facts, y.row::jsonb, '{}'::jsonb) || f.row::jsonb)::json ELSE f.row END) r
+         WHERE f.type <> 'BudgetReserved'
+         ORDER BY f.pos
+         ON CONFLICT (request_id) DO NOTHING`,
+        [ended],
+      );
+    }
     // A late settlement completes its expiry's row (inserted by the statement above when in the same batch), once.
-    if (events.some((e) => e.type === 'LateUsageRecorded')) {
+    const late = rowsWhere(events, (e) => e.type === 'LateUsageRecorded', row);
+    if (late !== '[]') {
       await db.query(
         `WITH ${fresh}
          UPDATE usage_ledger l SET status = r.status, latency_ms = r.latency_ms, gpu_seconds = r.gpu_seconds, cost = r.cost, cost_micros = r.cost_micros,
            price_per_gpu_second_micros = r.price_per_gpu_second_micros, basis = r.basis, disconnected = r.disconnected,
            late_input_tokens = r.late_input_tokens, late_output_tokens = r.late_output_tokens, late_at = r.late_at
          FROM fresh f CROSS JOIN LATERAL json_populate_record(NULL::usage_ledger, f.row) r
-         WHERE f.type = 'LateUsageRecorded' AND l.request_id = f.request_id AND l.key_id = r.key_id AND l.outcome = 'expired' AND l.late_at IS NULL`,
-        [batch],
+         WHERE l.request_id = f.request_id AND l.key_id = r.key_id AND l.outcome = 'expired' AND l.late_at IS NULL`,
+        [late],
       );
     }
-    await db.query(
-      `WITH ${fresh}
-       INSERT INTO ${pending} (stream_id, request_id, facts)
-       SELECT stream_id, request_id, row::jsonb FROM fresh f WHERE ${outlivesBatch('f')} ORDER BY pos ON CONFLICT DO NOTHING`,
-      [batch],
-    );
+    const opened = rowsWhere(events, (e, pos) => outlivesBatch(e, pairing[pos]), row);
+    if (opened !== '[]') {
+      await db.query(
+        `WITH ${fresh}
+         INSERT INTO ${pending} (stream_id, request_id, facts)
+         SELECT stream_id, request_id, row::jsonb FROM fresh ORDER BY pos ON CONFLICT DO NOTHING`,
+        [opened],
+      );
+    }
     await advanceGuard(db, 'usage_ledger', events);
   },
 });
