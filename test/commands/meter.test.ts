@@ -634,13 +634,19 @@ leasing('a lapsed lease counts for nothing: its holds take a slot each, and a ne
   spec.given(given).when(reserve({ lease: asA })).then([leased(3), reserved({ holder: 'gw-a' })]);
   spec.given([...given, ...holds(14)]).when(reserve({ lease: asA })).thenRejects('at_capacity');
 });
-leasing('a lease in its second half is renewed alongside the reservation; in its last quarter it is taken again (the reservation waits)', () => {
+leasing('a lease in its second half is renewed alongside the reservation; in its last quarter (at most its last 5 s) it is taken again (the reservation waits)', () => {
   const lasting = (left: number) => leased(3, { expires: iso(ms(noon) + left) });
   spec.given([opened(), lasting(leaseTtl / 2)]).when(reserve({ lease: asA })).then([reserved({ holder: 'gw-a' })]);
   const renewed = SlotLeaseRenewed({ holder: 'gw-a', expires_at: iso(ms(noon) + leaseTtl), at: noon });
   spec.given([opened(), lasting(leaseTtl / 2 - 1)]).when(reserve({ lease: asA })).then([renewed, reserved({ holder: 'gw-a' })]);
   spec.given([opened(), lasting(leaseTtl / 4)]).when(reserve({ lease: asA })).then([renewed, reserved({ holder: 'gw-a' })]);
   spec.given([opened(), lasting(leaseTtl / 4 - 1)]).when(reserve({ lease: asA })).then([leased(3), reserved({ holder: 'gw-a' })]);
+  // A long lease (60 s): renewed alongside down to its last 5 s, not only down to its last quarter (15 s).
+  const asLong = { holder: 'gw-a', ttlMs: 60_000 };
+  const renewedLong = SlotLeaseRenewed({ holder: 'gw-a', expires_at: iso(ms(noon) + 60_000), at: noon });
+  spec.given([opened(), lasting(8_000)]).when(reserve({ lease: asLong })).then([renewedLong, reserved({ holder: 'gw-a' })]);
+  spec.given([opened(), lasting(5_000)]).when(reserve({ lease: asLong })).then([renewedLong, reserved({ holder: 'gw-a' })]);
+  spec.given([opened(), lasting(4_999)]).when(reserve({ lease: asLong })).then([leased(3, { expires: iso(ms(noon) + 60_000) }), reserved({ holder: 'gw-a' })]);
   // Renewed, the lease keeps its size and lasts the whole TTL again.
   spec.given([opened(), lasting(leaseTtl / 2 - 1)]).when(reserve({ lease: asA })).thenState((state) => assert.equal(state.leases['gw-a'], { slots: 3, expiresAt: iso(ms(noon) + leaseTtl) }));
 });
