@@ -379,7 +379,7 @@ export function balanceFrom(keyId: string, day: string, earlier: string, state: 
  * its early engine call cancelled). A key used every 26 s kept meeting its 60 s lease in the last
  * quarter with the old 15 s, so every other request waited for its append (BENCHMARKS.md, gateway).
  */
-export const leaseRenewalMarginMs = (leaseTtlMs: number): number => Math.min(leaseTtlMs / 4, 5_000);
+const leaseRenewalMarginMs = (leaseTtlMs: number): number => Math.min(leaseTtlMs / 4, 5_000);
 
 /** The holder's lease, if it stands at `now` (a lapsed lease counts for nothing). */
 export function standingLease(state: MeterState, holder: string, now: number): Lease | null {

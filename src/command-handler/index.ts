@@ -147,8 +147,8 @@ export class CommandHandler {
   readonly #underway = new Set<Promise<unknown>>();
   /** Streams whose pending decisions linger (CommandOptions.lingerMs). */
   readonly #lingering = new Set<Slot>();
+  /** Streams with decisions that may not linger, sent from the next turn (one setImmediate while any wait). */
   readonly #urgent = new Set<Slot>();
-  #urgentScheduled = false;
 
   constructor(options: CommandHandlerOptions) {
     this.#store = options.store;
@@ -261,11 +261,8 @@ export class CommandHandler {
         // two: a key's settlement rides on the next request's reservation, whichever key that is). Not
         // at once: the caller's own work this turn (the engine call a reservation in a standing slot
         // lease starts) goes before the append's encoding.
+        if (this.#urgent.size === 0) setImmediate(() => this.#flushUrgent());
         this.#urgent.add(slot);
-        if (!this.#urgentScheduled) {
-          this.#urgentScheduled = true;
-          setImmediate(() => this.#flushUrgent());
-        }
       } else if (!slot.lingering) {
         slot.lingering = setTimeout(() => this.#flush(slot), linger);
         this.#lingering.add(slot);
@@ -276,7 +273,6 @@ export class CommandHandler {
 
   /** Sends what decisions without a linger left pending, and everything lingering with it. */
   #flushUrgent(): void {
-    this.#urgentScheduled = false;
     const urgent = [...this.#urgent];
     this.#urgent.clear();
     for (const other of this.#lingering) this.#flush(other);
