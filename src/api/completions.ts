@@ -8,7 +8,7 @@ import { apiError, ApiError } from '../errors/index.ts';
 import type { EngineClient, EngineResponse } from '../engine-client/index.ts';
 import type { CompletionContext, PreparedCompletion } from '../completion-request/index.ts';
 import { CompletionRequest, completionRequestError, lowerMaxTokens, prepareValidCompletion } from '../completion-request/index.ts';
-import { refusalOf, type Admission, type MeteredKey, type Metering, type Reservation } from '../metering/index.ts';
+import { refusalOf, type Admission, type MeteredKey, type Metering, type Reservation, type Voiding } from '../metering/index.ts';
 import type { RequestFactsData } from '../../events/index.ts';
 import { billingBasis } from '../../commands/billing.ts';
 import { apiKeySecurity, compileRouteSchema, errorResponses, okResponse } from './route-schema.ts';
@@ -211,18 +211,23 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
         if (deadline) clearTimeout(deadline);
       }
     };
-    /** The engine call made before the reservation is durable; cancelled (a response that came meanwhile dropped) if it is voided. */
-    const startEarly = (completion: PreparedCompletion, voided: AbortSignal): Promise<EngineResponse> => {
-      const response = dispatch(completion, eitherAborted(controller.signal, voided));
+    /**
+     * The engine call made before the reservation is durable, on a signal of its own: the client's
+     * leaving (or the deadline) cancels it, and so does the reservation's voiding, which also drops a
+     * response that came meanwhile.
+     */
+    const startEarly = (completion: PreparedCompletion, voiding: Voiding): Promise<EngineResponse> => {
+      const call = new AbortController();
+      if (controller.signal.aborted) call.abort(controller.signal.reason);
+      else controller.signal.addEventListener('abort', () => call.abort(controller.signal.reason), { once: true });
+      voiding.onVoided(() => call.abort());
+      const response = dispatch(completion, call.signal);
       response.then(
-        (r) => {
-          const drop = () => {
+        (r) =>
+          voiding.onVoided(() => {
             r.body.destroy();
             r.release();
-          };
-          if (voided.aborted) drop();
-          else voided.addEventListener('abort', drop, { once: true });
-        },
+          }),
         () => {}, // awaited, and its error thrown, only if not voided
       );
       return response;
@@ -255,7 +260,7 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
         // decided in memory, it can still be refused on fresh state (another process took the key's last
         // slot or budget first), and an engine call made on it would count against the key's 16 at the
         // engine. Either way no byte reaches the client before the reservation is durable.
-        const early = admission.startNow ? startEarly(atLimit(admission), admission.voided) : null;
+        const early = admission.startNow ? startEarly(atLimit(admission), admission.voiding) : null;
         // A capture's body is read and checked as it arrives, while the reservation becomes durable too
         // (only sending it waits for that): held back, the engine's socket would stall meanwhile.
         if (early && prepared.capture) {
@@ -273,7 +278,7 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
         }
         completion = atLimit(stored);
         // Voided: decided again otherwise (fewer tokens now fit, say); the early call was cancelled.
-        if (early && !admission.voided.aborted) upstream = await early;
+        if (early && !admission.voiding.voided) upstream = await early;
         else {
           earlyCapture = null;
           upstream = await dispatch(completion, controller.signal);
@@ -402,25 +407,6 @@ function tokensSeen(relayed: RelayedUsage | null, request: PreparedCompletion): 
   if (relayed === null) return { prompt_tokens: request.promptTokens, completion_tokens: 0 };
   // A stream relays one content frame per token per choice; a body that broke off cannot say.
   return { prompt_tokens: request.promptTokens, completion_tokens: request.stream ? relayed.contentFrames : null };
-}
-
-/**
- * A signal aborted when either is. Not AbortSignal.any, which on Node 20 keeps weak references and a
- * finalizer per call: measurable garbage at thousands of requests a second.
- */
-function eitherAborted(a: AbortSignal, b: AbortSignal): AbortSignal {
-  if (a.aborted) return a;
-  if (b.aborted) return b;
-  const either = new AbortController();
-  const onA = () => either.abort(a.reason);
-  const onB = () => either.abort(b.reason);
-  a.addEventListener('abort', onA, { once: true });
-  b.addEventListener('abort', onB, { once: true });
-  either.signal.addEventListener('abort', () => {
-    a.removeEventListener('abort', onA);
-    b.removeEventListener('abort', onB);
-  }, { once: true });
-  return either.signal;
 }
 
 /**

@@ -3,7 +3,7 @@
  * random bytes), secret = 43 base64url characters (32 random bytes). Only the sha256 of the secret
  * is stored; a 256-bit random secret needs no salt or slow hash (nothing to brute-force).
  */
-import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
+import { hash, randomBytes, timingSafeEqual } from 'node:crypto';
 
 const keyPattern = /^svc_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$/;
 export const prefixPattern = /^[0-9a-f]{12}$/;
@@ -26,8 +26,9 @@ export function parseKey(token: string): { prefix: string; secret: string } | nu
   return m ? { prefix: m[1], secret: m[2] } : null;
 }
 
+/** One-shot: a Hash object per call cost twice as much, at every authenticated request. */
 export function sha256(value: string): Buffer {
-  return createHash('sha256').update(value, 'utf8').digest();
+  return hash('sha256', value, 'buffer');
 }
 
 /** Whether the presented secret hashes to the stored hash, in time independent of where they differ. */

@@ -29,9 +29,9 @@ import { rejectionToApiError } from './rejections.ts';
 
 export { refusalOf, rejectionToApiError } from './rejections.ts';
 
-import { noRefusal, type AdmitRequest, type Admission, type Refusal, type Reservation, type Usage } from './types.ts';
+import { noRefusal, Voiding, type AdmitRequest, type Admission, type Refusal, type Reservation, type Usage } from './types.ts';
 
-export type { AdmitRequest, Admission, MeteredKey, Refusal, Reservation, Usage } from './types.ts';
+export type { AdmitRequest, Admission, MeteredKey, Refusal, Reservation, Usage, Voiding } from './types.ts';
 
 /** The usage of a request answered before it reached the engine (its reservation was not confirmed). */
 const notRun: Usage = { inputTokens: 0, outputTokens: 0, status: 503, latencyMs: 0, gpuSeconds: 0, costMicros: 0, pricePerGpuSecondMicros: null, basis: 'not_run', disconnected: false };
@@ -232,17 +232,17 @@ export class Metering {
     const reservation = reservationFrom(keyId, day, stream, outcome.newEvents);
     // In the lease as it stands (renewed alongside at most): no other process can take this slot, so the engine may start now.
     const startNow = outcome.newEvents.every((e) => e.type !== 'SlotsLeased') && outcome.newEvents.some((e) => e.type === 'BudgetReserved' && e.data.lease_holder !== null);
-    const voiding = new AbortController();
+    const voiding = new Voiding();
     this.#running.set(reservation.requestId, { expiresAt: now.getTime() + this.#ttlMs, ...reservation });
     const durable = decision.durable.then(
       async (final): Promise<Reservation> => {
         if (final.accepted) {
           const stored = reservationFrom(keyId, day, stream, final.newEvents);
-          if (stored.maxTokens !== reservation.maxTokens) voiding.abort();
+          if (stored.maxTokens !== reservation.maxTokens) voiding.void();
           this.#running.set(stored.requestId, { expiresAt: now.getTime() + this.#ttlMs, ...stored });
           return stored;
         }
-        voiding.abort();
+        voiding.void();
         this.#running.delete(reservation.requestId);
         // Decided again on fresh state and refused: wait for a slot like any other request, or fail.
         if (final.rejection.rejected === 'at_capacity') return (await this.#enqueue(request)).durable;
@@ -253,7 +253,7 @@ export class Metering {
         throw rejectionToApiError(final.rejection);
       },
       (error: unknown) => {
-        voiding.abort();
+        voiding.void();
         this.#logger.error({ err: String(error), request_id: request.facts.request_id }, 'reservation could not be stored');
         // The append's outcome may be unknown (its connection broke after the commit): release the hold
         // it may have stored, at zero usage, instead of leaving it to the reaper (which charges it whole).
@@ -261,7 +261,7 @@ export class Metering {
         throw apiError('store_unavailable', 'the usage store is unavailable; the request was not run');
       },
     );
-    return { startNow, voided: voiding.signal, durable, ...reservation };
+    return { startNow, voiding, durable, ...reservation };
   }
 
   #enqueue(request: AdmitRequest): Promise<Admission> {

@@ -41,10 +41,38 @@ export interface Admission extends Reservation {
    * it once `durable` resolves.
    */
   readonly startNow: boolean;
-  /** Aborted when this reservation was decided again and came out otherwise: cancel an engine call started on it. */
-  readonly voided: AbortSignal;
+  /** Fires when this reservation was decided again and came out otherwise: cancel an engine call started on it. */
+  readonly voiding: Voiding;
   /** The reservation as stored: this one, or the one decided again on fresh state (rejects with an ApiError). */
   readonly durable: Promise<Reservation>;
+}
+
+/**
+ * Fires once, when a reservation decided in memory came out otherwise once stored. Not an AbortSignal:
+ * every metered request has one, and a signal with its listeners cost some 25 µs of a metered
+ * request's CPU (the route makes the one signal its early engine call needs; BENCHMARKS.md, gateway).
+ */
+export class Voiding {
+  #voided = false;
+  #listeners: (() => void)[] = [];
+
+  get voided(): boolean {
+    return this.#voided;
+  }
+
+  /** Calls `listener` once voided: at once if it is already. */
+  onVoided(listener: () => void): void {
+    if (this.#voided) listener();
+    else this.#listeners.push(listener);
+  }
+
+  void(): void {
+    if (this.#voided) return;
+    this.#voided = true;
+    const listeners = this.#listeners;
+    this.#listeners = [];
+    for (const listener of listeners) listener();
+  }
 }
 
 /** What a settlement records besides the request's facts: the meter decider's Settle command, less its envelope. */

@@ -13,6 +13,7 @@ import pino from 'pino';
 import { CommandHandler } from '../../src/command-handler/index.ts';
 import { ApiError } from '../../src/errors/index.ts';
 import { Metering, type Admission } from '../../src/metering/index.ts';
+import { Voiding } from '../../src/metering/types.ts';
 import { openEventStore, type EventStore } from '../../src/store/index.ts';
 import { meterEvents, meterStream, utcDay, type MeterEvent } from '../../events/meter.ts';
 import type { KeyBudgetValues } from '../../events/key.ts';
@@ -163,15 +164,28 @@ it('a reservation started at once is voided when the other process spent the bud
     assert.instance(error, ApiError);
     assert.is((error as ApiError).code, 'budget_exceeded');
   }
-  assert.ok(late.voided.aborted, 'the engine call started on it is cancelled');
+  assert.ok(late.voiding.voided, 'the engine call started on it is cancelled');
 });
 
 it('decided again with fewer tokens, an early reservation is voided and the stored one carries the new max_tokens', async (context) => {
   const late = await leasedOnStaleState(context, 70); // 8 + 75 gone: 17 left
   const stored = await late.durable;
-  assert.ok(late.voided.aborted);
+  assert.ok(late.voiding.voided);
   assert.is(stored.maxTokens, 12, '17 left less 5 of prompt');
   assert.is(stored.clampedBy, 'monthly_token_budget');
+});
+
+it('a voiding tells each listener once, and one added after it at once', () => {
+  const voiding = new Voiding();
+  const heard: string[] = [];
+  voiding.onVoided(() => heard.push('engine call'));
+  voiding.onVoided(() => heard.push('early response'));
+  assert.is(voiding.voided, false);
+  voiding.void();
+  voiding.void();
+  assert.ok(voiding.voided);
+  voiding.onVoided(() => heard.push('late'));
+  assert.equal(heard, ['engine call', 'early response', 'late']);
 });
 
 it.run();
