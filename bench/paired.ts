@@ -1,0 +1,105 @@
+// Paired throughput: several builds or settings of the gateway side by side, their load runs alternated
+// (A B C, C B A, ...) so that the machine's drift hits them alike. On this 2-core VM the same gateway's
+// CPU per request moves by ±20 % from one 8 s run to the next, and a whole-bench run compares one run
+// of each, so a change of 10 % needs this. Each variant is a gateway process on a PostgreSQL database
+// of its own (DATABASE_URL, required), in front of the instant engine stub, 64 connections over 384 keys.
+// Prints, per variant, each run's gateway CPU µs per request and requests/s, their medians, and the
+// main thread's scavenge (minor GC) time per request (a PerformanceObserver loaded into the gateway).
+//
+// Variants (BENCH_VARIANTS, a comma-separated list; default `metered,metered-semi16,unmetered`):
+// - `metered`, `unmetered`, `noproj`: this checkout as `npm start` runs it (metering on, off, or on
+//   without projections in the process);
+// - `metered-semi16`: metered with Node's default young generation (16 MB semi-spaces), for the
+//   setting `npm start` changes (src/README.md);
+// - `ref:<git ref>`: that commit, metered, built into a scratch worktree, with the flags of its own
+//   start script (`ref:HEAD~3`, say: what a change did, measured beside it).
+// BENCH_ROUNDS (default 4) alternations of BENCH_SECONDS (default 8) s each, after a 10 s warm-up each.
+import { execFileSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { tmpdir, cpus, loadavg } from 'node:os';
+import { join } from 'node:path';
+import { KeyPool, benchAdminToken, benchModel, buildGateway, cpuPerRequest, gatewayServeArgs, issueKeys, postLoad, root, scratchDatabase, spawnWithUrl, stop } from './support.ts';
+
+if (!process.env.DATABASE_URL) {
+  process.stdout.write('paired: skipped, it needs DATABASE_URL (a PostgreSQL database to create scratch databases beside)\n');
+  process.exit(0);
+}
+const variants = (process.env.BENCH_VARIANTS ?? 'metered,metered-semi16,unmetered').split(',');
+const rounds = Number(process.env.BENCH_ROUNDS ?? 4);
+const seconds = Number(process.env.BENCH_SECONDS ?? 8);
+const startedAt = new Date();
+const dir = mkdtempSync(join(tmpdir(), 'svc-bench-paired-'));
+const cleanups: (() => Promise<void> | void)[] = [() => rmSync(dir, { recursive: true, force: true })];
+const gcObserver = join(dir, 'gc-observer.mjs');
+// Loaded into each gateway (--import): the main thread's minor GC time, written where the bench reads it.
+writeFileSync(
+  gcObserver,
+  `import { PerformanceObserver, constants } from 'node:perf_hooks';
+   import { writeFileSync } from 'node:fs';
+   let minorMs = 0;
+   new PerformanceObserver((list) => { for (const e of list.getEntries()) if (e.detail?.kind === constants.NODE_PERFORMANCE_GC_MINOR) minorMs += e.duration; }).observe({ entryTypes: ['gc'] });
+   setInterval(() => writeFileSync(${JSON.stringify(dir)} + '/gc-' + process.pid, String(minorMs)), 250).unref();\n`,
+);
+const minorGcMs = (pid: number) => (existsSync(join(dir, `gc-${pid}`)) ? Number(readFileSync(join(dir, `gc-${pid}`), 'utf8')) : NaN);
+
+/** The gateway's command line for a variant: this checkout's start flags, or another commit's build. */
+function commandFor(variant: string): { args: string[]; metering: string; projections: string } {
+  const here = gatewayServeArgs(['--import', gcObserver]);
+  if (variant === 'metered') return { args: here, metering: 'on', projections: 'on' };
+  if (variant === 'unmetered') return { args: here, metering: 'off', projections: 'on' };
+  if (variant === 'noproj') return { args: here, metering: 'on', projections: 'off' };
+  if (variant === 'metered-semi16') return { args: here.filter((a) => !a.startsWith('--max-semi-space-size')), metering: 'on', projections: 'on' };
+  if (variant.startsWith('ref:')) {
+    const ref = variant.slice(4);
+    const tree = join(dir, `tree-${ref.replace(/[^A-Za-z0-9]/g, '_')}`);
+    execFileSync('git', ['worktree', 'add', '--detach', '-q', tree, ref], { cwd: root });
+    cleanups.push(() => void execFileSync('git', ['worktree', 'remove', '--force', tree], { cwd: root }));
+    symlinkSync(join(root, 'node_modules'), join(tree, 'node_modules'));
+    execFileSync(process.execPath, [join(root, 'node_modules/typescript/bin/tsc'), '-p', join(tree, 'tsconfig.build.json')], { cwd: tree });
+    const start: string = JSON.parse(readFileSync(join(tree, 'package.json'), 'utf8')).scripts.start;
+    const flags = (/^(?:exec\s+)?node\s+((?:--\S+\s+)*)bin\/start\.js\s*$/.exec(start)?.[1] ?? '').split(/\s+/).filter(Boolean);
+    return { args: [...flags, '--import', gcObserver, join(tree, 'dist/src/cli/main.js'), 'serve'], metering: 'on', projections: 'on' };
+  }
+  throw new Error(`unknown variant ${variant}: metered, unmetered, noproj, metered-semi16 or ref:<git ref>`);
+}
+
+try {
+  buildGateway();
+  const engine = await spawnWithUrl(['--import', 'tsx', 'bench/instant-engine.ts', 'bench/instant'], process.env);
+  cleanups.push(() => stop(engine.child));
+  writeFileSync(join(dir, 'models.json'), JSON.stringify({ models: [benchModel('instant', 'bench/instant', engine.url, true)] }));
+  const body = JSON.stringify({ prompt: 'The quick brown fox', max_tokens: 16, temperature: 0 });
+  const gateways = [];
+  for (const [i, variant] of variants.entries()) {
+    const command = commandFor(variant);
+    const db = await scratchDatabase(process.env.DATABASE_URL, `paired_${i}`);
+    cleanups.push(db.drop);
+    const env = { ...process.env, SVC_CONFIG: join(dir, 'models.json'), DATA_DIR: join(dir, `data-${i}`), PORT: '0', LOG_LEVEL: 'warn', SVC_ADMIN_TOKEN: benchAdminToken, SVC_METERING: command.metering, SVC_PROJECTIONS: command.projections, DATABASE_URL: db.url };
+    const gw = await spawnWithUrl(command.args, env, /listening on (http:\/\/\S+)/);
+    cleanups.push(() => stop(gw.child));
+    const pool = new KeyPool(await issueKeys(gw.url, 384, `paired-${i}`));
+    await postLoad({ url: `${gw.url}/v1/completions`, body, connections: 64, seconds: 10, authorization: () => pool.next() });
+    gateways.push({ variant, url: gw.url, pid: gw.child.pid!, pool, cpu: [] as number[], rps: [] as number[], gc: [] as number[] });
+  }
+  for (let r = 0; r < rounds; r++) {
+    for (const g of r % 2 === 0 ? gateways : [...gateways].reverse()) {
+      await new Promise((resolve) => setTimeout(resolve, 300)); // the observer's last figure is written
+      const gcBefore = minorGcMs(g.pid);
+      const meter = cpuPerRequest({ gateway: g.pid });
+      const result = await postLoad({ url: `${g.url}/v1/completions`, body, connections: 64, seconds, authorization: () => g.pool.next() });
+      const cpu = meter.stop(result.requests.total);
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      g.cpu.push(cpu.gateway);
+      g.rps.push(result.requests.average);
+      g.gc.push(((minorGcMs(g.pid) - gcBefore) * 1000) / result.requests.total);
+    }
+  }
+  const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+  const lines = [
+    `paired gateway throughput, ${rounds} alternated runs of ${seconds} s at 64 connections, instant engine, PostgreSQL — ${startedAt.toISOString()} to ${new Date().toISOString()} — ${cpus().length} cores (${cpus()[0]?.model}), Node ${process.version}, load average ${loadavg()[0].toFixed(1)} at end`,
+    ...gateways.map((g) => `${g.variant.padEnd(16)} gateway CPU µs/request ${g.cpu.map(Math.round).join(', ')} (median ${Math.round(median(g.cpu))}) | requests/s ${g.rps.map(Math.round).join(', ')} (median ${Math.round(median(g.rps))}) | main-thread scavenges µs/request median ${Math.round(median(g.gc))}`),
+  ];
+  process.stdout.write(`${lines.join('\n')}\n`);
+} finally {
+  for (const fn of cleanups.reverse()) await Promise.resolve(fn()).catch((err) => process.stderr.write(`cleanup: ${err}\n`));
+}
