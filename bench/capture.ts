@@ -6,9 +6,8 @@
 import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir, cpus, totalmem } from 'node:os';
 import { join } from 'node:path';
-import { execFileSync } from 'node:child_process';
 import { Agent, request } from 'undici';
-import { benchAdminToken, gatewayServeArgs, issueKeys, memoryOf, root, scratchDatabase, spawnWithUrl, stop } from './support.ts';
+import { buildGateway, gatewayEnv, gatewayServeArgs, issueKeys, memoryOf, scratchDatabase, spawnWithUrl, stop } from './support.ts';
 import { captureRequest, engineCaptureBody, postHashed, stubModel, STUB_CHECKPOINT } from '../test/support/capture.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'svc-bench-capture-'));
@@ -17,11 +16,11 @@ const engine = await spawnWithUrl(['--import', 'tsx', 'test/support/capture-engi
 const bare = await spawnWithUrl(['--import', 'tsx', 'bench/bare-relay.ts', engine.url], process.env);
 writeFileSync(join(dir, 'models.json'), JSON.stringify({ models: [stubModel(engine.url)] }));
 const storeKind = process.env.DATABASE_URL ? 'postgres' : 'pglite';
-execFileSync(process.execPath, [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', join(root, 'tsconfig.build.json')], { stdio: 'inherit' });
+buildGateway();
 // With DATABASE_URL the gateway gets a fresh PostgreSQL database of its own (dropped at the end).
 const db = process.env.DATABASE_URL ? await scratchDatabase(process.env.DATABASE_URL, 'capture') : null;
-const gatewayEnv = { ...process.env, SVC_CONFIG: join(dir, 'models.json'), DATA_DIR: join(dir, 'data'), PORT: '0', LOG_LEVEL: 'warn', SVC_ADMIN_TOKEN: benchAdminToken, ...(db ? { DATABASE_URL: db.url } : {}) };
-const gateway = await spawnWithUrl(gatewayServeArgs(process.env.BENCH_PROF_DIR ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_PROF_DIR}`] : []), gatewayEnv, /listening on (http:\/\/\S+)/);
+const env = gatewayEnv(dir, 'data', db ? { DATABASE_URL: db.url } : {});
+const gateway = await spawnWithUrl(gatewayServeArgs(process.env.BENCH_PROF_DIR ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_PROF_DIR}`] : []), env, /listening on (http:\/\/\S+)/);
 // One key (metering on, the default): some 60 requests, at most 4 at once, well inside its limits.
 const [apiKey] = await issueKeys(gateway.url, 1, 'capture');
 const keyHeader = { authorization: `Bearer ${apiKey}` };

@@ -28,7 +28,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir, cpus, totalmem, loadavg } from 'node:os';
 import { join } from 'node:path';
 import { Agent, request } from 'undici';
-import { KeyPool, benchAdminToken, benchModel, buildGateway, cpuPerRequest, gatewayServeArgs, issueKeys, memoryOf, percentile, portkeyHeaders, portkeyVersion, postLoad, scratchDatabase, spawnWithUrl, startPortkey, stop } from './support.ts';
+import { KeyPool, benchModel, buildGateway, cpuPerRequest, gatewayEnv, gatewayServeArgs, issueKeys, memoryOf, percentile, portkeyHeaders, portkeyVersion, postLoad, scratchDatabase, spawnWithUrl, startPortkey, stop } from './support.ts';
 
 // BENCH_PARTS=latency,slow,throughput,relay picks parts (all by default).
 const parts = new Set((process.env.BENCH_PARTS ?? 'latency,slow,throughput,relay').split(','));
@@ -77,16 +77,7 @@ async function main(): Promise<void> {
     fresh: string[];
   }
   async function startGateway(name: Gw['name']): Promise<Gw> {
-    const env: NodeJS.ProcessEnv = {
-      ...process.env,
-      SVC_CONFIG: join(dir, 'models.json'),
-      DATA_DIR: join(dir, `data-${name}`),
-      PORT: '0',
-      LOG_LEVEL: 'warn',
-      SVC_ADMIN_TOKEN: benchAdminToken,
-      SVC_METERING: name === 'off' ? 'off' : 'on',
-      SVC_PROJECTIONS: name === 'noproj' ? 'off' : 'on',
-    };
+    const env = gatewayEnv(dir, `data-${name}`, { SVC_METERING: name === 'off' ? 'off' : 'on', SVC_PROJECTIONS: name === 'noproj' ? 'off' : 'on' });
     if (process.env.DATABASE_URL) {
       const db = await scratchDatabase(process.env.DATABASE_URL, `gw_${name}`);
       cleanups.push(db.drop);

@@ -18,7 +18,7 @@ import { execFileSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir, cpus, loadavg } from 'node:os';
 import { join } from 'node:path';
-import { KeyPool, benchAdminToken, benchModel, buildGateway, cpuPerRequest, gatewayServeArgs, issueKeys, postLoad, root, scratchDatabase, spawnWithUrl, stop } from './support.ts';
+import { KeyPool, benchModel, buildGateway, cpuPerRequest, gatewayEnv, gatewayServeArgs, issueKeys, postLoad, root, scratchDatabase, spawnWithUrl, startScriptFlags, stop } from './support.ts';
 
 if (!process.env.DATABASE_URL) {
   process.stdout.write('paired: skipped, it needs DATABASE_URL (a PostgreSQL database to create scratch databases beside)\n');
@@ -55,10 +55,8 @@ function commandFor(variant: string): { args: string[]; metering: string; projec
     execFileSync('git', ['worktree', 'add', '--detach', '-q', tree, ref], { cwd: root });
     cleanups.push(() => void execFileSync('git', ['worktree', 'remove', '--force', tree], { cwd: root }));
     symlinkSync(join(root, 'node_modules'), join(tree, 'node_modules'));
-    execFileSync(process.execPath, [join(root, 'node_modules/typescript/bin/tsc'), '-p', join(tree, 'tsconfig.build.json')], { cwd: tree });
-    const start: string = JSON.parse(readFileSync(join(tree, 'package.json'), 'utf8')).scripts.start;
-    const flags = (/^(?:exec\s+)?node\s+((?:--\S+\s+)*)bin\/start\.js\s*$/.exec(start)?.[1] ?? '').split(/\s+/).filter(Boolean);
-    return { args: [...flags, '--import', gcObserver, join(tree, 'dist/src/cli/main.js'), 'serve'], metering: 'on', projections: 'on' };
+    buildGateway(tree);
+    return { args: [...startScriptFlags(tree), '--import', gcObserver, join(tree, 'dist/src/cli/main.js'), 'serve'], metering: 'on', projections: 'on' };
   }
   throw new Error(`unknown variant ${variant}: metered, unmetered, noproj, metered-semi16 or ref:<git ref>`);
 }
@@ -74,7 +72,7 @@ try {
     const command = commandFor(variant);
     const db = await scratchDatabase(process.env.DATABASE_URL, `paired_${i}`);
     cleanups.push(db.drop);
-    const env = { ...process.env, SVC_CONFIG: join(dir, 'models.json'), DATA_DIR: join(dir, `data-${i}`), PORT: '0', LOG_LEVEL: 'warn', SVC_ADMIN_TOKEN: benchAdminToken, SVC_METERING: command.metering, SVC_PROJECTIONS: command.projections, DATABASE_URL: db.url };
+    const env = gatewayEnv(dir, `data-${i}`, { SVC_METERING: command.metering, SVC_PROJECTIONS: command.projections, DATABASE_URL: db.url });
     const gw = await spawnWithUrl(command.args, env, /listening on (http:\/\/\S+)/);
     cleanups.push(() => stop(gw.child));
     const pool = new KeyPool(await issueKeys(gw.url, 384, `paired-${i}`));

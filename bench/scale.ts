@@ -26,7 +26,7 @@ import { join } from 'node:path';
 import { type ChildProcess } from 'node:child_process';
 import pg from 'pg';
 import { Agent, request } from 'undici';
-import { KeyPool, benchAdminToken, benchModel, buildGateway, cpuSince, gatewayServeArgs, issueKeys, postLoad, scratchDatabase, spawnWithUrl, stop } from './support.ts';
+import { KeyPool, benchModel, buildGateway, cpuSince, gatewayEnv, gatewayServeArgs, issueKeys, postLoad, scratchDatabase, spawnWithUrl, stop } from './support.ts';
 
 const databaseUrl = process.env.DATABASE_URL;
 if (!databaseUrl) {
@@ -107,16 +107,7 @@ async function main(): Promise<void> {
   }
 
   // The deployment's shape (infra/deploy): gateways run no harvest workers and dispatch through PostgreSQL.
-  const env: NodeJS.ProcessEnv = {
-    ...process.env,
-    DATABASE_URL: db.url,
-    SVC_CONFIG: join(dir, 'models.json'),
-    SVC_HARVEST_DIR: join(dir, 'harvest'),
-    SVC_HARVEST_TRANSPORT: 'postgres',
-    PORT: '0',
-    LOG_LEVEL: 'warn',
-    SVC_ADMIN_TOKEN: benchAdminToken,
-  };
+  const env = (index: number) => gatewayEnv(dir, `data-${index}`, { DATABASE_URL: db.url, SVC_HARVEST_DIR: join(dir, 'harvest'), SVC_HARVEST_TRANSPORT: 'postgres' });
   const running: Gateway[] = [];
   const dispatcher = new Agent({ connections: 16, keepAliveTimeout: 60_000 });
   cleanups.push(() => dispatcher.close());
@@ -126,7 +117,7 @@ async function main(): Promise<void> {
   const body = JSON.stringify({ prompt: 'The quick brown fox', max_tokens: 16, temperature: 0 });
 
   async function startGateway(index: number): Promise<Gateway> {
-    const gw = await spawnWithUrl([...gatewayServeArgs(), '--no-workers'], { ...env, DATA_DIR: join(dir, `data-${index}`) }, /listening on (http:\/\/\S+)/);
+    const gw = await spawnWithUrl([...gatewayServeArgs(), '--no-workers'], env(index), /listening on (http:\/\/\S+)/);
     const gateway = { index, url: gw.url, child: gw.child };
     cleanups.push(() => stop(gw.child));
     const keyPool = (pool ??= new KeyPool(await issueKeys(gw.url, keyCount, 'scale')));

@@ -13,16 +13,31 @@ import { openEventStore, type EventStore } from '../src/store/index.ts';
 export const root = fileURLToPath(new URL('..', import.meta.url));
 
 /**
+ * The node flags of a checkout's `npm start` (package.json's start script, "exec node [flags]
+ * bin/start.js"): bin/start.js builds when needed, then runs dist/src/cli/main.js serve in its own
+ * process, so the same flags apply to it.
+ */
+export function startScriptFlags(tree = root): string[] {
+  const start: string = JSON.parse(readFileSync(join(tree, 'package.json'), 'utf8')).scripts.start;
+  const command = /^(?:exec\s+)?node\s+((?:--\S+\s+)*)bin\/start\.js\s*$/.exec(start);
+  if (!command) throw new Error(`${join(tree, 'package.json')}'s start script is not "exec node [flags] bin/start.js": ${start}`);
+  return command[1].split(/\s+/).filter(Boolean);
+}
+
+/**
  * The compiled gateway's command line as `npm start` runs it (its node flags, then `dist/src/cli/main.js
- * serve`, which bin/start.js runs once built), read from package.json's start script so that the benches measure what users run; `extra`
- * node flags (a profiler) go first.
+ * serve`), so that the benches measure what users run; `extra` node flags (a profiler) go first.
  */
 export function gatewayServeArgs(extra: string[] = []): string[] {
-  const start: string = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')).scripts.start;
-  // bin/start.js builds when needed, then runs dist/src/cli/main.js serve in its own process: the same flags apply.
-  const command = /^(?:exec\s+)?node\s+((?:--\S+\s+)*)bin\/start\.js\s*$/.exec(start);
-  if (!command) throw new Error(`package.json's start script is not "exec node [flags] bin/start.js": ${start}`);
-  return [...extra, ...command[1].split(/\s+/).filter(Boolean), 'dist/src/cli/main.js', 'serve'];
+  return [...extra, ...startScriptFlags(), 'dist/src/cli/main.js', 'serve'];
+}
+
+/**
+ * A bench gateway's environment: the models file in `dir`, its own data directory, any free port,
+ * quiet logs and the benches' admin token; `extra` on top (metering, projections, a database).
+ */
+export function gatewayEnv(dir: string, dataDir: string, extra: NodeJS.ProcessEnv = {}): NodeJS.ProcessEnv {
+  return { ...process.env, SVC_CONFIG: join(dir, 'models.json'), DATA_DIR: join(dir, dataDir), PORT: '0', LOG_LEVEL: 'warn', SVC_ADMIN_TOKEN: benchAdminToken, ...extra };
 }
 
 const children = new Set<ChildProcess>();
@@ -171,9 +186,9 @@ export class KeyPool {
   }
 }
 
-/** Builds the compiled gateway: the benches measure what `npm start` runs. */
-export function buildGateway(): void {
-  execFileSync(process.execPath, [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', join(root, 'tsconfig.build.json')], { stdio: 'inherit' });
+/** Builds the compiled gateway (of this checkout, or of `tree`): the benches measure what `npm start` runs. */
+export function buildGateway(tree = root): void {
+  execFileSync(process.execPath, [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', join(tree, 'tsconfig.build.json')], { stdio: 'inherit' });
 }
 
 /** A model of the benches' configuration (SVC_CONFIG) on an engine stub at `engineUrl`, with the production limits per key. */
