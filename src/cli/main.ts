@@ -64,9 +64,10 @@ async function serve(settings: Settings, args: string[], role: 'serve' | 'worker
     wake();
   };
   for (const signal of ['SIGTERM', 'SIGINT', 'SIGHUP'] as const) process.on(signal, onSignal);
-  const { checkServeCanStart, startGateway } = await import('../gateway/index.ts');
-  // Before anything starts: a held data directory or a taken port is one line, not a stack trace later.
-  if (role === 'serve') await checkServeCanStart(settings, sqlPort);
+  // Before anything starts, or even loads: a held data directory or a taken port is one line, not a stack
+  // trace later, and the check imports only what it reads (the gateway's modules take seconds on a busy machine).
+  if (role === 'serve') await (await import('../gateway/preflight.ts')).checkServeCanStart(settings, sqlPort);
+  const { startGateway } = await import('../gateway/index.ts');
   const admin = resolveAdminToken(process.env, settings.dataDir);
   // SVC_ENGINE_CHAOS=1 gives reference engines their failure-injection route (for tests of a whole `svc serve`).
   // The store's nested-call check costs promise hooks on every promise (see OpenEventStoreOptions.nestedCallCheck);

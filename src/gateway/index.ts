@@ -41,7 +41,6 @@ import { lastCompletions } from '../../projections/backend-health.ts';
 import { fileHarvestStorage, HarvestResumer, HarvestService, HarvestWorker } from '../harvest/index.ts';
 import { inProcessTransport, kafkaTransport, postgresTransport, type DispatchTransport } from '../dispatch/index.ts';
 
-export { checkServeCanStart, ServeBlocked } from './preflight.ts';
 export { EventLogUnreachable, openConfiguredEventLog, redactedEventStoreUrl } from './event-log.ts';
 
 export interface GatewayOptions {

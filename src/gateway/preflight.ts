@@ -6,7 +6,7 @@
 import { createServer } from 'node:net';
 import { resolve } from 'node:path';
 import type { Settings } from '../config/index.ts';
-import { readDataDirLock } from '../store/index.ts';
+import { readDataDirLock } from '../store/data-dir-lock.ts';
 
 /** The service cannot start as configured; `message` is one line for the operator. */
 export class ServeBlocked extends Error {
