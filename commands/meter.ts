@@ -67,8 +67,11 @@ export interface MeterState {
   /** Charged on this stream's day. */
   readonly todayInput: number;
   readonly todayOutput: number;
-  /** Open reservations by request id: requests running now. */
-  readonly holds: Readonly<Record<string, Hold>>;
+  /**
+   * Open reservations by request id: requests running now. A Map, not a record: every request adds and
+   * removes a key of its own, and an object would take a new hidden class each time (BENCHMARKS.md, gateway).
+   */
+  readonly holds: ReadonlyMap<string, Hold>;
   /** Request starts (epoch ms) of the last minute, oldest first. */
   readonly starts: StartWindow;
   /** Slot leases by holder (a gateway process); one that lapsed counts for nothing. */
@@ -155,14 +158,14 @@ const budgetNames: readonly BudgetName[] = ['monthly_token_budget', 'daily_token
 
 export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRejection> = {
   events: meterEvents,
-  initialState: () => ({ opened: false, closed: false, day: null, monthInput: 0, monthOutput: 0, todayInput: 0, todayOutput: 0, holds: {}, starts: StartWindow.empty, leases: {}, queue: {}, expired: [] }),
+  initialState: () => ({ opened: false, closed: false, day: null, monthInput: 0, monthOutput: 0, todayInput: 0, todayOutput: 0, holds: new Map(), starts: StartWindow.empty, leases: {}, queue: {}, expired: [] }),
   evolve(state, event) {
     switch (event.type) {
       case 'MeterOpened': {
         const d = event.data;
-        const holds: Record<string, Hold> = {};
+        const holds = new Map<string, Hold>();
         for (const h of d.carried_holds) {
-          holds[h.request_id] = { input: h.input_tokens, output: h.output_tokens, day: h.day, at: h.at, expiresAt: h.expires_at, lease: h.lease_holder };
+          holds.set(h.request_id, { input: h.input_tokens, output: h.output_tokens, day: h.day, at: h.at, expiresAt: h.expires_at, lease: h.lease_holder });
         }
         const leases: Record<string, Lease> = {};
         for (const l of d.carried_leases) leases[l.holder] = { slots: l.slots, expiresAt: l.expires_at };
@@ -189,7 +192,7 @@ export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRe
         const queue = state.queue[d.request_id] ? withoutEntry(state.queue, d.request_id) : state.queue;
         // A request id reused after its hold expired: a settlement under it now settles the new hold.
         const expired = state.expired.includes(d.request_id) ? state.expired.filter((id) => id !== d.request_id) : state.expired;
-        return { ...state, holds: { ...state.holds, [d.request_id]: hold }, starts: state.starts.since(at - minuteMs).with(at), queue, expired };
+        return { ...state, holds: new Map(state.holds).set(d.request_id, hold), starts: state.starts.since(at - minuteMs).with(at), queue, expired };
       }
       case 'SlotsLeased':
         return { ...state, leases: { ...state.leases, [event.data.holder]: { slots: event.data.slots, expiresAt: event.data.expires_at } } };
@@ -198,8 +201,8 @@ export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRe
         return lease ? { ...state, leases: { ...state.leases, [event.data.holder]: { ...lease, expiresAt: event.data.expires_at } } } : state;
       }
       case 'ReservationRenewed': {
-        const hold = state.holds[event.data.request_id];
-        return hold ? { ...state, holds: { ...state.holds, [event.data.request_id]: { ...hold, expiresAt: event.data.expires_at } } } : state;
+        const hold = state.holds.get(event.data.request_id);
+        return hold ? { ...state, holds: new Map(state.holds).set(event.data.request_id, { ...hold, expiresAt: event.data.expires_at }) } : state;
       }
       case 'UsageSettled':
         return charge(state, event.data.request_id, event.data.input_tokens, event.data.output_tokens, { month: true, today: true });
@@ -243,13 +246,13 @@ export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRe
       case 'Reserve':
         return reserve(command, state);
       case 'Renew': {
-        const hold = state.holds[command.requestId];
+        const hold = state.holds.get(command.requestId);
         // Only on the hold's own day (where it is settled or expired), and never earlier than it stands.
         if (!hold || hold.day !== state.day || Date.parse(command.expiresAt) <= Date.parse(hold.expiresAt)) return [];
         return ReservationRenewed({ request_id: command.requestId, expires_at: command.expiresAt, at: command.now });
       }
       case 'Settle': {
-        const hold = state.holds[command.facts.request_id];
+        const hold = state.holds.get(command.facts.request_id);
         if (!hold || hold.day !== state.day) {
           // A request that outlived its hold: its real usage is recorded next to what the expiry charged, once.
           if (!hold && state.expired.includes(command.facts.request_id)) return LateUsageRecorded(settlementFacts(command));
@@ -262,14 +265,14 @@ export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRe
         return shrunk || ended ? [settled, ...(shrunk ? [shrunk] : []), ...(ended ? [ended] : [])] : settled;
       }
       case 'Expire': {
-        const hold = state.holds[command.requestId];
+        const hold = state.holds.get(command.requestId);
         if (!hold || hold.day !== state.day || Date.parse(hold.expiresAt) > Date.parse(command.now)) return [];
         const expired = ReservationExpired({ request_id: command.requestId, input_tokens: hold.input, output_tokens: hold.output, at: command.now });
         const ended = endedAfterClose(state, command.requestId, hold.input, hold.output, command.now);
         return ended ? [expired, ended] : expired;
       }
       case 'ReleaseCarried': {
-        const hold = state.holds[command.requestId];
+        const hold = state.holds.get(command.requestId);
         if (!hold || hold.day !== command.day || hold.day === state.day) return [];
         return CarriedHoldReleased({ request_id: command.requestId, day: command.day, input_tokens: command.inputTokens, output_tokens: command.outputTokens, at: command.now });
       }
@@ -352,7 +355,7 @@ export function balanceFrom(keyId: string, day: string, earlier: string, state: 
     month_input_tokens: sameMonth ? state.monthInput : 0,
     month_output_tokens: sameMonth ? state.monthOutput : 0,
     carried_from: earlier,
-    carried_holds: Object.entries(state.holds).map(([request_id, h]) => ({
+    carried_holds: [...state.holds].map(([request_id, h]) => ({
       request_id,
       day: h.day,
       input_tokens: h.input,
@@ -399,7 +402,7 @@ export function activeSlots(state: MeterState, now: number): number {
   }
   const under = new Map<string, number>();
   let taken = 0;
-  for (const hold of Object.values(state.holds)) {
+  for (const hold of state.holds.values()) {
     if (hold.lease !== null && standing.has(hold.lease)) under.set(hold.lease, (under.get(hold.lease) ?? 0) + 1);
     else taken += 1;
   }
@@ -408,7 +411,11 @@ export function activeSlots(state: MeterState, now: number): number {
 }
 
 /** Holds running under the holder's lease (standing or not). */
-const holdsUnder = (state: MeterState, holder: string): number => Object.values(state.holds).filter((h) => h.lease === holder).length;
+function holdsUnder(state: MeterState, holder: string): number {
+  let n = 0;
+  for (const hold of state.holds.values()) if (hold.lease === holder) n += 1;
+  return n;
+}
 
 /** At a settlement: the holder's lease shrinks to the requests it still runs plus those it has waiting, at least one slot. */
 function shrinkLease(state: MeterState, holder: string, waiting: number, now: string) {
@@ -432,7 +439,8 @@ const sameMonth = (holdDay: string, day: string | null): boolean => day !== null
 
 /** Releases a hold and charges what was used against this stream's month and/or day. */
 function charge(state: MeterState, requestId: string, input: number, output: number, { month, today }: { month: boolean; today: boolean }): MeterState {
-  const { [requestId]: _released, ...holds } = state.holds;
+  const holds = new Map(state.holds);
+  holds.delete(requestId);
   return {
     ...state,
     holds,
@@ -449,7 +457,7 @@ function charge(state: MeterState, requestId: string, input: number, output: num
  */
 export function heldTokens(state: MeterState): { input: number; output: number; todayInput: number; todayOutput: number } {
   const held = { input: 0, output: 0, todayInput: 0, todayOutput: 0 };
-  for (const hold of Object.values(state.holds)) {
+  for (const hold of state.holds.values()) {
     if (sameMonth(hold.day, state.day)) {
       held.input += hold.input;
       held.output += hold.output;
@@ -527,7 +535,7 @@ function queue(command: Extract<MeterCommand, { type: 'Queue' }>, state: MeterSt
   const entry = state.queue[command.requestId];
   // Already waiting here (queued again after its reservation was decided again and refused): nothing to add.
   if (entry && entry.holder === command.holder && Date.parse(entry.expiresAt) > now) return [];
-  if (state.holds[command.requestId] || (entry && Date.parse(entry.expiresAt) > now)) {
+  if (state.holds.has(command.requestId) || (entry && Date.parse(entry.expiresAt) > now)) {
     return reject('duplicate_request', `request ${command.requestId} already holds a reservation or waits for one`, { request_id: command.requestId });
   }
   const queued = queuedRequests(state, now);
@@ -543,7 +551,7 @@ function reserve(command: Extract<MeterCommand, { type: 'Reserve' }>, state: Met
   if (command.keyStatus !== 'active') return reject('key_inactive', `the key is ${command.keyStatus}`, { status: command.keyStatus });
   // Holds are keyed by request id, and a client may choose its X-Request-Id: a second hold under the same
   // id would replace the first, freeing its tokens and its active slot while both requests run.
-  if (state.holds[command.facts.request_id]) {
+  if (state.holds.has(command.facts.request_id)) {
     return reject('duplicate_request', `request ${command.facts.request_id} already holds a reservation`, { request_id: command.facts.request_id });
   }
   const now = Date.parse(command.now);

@@ -196,7 +196,7 @@ it('a client that leaves during a boot holds no slot and no budget afterwards', 
     return parsed.some((e) => e.type === 'UsageSettled') ? parsed : null;
   }, 10_000, 25);
   const state = foldEvents(meterDecider, meterDecider.initialState(), events);
-  assert.equal(state.holds, {}, 'no hold remains: the slot and the reservation are released');
+  assert.is(state.holds.size, 0, 'no hold remains: the slot and the reservation are released');
   const settled = events.find((e) => e.type === 'UsageSettled')!.data as { output_tokens: number; basis: string };
   assert.is(settled.output_tokens, 0, 'the engine never ran: nothing generated is billed');
   assert.is(settled.basis, 'not_run');

@@ -83,7 +83,7 @@ if (!databaseUrl) {
     assert.ok(clientTotal <= budget, `clients were served ${clientTotal} tokens of a ${budget}-token budget`);
     const { events, state } = await until('every hold released', async () => {
       const meter = await meterOf(context.cluster, key);
-      return Object.keys(meter.state.holds).length === 0 && meter.events.filter((e) => e.type === 'UsageSettled').length === served.length + warmUp.length ? meter : null;
+      return meter.state.holds.size === 0 && meter.events.filter((e) => e.type === 'UsageSettled').length === served.length + warmUp.length ? meter : null;
     });
     const settled = events.filter((e) => e.type === 'UsageSettled' || e.type === 'ReservationExpired').reduce((n, e) => n + tokensOf(e), 0);
     assert.ok(settled <= budget, `settled ${settled} tokens of a ${budget}-token budget`);
@@ -133,14 +133,14 @@ if (!databaseUrl) {
     await until('three settlements stored', async () => (await meterOf(context.cluster, key)).events.filter((e) => e.type === 'UsageSettled').length === 3);
     await context.cluster.chaos({ mode: 'delay', count: 4, delay_ms: 500 });
     const running = Array.from({ length: 4 }, () => complete(victim.url, key, { prompt: 'slow', max_tokens: 100, temperature: 0 }).catch(() => null));
-    await until('four holds stored', async () => Object.keys((await meterOf(context.cluster, key)).state.holds).length === 4);
+    await until('four holds stored', async () => (await meterOf(context.cluster, key)).state.holds.size === 4);
     victim.child.kill('SIGKILL');
     await Promise.all(running);
     await context.cluster.chaos({ mode: 'none' });
     const restarted = await context.cluster.startGateway(shortTtlMs);
     const { events } = await until('every hold expired', async () => {
       const meter = await meterOf(context.cluster, key);
-      return Object.keys(meter.state.holds).length === 0 ? meter : null;
+      return meter.state.holds.size === 0 ? meter : null;
     }, 60_000);
     assert.is(events.filter((e) => e.type === 'UsageSettled').length, 3, 'acknowledged settlements are all there');
     const expired = events.filter((e) => e.type === 'ReservationExpired');

@@ -161,7 +161,7 @@ if (!unavailable) {
     let most = 0;
     for (const event of events) {
       state = meterDecider.evolve(state, event);
-      most = Math.max(most, Object.keys(state.holds).length);
+      most = Math.max(most, state.holds.size);
     }
     const peak = await enginePeak();
     const { cancelled } = await json(await fetch(`${stack.engineUrl}/_chaos/running`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ count: 0 }) }));

@@ -48,7 +48,7 @@ export class MeterDriver {
         month_input_tokens: sameMonth ? prev.monthInput : 0,
         month_output_tokens: sameMonth ? prev.monthOutput : 0,
         carried_from: sameMonth ? from : null,
-        carried_holds: Object.entries(prev.holds).map(([request_id, h]) => ({ request_id, day: h.day, input_tokens: h.input, output_tokens: h.output, at: h.at, expires_at: h.expiresAt, lease_holder: h.lease })),
+        carried_holds: [...prev.holds].map(([request_id, h]) => ({ request_id, day: h.day, input_tokens: h.input, output_tokens: h.output, at: h.at, expires_at: h.expiresAt, lease_holder: h.lease })),
         recent_starts: prev.starts.toArray(),
       };
     }
