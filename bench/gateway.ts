@@ -24,14 +24,22 @@
 //
 // Store: with DATABASE_URL each gateway gets a fresh PostgreSQL database of its own (created next to the
 // one named, dropped at the end); without it, each its own embedded PGlite.
+//
+// The floor (PostgreSQL only, part `floor`, last): a metered response waits for its reservation's
+// commit, so the same run measures what a commit costs here: a one-row INSERT through `pg` and the
+// store's append of one event (the reservation's path), each back to back and after 2 ms idle (a
+// sequential client idles between requests), the append split into its statement and the rest.
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir, cpus, totalmem, loadavg } from 'node:os';
 import { join } from 'node:path';
+import { randomUUID } from 'node:crypto';
 import { Agent, request } from 'undici';
+import pg from 'pg';
+import { openEventStore } from '../src/store/index.ts';
 import { KeyPool, benchModel, buildGateway, cpuPerRequest, gatewayEnv, gatewayServeArgs, issueKeys, memoryOf, percentile, portkeyHeaders, portkeyVersion, postLoad, scratchDatabase, spawnWithUrl, startPortkey, stop } from './support.ts';
 
-// BENCH_PARTS=latency,slow,throughput,relay picks parts (all by default).
-const parts = new Set((process.env.BENCH_PARTS ?? 'latency,slow,throughput,relay').split(','));
+// BENCH_PARTS=latency,slow,throughput,relay,floor picks parts (all by default).
+const parts = new Set((process.env.BENCH_PARTS ?? 'latency,slow,throughput,relay,floor').split(','));
 const keyCount = Number(process.env.BENCH_KEYS ?? 384);
 const throughputSeconds = Number(process.env.BENCH_SECONDS ?? 10);
 // A key's first request in a process takes the process's slot lease on it (metering waits for that
@@ -310,5 +318,69 @@ async function main(): Promise<void> {
     relayLine(off),
     `keys: ${keyCount} per gateway, round-robin over every request: metering on received ${on.pool.sent} requests (at most ${on.pool.most} starts on any key in the whole run; limit 600 per minute), metering off ${off.pool.sent}`,
   ];
+  if (parts.has('floor') && process.env.DATABASE_URL) lines.push(await commitFloor(process.env.DATABASE_URL));
   process.stdout.write(`${lines.join('\n')}\n`);
+}
+
+/**
+ * p50s (ms) of `fn` run 1,000 times back to back and 1,000 times each after 2 ms idle, after a warm-up;
+ * with `part`, also the p50s of the figure (ms) it reads after each call.
+ */
+async function backToBackAndIdle(fn: () => Promise<unknown>, part?: () => number): Promise<{ busy: number; idle: number; partBusy: number; partIdle: number }> {
+  for (let i = 0; i < 300; i++) await fn();
+  const p50s = async (gapMs: number) => {
+    const whole: number[] = [];
+    const parts: number[] = [];
+    for (let i = 0; i < 1000; i++) {
+      if (gapMs > 0) await new Promise((resolve) => setTimeout(resolve, gapMs));
+      const t = performance.now();
+      await fn();
+      whole.push(performance.now() - t);
+      if (part) parts.push(part());
+    }
+    const p50 = (xs: number[]) => (xs.length ? percentile(xs.sort((a, b) => a - b), 50) : NaN);
+    return [p50(whole), p50(parts)];
+  };
+  const [busy, partBusy] = await p50s(0);
+  const [idle, partIdle] = await p50s(2);
+  return { busy, idle, partBusy, partIdle };
+}
+
+/**
+ * What a durable commit costs on this PostgreSQL, in a database of its own: a bare one-row INSERT (a
+ * prepared statement through `pg`), then the store's append of one event as a reservation makes it,
+ * with its statement's time (the group commit's batch, told by the store's onAppend).
+ */
+async function commitFloor(url: string): Promise<string> {
+  const db = await scratchDatabase(url, 'gw_floor');
+  try {
+    const client = new pg.Client({ connectionString: db.url });
+    await client.connect();
+    let insert: Awaited<ReturnType<typeof backToBackAndIdle>>;
+    try {
+      await client.query('CREATE TABLE floor (id bigserial PRIMARY KEY, v text NOT NULL)');
+      insert = await backToBackAndIdle(() => client.query({ name: 'floor', text: 'INSERT INTO floor (v) VALUES ($1)', values: ['x'] }));
+    } finally {
+      await client.end();
+    }
+    let statementMs = NaN;
+    const store = await openEventStore({ databaseUrl: db.url, nestedCallCheck: false, onAppend: (ms) => (statementMs = ms) });
+    try {
+      const data = { request_id: randomUUID(), input_tokens: 5, output_tokens: 16, at: new Date().toISOString() };
+      let version = 0;
+      const append = async () => {
+        version = (await store.append('floor-1', [{ id: randomUUID(), type: 'BudgetReserved', data }], version === 0 ? 'no_stream' : version)).nextExpectedVersion;
+      };
+      const appended = await backToBackAndIdle(append, () => statementMs);
+      const f = (x: number) => x.toFixed(3);
+      return (
+        `the floor, p50 ms (a durable commit on this PostgreSQL; back to back / after 2 ms idle): a one-row INSERT through pg ${f(insert.busy)} / ${f(insert.idle)} | ` +
+        `the store's append of one event ${f(appended.busy)} / ${f(appended.idle)}, of which its statement ${f(appended.partBusy)} / ${f(appended.partIdle)}`
+      );
+    } finally {
+      await store.close();
+    }
+  } finally {
+    await db.drop();
+  }
 }
