@@ -330,16 +330,16 @@ async function backToBackAndIdle(fn: () => Promise<unknown>, part?: () => number
   for (let i = 0; i < 300; i++) await fn();
   const p50s = async (gapMs: number) => {
     const whole: number[] = [];
-    const parts: number[] = [];
+    const readings: number[] = [];
     for (let i = 0; i < 1000; i++) {
       if (gapMs > 0) await new Promise((resolve) => setTimeout(resolve, gapMs));
       const t = performance.now();
       await fn();
       whole.push(performance.now() - t);
-      if (part) parts.push(part());
+      if (part) readings.push(part());
     }
     const p50 = (xs: number[]) => (xs.length ? percentile(xs.sort((a, b) => a - b), 50) : NaN);
-    return [p50(whole), p50(parts)];
+    return [p50(whole), p50(readings)];
   };
   const [busy, partBusy] = await p50s(0);
   const [idle, partIdle] = await p50s(2);
