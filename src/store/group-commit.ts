@@ -83,6 +83,14 @@ export class GroupCommitter {
     });
   }
 
+  /**
+   * Sends what is queued now instead of at the end of this turn: for a caller that queued, in one go,
+   * every append its turn will make (the command handler's flush, itself run from a setImmediate).
+   */
+  sendNow(): void {
+    if (this.#pumpScheduled) this.#pump();
+  }
+
   #pump(): void {
     while (this.#inFlight < this.#options.maxInFlight && this.#queue.length > 0) {
       // Share what is queued among the free connections so that they work in parallel, but keep
