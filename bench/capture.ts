@@ -7,7 +7,7 @@ import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'n
 import { tmpdir, cpus, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { Agent, request } from 'undici';
-import { buildGateway, gatewayEnv, gatewayServeArgs, issueKeys, memoryOf, scratchDatabase, spawnWithUrl, stop } from './support.ts';
+import { buildGateway, gatewayEnv, gatewayServeArgs, issueKeys, median, memoryOf, scratchDatabase, spawnWithUrl, stop } from './support.ts';
 import { captureRequest, engineCaptureBody, postHashed, stubModel, STUB_CHECKPOINT } from '../test/support/capture.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'svc-bench-capture-'));
@@ -56,7 +56,6 @@ async function timeOne(target: { url: string; body: string; headers: Record<stri
 }
 
 // NaN for a part not run (BENCH_PARTS).
-const median = (xs: number[]) => (xs.length === 0 ? NaN : [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]);
 // BENCH_PARTS=memory,small,large picks parts (all by default); BENCH_CAPTURE_ROUNDS sets the 11 MB rounds (40).
 const parts = new Set((process.env.BENCH_PARTS ?? 'memory,small,large').split(','));
 

@@ -36,7 +36,7 @@ import { randomUUID } from 'node:crypto';
 import { Agent, request } from 'undici';
 import pg from 'pg';
 import { openEventStore } from '../src/store/index.ts';
-import { KeyPool, benchModel, buildGateway, cpuPerRequest, gatewayEnv, gatewayServeArgs, issueKeys, memoryOf, percentile, portkeyHeaders, portkeyVersion, postLoad, scratchDatabase, spawnWithUrl, startPortkey, stop } from './support.ts';
+import { KeyPool, benchModel, buildGateway, cpuPerRequest, gatewayEnv, gatewayServeArgs, issueKeys, median, memoryOf, percentile, portkeyHeaders, portkeyVersion, postLoad, sampledMs, scratchDatabase, spawnWithUrl, startPortkey, stop } from './support.ts';
 
 // BENCH_PARTS=latency,slow,throughput,relay,floor picks parts (all by default).
 const parts = new Set((process.env.BENCH_PARTS ?? 'latency,slow,throughput,relay,floor').split(','));
@@ -153,26 +153,14 @@ async function main(): Promise<void> {
     return total;
   }
   async function slowLatency(t: Target, into: { before: number[]; after: number[] }, n: number, warmup: number, gapMs: number): Promise<{ p50: number; p99: number }> {
-    const pause = () => (gapMs > 0 ? new Promise((r) => setTimeout(r, gapMs)) : null);
     for (let i = 0; i < warmup; i++) await timeOne(t, false);
-    const samples: number[] = [];
-    for (let i = 0; i < n; i++) {
-      await pause();
-      samples.push(await timeSplit(t, into));
-    }
-    samples.sort((a, b) => a - b);
+    const samples = await sampledMs(n, gapMs, () => timeSplit(t, into));
     return { p50: percentile(samples, 50), p99: percentile(samples, 99) };
   }
 
   async function latency(t: Target, firstByte: boolean, n: number, warmup: number, gapMs = 0): Promise<{ p50: number; p99: number }> {
-    const pause = () => (gapMs > 0 ? new Promise((r) => setTimeout(r, gapMs)) : null);
     for (let i = 0; i < warmup; i++) await timeOne(t, firstByte);
-    const samples: number[] = [];
-    for (let i = 0; i < n; i++) {
-      await pause();
-      samples.push(await timeOne(t, firstByte));
-    }
-    samples.sort((a, b) => a - b);
+    const samples = await sampledMs(n, gapMs, () => timeOne(t, firstByte));
     return { p50: percentile(samples, 50), p99: percentile(samples, 99) };
   }
 
@@ -213,7 +201,6 @@ async function main(): Promise<void> {
     );
   }
 
-  const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
   type Pair = { p50: number; p99: number };
   const col = (rows: Pair[], k: keyof Pair) => median(rows.map((r) => r[k]));
 
@@ -329,17 +316,15 @@ async function main(): Promise<void> {
 async function backToBackAndIdle(fn: () => Promise<unknown>, part?: () => number): Promise<{ busy: number; idle: number; partBusy: number; partIdle: number }> {
   for (let i = 0; i < 300; i++) await fn();
   const p50s = async (gapMs: number) => {
-    const whole: number[] = [];
     const readings: number[] = [];
-    for (let i = 0; i < 1000; i++) {
-      if (gapMs > 0) await new Promise((resolve) => setTimeout(resolve, gapMs));
+    const whole = await sampledMs(1000, gapMs, async () => {
       const t = performance.now();
       await fn();
-      whole.push(performance.now() - t);
+      const ms = performance.now() - t;
       if (part) readings.push(part());
-    }
-    const p50 = (xs: number[]) => (xs.length ? percentile(xs.sort((a, b) => a - b), 50) : NaN);
-    return [p50(whole), p50(readings)];
+      return ms;
+    });
+    return [percentile(whole, 50), median(readings)];
   };
   const [busy, partBusy] = await p50s(0);
   const [idle, partIdle] = await p50s(2);

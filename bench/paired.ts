@@ -18,7 +18,7 @@ import { execFileSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir, cpus, loadavg } from 'node:os';
 import { join } from 'node:path';
-import { KeyPool, benchModel, buildGateway, cpuPerRequest, gatewayEnv, gatewayServeArgs, issueKeys, postLoad, root, scratchDatabase, spawnWithUrl, startScriptFlags, stop } from './support.ts';
+import { KeyPool, benchModel, buildGateway, cpuPerRequest, gatewayEnv, gatewayServeArgs, issueKeys, median, postLoad, root, scratchDatabase, spawnWithUrl, startScriptFlags, stop } from './support.ts';
 
 if (!process.env.DATABASE_URL) {
   process.stdout.write('paired: skipped, it needs DATABASE_URL (a PostgreSQL database to create scratch databases beside)\n');
@@ -92,7 +92,6 @@ try {
       g.gc.push(((minorGcMs(g.pid) - gcBefore) * 1000) / result.requests.total);
     }
   }
-  const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
   const lines = [
     `paired gateway throughput, ${rounds} alternated runs of ${seconds} s at 64 connections, instant engine, PostgreSQL — ${startedAt.toISOString()} to ${new Date().toISOString()} — ${cpus().length} cores (${cpus()[0]?.model}), Node ${process.version}, load average ${loadavg()[0].toFixed(1)} at end`,
     ...gateways.map((g) => `${g.variant.padEnd(16)} gateway CPU µs/request ${g.cpu.map(Math.round).join(', ')} (median ${Math.round(median(g.cpu))}) | requests/s ${g.rps.map(Math.round).join(', ')} (median ${Math.round(median(g.rps))}) | main-thread scavenges µs/request median ${Math.round(median(g.gc))}`),

@@ -251,6 +251,21 @@ export function percentile(sorted: number[], p: number): number {
   return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))];
 }
 
+/** The middle value (the upper one of an even count); NaN for none. */
+export function median(xs: readonly number[]): number {
+  return xs.length === 0 ? NaN : [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+}
+
+/** `n` timings (ms) from `measure`, each after `gapMs` of idle when given, sorted. */
+export async function sampledMs(n: number, gapMs: number, measure: () => Promise<number>): Promise<number[]> {
+  const samples: number[] = [];
+  for (let i = 0; i < n; i++) {
+    if (gapMs > 0) await new Promise((resolve) => setTimeout(resolve, gapMs));
+    samples.push(await measure());
+  }
+  return samples.sort((a, b) => a - b);
+}
+
 export function stop(child: ChildProcess): Promise<void> {
   return new Promise((resolve) => {
     if (child.exitCode !== null) return resolve();
