@@ -298,7 +298,7 @@ export class Metering {
     // Not stored: the hold stays until the reaper expires it; the budget stays safe, the usage is charged as the whole hold.
     if (!stored) this.#logger.error({ request_id: reservation.requestId }, 'settlement could not be stored; the reaper will expire the hold');
     this.#running.delete(reservation.requestId);
-    if (usage.costMicros > 0) void this.#track(this.#sweeper.checkSpend());
+    if (usage.costMicros > 0) void this.#track(this.#sweeper.checkSpendSoon());
   }
 
   #track<T>(work: Promise<T>): Promise<T> {

@@ -33,6 +33,9 @@ export class Sweeper {
   readonly #o: SweeperOptions;
   /** The UTC day whose spend cap is known reached (this process's check, or another's SpendCapReached). */
   spendCappedDay: string | null = null;
+  /** The spend check under way (checkSpendSoon), and whether calls came in meanwhile. */
+  #checking: Promise<void> | null = null;
+  #checkAgain = false;
 
   constructor(options: SweeperOptions) {
     this.#o = options;
@@ -43,7 +46,29 @@ export class Sweeper {
     const now = this.#o.now();
     await this.#renew(now);
     await this.#reap(now).catch((error) => logger.error({ err: String(error) }, 'reaper pass failed'));
-    await this.checkSpend().catch((error) => logger.error({ err: String(error) }, 'spend check failed'));
+    await this.checkSpendSoon();
+  }
+
+  /**
+   * A spend check that covers every priced settlement so far: one runs at a time, and the calls made
+   * while it runs share one more after it. The spend is read from a projection (daily_spend), which
+   * moves a batch at a time, so a read per settlement (one query per request at full load) would learn
+   * nothing a read per round trip does not. Never rejects: a failed check is logged, and the next
+   * settlement or sweep checks again.
+   */
+  checkSpendSoon(): Promise<void> {
+    if (this.#checking) {
+      this.#checkAgain = true;
+      return this.#checking;
+    }
+    const run = async () => {
+      do {
+        this.#checkAgain = false;
+        await this.#checkSpend().catch((error) => this.#o.logger.error({ err: String(error) }, 'spend check failed'));
+      } while (this.#checkAgain);
+      this.#checking = null;
+    };
+    return (this.#checking = run());
   }
 
   /** The holds of requests running here, in the second half of their time, renewed for a whole TTL. */
@@ -75,7 +100,7 @@ export class Sweeper {
   }
 
   /** Reports the day's spend; also run after a settlement that cost something. */
-  async checkSpend(): Promise<void> {
+  async #checkSpend(): Promise<void> {
     const { handler, db, spendCap, logger } = this.#o;
     const now = this.#o.now();
     // In integer micro-units, like daily_spend's cost_micros: the cap is met exactly, not by a float sum.
