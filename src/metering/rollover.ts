@@ -13,12 +13,20 @@ import type { EventLog } from '../store/index.ts';
 import { balanceFrom, meterDecider } from '../../commands/index.ts';
 import { meterStream, type MeterOpening } from '../../events/index.ts';
 
+const opened = Promise.resolve();
+
 export class DayRollover {
   readonly #handler: CommandHandler;
   /** Which of a key's meter days exist: the log's stream versions. */
   readonly #log: Pick<EventLog, 'streamVersions'>;
   /** Openings under way, by stream: concurrent first reservations of a day wait for one opening. */
   readonly #opening = new Map<string, Promise<void>>();
+  /**
+   * Meters of `#openDay` known open: a meter, once opened, stays so (MeterOpened is never undone), so
+   * a key's every later request that day skips the load. Emptied when the day changes.
+   */
+  readonly #open = new Set<string>();
+  #openDay = '';
 
   constructor(handler: CommandHandler, log: Pick<EventLog, 'streamVersions'>) {
     this.#handler = handler;
@@ -27,14 +35,21 @@ export class DayRollover {
 
   /** Resolves once the key's meter for `day` is open. */
   ensureOpened(keyId: string, day: string, now: Date): Promise<void> {
+    if (day !== this.#openDay) {
+      this.#openDay = day;
+      this.#open.clear();
+    }
     const stream = meterStream(keyId, day);
+    if (this.#open.has(stream)) return opened;
     let opening = this.#opening.get(stream);
     if (!opening) {
       opening = (async () => {
         const { state } = await this.#handler.load(stream, meterDecider);
-        if (state.opened) return;
-        const balance = await this.#openingBalance(keyId, day, now);
-        await this.#handler.handle(stream, { type: 'OpenMeter', opening: balance, now: now.toISOString() }, meterDecider);
+        if (!state.opened) {
+          const balance = await this.#openingBalance(keyId, day, now);
+          await this.#handler.handle(stream, { type: 'OpenMeter', opening: balance, now: now.toISOString() }, meterDecider);
+        }
+        if (day === this.#openDay) this.#open.add(stream);
       })().finally(() => this.#opening.delete(stream));
       this.#opening.set(stream, opening);
     }
