@@ -24,10 +24,13 @@ it.after(async ({ gw }) => {
 
 const prefixOf = (key: string) => key.split('_')[1];
 
+/** The key's meter events of yesterday and today, in order: a test that runs across UTC midnight sees both days' streams. */
 async function meterEventsOf(gw: TestGateway, key: string): Promise<MeterEvent[]> {
   await gw.commands.settled();
-  const read = await gw.store.readStream(meterStream(prefixOf(key), utcDay(new Date())));
-  return read.events.map((e) => meterEvents.parse(e));
+  const now = Date.now();
+  const days = [utcDay(new Date(now - 86_400_000)), utcDay(new Date(now))];
+  const reads = await Promise.all(days.map((day) => gw.store.readStream(meterStream(prefixOf(key), day))));
+  return reads.flatMap((read) => read.events.map((e) => meterEvents.parse(e)));
 }
 
 async function complete(gw: TestGateway, key: string, body: Record<string, unknown>, headers: Record<string, string> = {}) {
