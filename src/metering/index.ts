@@ -116,6 +116,11 @@ export class Metering {
       entryTtlMs: this.#leaseTtlMs,
       tryReserve: (request) => this.#tryReserve(request),
       refusal: rejectionToApiError,
+      // A reservation made for a request that stopped waiting meanwhile: released at zero usage once stored.
+      release: (request, admission) => {
+        admission.voiding.void();
+        void this.#track(admission.durable.then((stored) => this.#settle(stored, request.facts, notRun), () => {}));
+      },
       track: (work) => this.#track(work),
       now: this.#now,
     });

@@ -33,6 +33,11 @@ export interface RequestQueueOptions<Request extends QueueableRequest, Admitted>
   tryReserve(request: Request): Promise<Admitted | null>;
   /** The contract's error for a meter rejection. */
   refusal(rejection: MeterRejection): Error;
+  /**
+   * Lets go of an admission made for a request that stopped waiting while it was being made (its client
+   * left, the queue closed): nobody runs or settles it, so it must not stay held.
+   */
+  release(request: Request, admitted: Admitted): void;
   /** Keeps background work in sight of the service's stop(). */
   track<T>(work: Promise<T>): Promise<T>;
   now(): Date;
@@ -48,6 +53,10 @@ interface Waiter<Request, Admitted> {
   expiresAt: number;
   resolve(admitted: Admitted): void;
   reject(error: unknown): void;
+  /** A reservation attempt for it is under way (wake): a refusal of its entry waits for the attempt's result. */
+  attempting: boolean;
+  /** Its entry's refusal that came while an attempt was under way (undefined: none). */
+  refused?: unknown;
 }
 
 interface Line<Request, Admitted> {
@@ -109,6 +118,7 @@ export class RequestQueue<Request extends QueueableRequest, Admitted> {
           unlisten();
           reject(error);
         },
+        attempting: false,
       };
       waiters.push(waiter);
       if (request.signal.aborted) return leave();
@@ -118,11 +128,11 @@ export class RequestQueue<Request extends QueueableRequest, Admitted> {
         (final) => {
           if (final.accepted) return;
           if (final.rejection.rejected === 'meter_closed') waiter.expiresAt = 0; // queued again on the next day at the next retry
-          else if (this.#drop(waiters, waiter)) waiter.reject(this.#options.refusal(final.rejection));
+          else this.#refuse(waiters, waiter, this.#options.refusal(final.rejection));
         },
         (error: unknown) => {
           this.#options.logger.error({ err: String(error), request_id: request.facts.request_id }, 'a queue entry could not be stored');
-          if (this.#drop(waiters, waiter)) waiter.reject(apiError('store_unavailable', 'the usage store is unavailable; the request was not run'));
+          this.#refuse(waiters, waiter, apiError('store_unavailable', 'the usage store is unavailable; the request was not run'));
         },
       );
       this.#scheduleRetry(request.keyId);
@@ -142,15 +152,31 @@ export class RequestQueue<Request extends QueueableRequest, Admitted> {
           while (waiters.length > 0) {
             const waiter = waiters[0];
             let admitted: Admitted | null;
+            // The attempt takes a few turns (the day's rollover, the key's re-check, a conflict's catch-up):
+            // the waiter may stop waiting meanwhile. A refusal of its entry waits for the attempt (see #refuse).
+            waiter.attempting = true;
             try {
               admitted = await this.#options.tryReserve(waiter.request);
             } catch (error) {
               if (this.#drop(waiters, waiter)) this.#leave(waiter);
               waiter.reject(error);
               continue;
+            } finally {
+              waiter.attempting = false;
             }
-            if (!admitted) break;
-            this.#drop(waiters, waiter); // its reservation took its entry off the meter's queue
+            if (!admitted) {
+              // No slot, and its entry was refused meanwhile: it stops waiting now.
+              if (waiter.refused !== undefined && this.#drop(waiters, waiter)) waiter.reject(waiter.refused);
+              break;
+            }
+            // Its reservation took its entry off the meter's queue. A waiter that left meanwhile (its
+            // client gone, the queue closed) has been answered: nobody would run or settle this
+            // reservation, and its process would renew the hold for as long as it lives.
+            if (!this.#drop(waiters, waiter)) {
+              this.#options.release(waiter.request, admitted);
+              continue;
+            }
+            // A refusal of its entry that came meanwhile no longer matters: it waits no more, it runs.
             waiter.resolve(admitted);
           }
         } finally {
@@ -175,6 +201,16 @@ export class RequestQueue<Request extends QueueableRequest, Admitted> {
 
   #scheduleRetry(keyId: string): void {
     setTimeout(() => this.wake(keyId), this.#options.retryMs ?? 250).unref();
+  }
+
+  /**
+   * Its entry was refused once stored (another process filled the queue first, or the store failed):
+   * it stops waiting, refused. While a reservation attempt for it is under way, the attempt decides
+   * instead: a reservation made runs (its entry no longer matters), no slot refuses it then.
+   */
+  #refuse(waiters: Waiter<Request, Admitted>[], waiter: Waiter<Request, Admitted>, error: unknown): void {
+    if (waiter.attempting) waiter.refused = error;
+    else if (this.#drop(waiters, waiter)) waiter.reject(error);
   }
 
   /** Takes the waiter out of its line; false when it had left already. */
