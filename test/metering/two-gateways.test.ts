@@ -8,11 +8,47 @@ import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { meterDecider, type MeterState } from '../../commands/meter.ts';
 import { foldEvents } from '../../src/event-sourcing/index.ts';
-import type { MeterEvent } from '../../events/meter.ts';
+import { meterEvents, type MeterEvent } from '../../events/meter.ts';
 import { issueKey } from '../support/gateway.ts';
 import { startGatewayCluster, type GatewayCluster } from '../support/gateway-cluster.ts';
 import { assertRollingMinuteLimit } from '../support/rate-window.ts';
 import { until } from '../support/until.ts';
+import { writeFileSync } from 'node:fs';
+import { meterStream, utcDay } from '../../events/meter.ts';
+
+/**
+ * Diagnostics for the two-gateway budget race: on a hold left open, prints the held request ids, every
+ * stored event of those requests (type, version, data, metadata, writer) and the HTTP responses they got;
+ * the whole stream goes to a file beside it.
+ */
+async function dumpHolds(cluster: GatewayCluster, key: string, origins: Map<string, string>, responses: Map<string, unknown>): Promise<void> {
+  const keyId = key.split('_')[1];
+  const days = [...new Set([utcDay(new Date(Date.now() - 120_000)), utcDay(new Date())])];
+  const out: string[] = [];
+  const all: unknown[] = [];
+  for (const day of days) {
+    const read = await cluster.store.readStream(meterStream(keyId, day));
+    const events = read.events;
+    all.push(...events.map((e) => ({ stream: e.streamId, v: e.streamVersion, pos: e.globalPosition, at: e.recordedAt, type: e.type, data: e.data, metadata: e.metadata, writer: origins.get(String(e.metadata?.origin)) ?? String(e.metadata?.origin) })));
+    const state = foldEvents(meterDecider, meterDecider.initialState(), events.map((e) => meterEvents.parse(e)));
+    out.push(`[diag] stream ${meterStream(keyId, day)} version ${read.version}: ${state.holds.size} holds open: ${[...state.holds.keys()].join(', ')}`);
+    out.push(`[diag] leases ${JSON.stringify(state.leases)} queue ${JSON.stringify(state.queue)}`);
+    for (const [id, hold] of state.holds) {
+      out.push(`[diag] held ${id}: ${JSON.stringify(hold)}; response ${JSON.stringify(responses.get(id) ?? 'none recorded')}`);
+      for (const e of events) {
+        const d = e.data as { request_id?: string };
+        const cmd = String(e.metadata?.command_id ?? '');
+        if (d.request_id === id || cmd.endsWith(id) || e.metadata?.request_id === id) {
+          out.push(`[diag]   v${e.streamVersion} pos ${e.globalPosition.transactionId}/${e.globalPosition.position} ${e.recordedAt.toISOString()} ${e.type} by ${origins.get(String(e.metadata?.origin)) ?? e.metadata?.origin} data ${JSON.stringify(e.data)} metadata ${JSON.stringify(e.metadata)}`);
+        }
+      }
+    }
+  }
+  const file = `/tmp/race-stream-${Date.now()}.json`;
+  writeFileSync(file, JSON.stringify({ origins: Object.fromEntries(origins), responses: Object.fromEntries(responses), events: all }, null, 1));
+  out.push(`[diag] whole stream and responses in ${file}`);
+  console.error(out.join('\n'));
+}
 
 const databaseUrl = process.env.DATABASE_URL;
 /**
@@ -61,16 +97,21 @@ if (!databaseUrl) {
     // starts. Without it, one process can lease all 16 slots before the other's first reservation and
     // keep them while it has requests waiting, and the budget may run out before the other gets one.
     const warmUp = [];
+    const warmUpIds: string[] = [];
     for (const gw of [a, b]) {
       const res = await complete(gw.url, key, { prompt: 'abc', max_tokens: 20, temperature: 0 });
       assert.is(res.status, 200);
+      warmUpIds.push(res.headers.get('x-request-id') ?? '?');
       warmUp.push(((await res.json()) as any).usage.total_tokens as number);
     }
+    const answered = new Map<string, unknown>();
     await context.cluster.chaos({ mode: 'delay', count: 1000, delay_ms: 4 });
     const responses = await Promise.all(
       Array.from({ length: 200 }, async (_, i) => {
+        const sent = Date.now();
         const res = await complete((i % 2 === 0 ? a : b).url, key, { prompt: 'abc', max_tokens: 20, temperature: 0 });
         const body = (await res.json()) as any;
+        answered.set(res.headers.get('x-request-id') ?? `?${i}`, { gateway: i % 2 === 0 ? 'A' : 'B', i, status: res.status, ms: Date.now() - sent, clamped: res.headers.get('x-svc-max-tokens-clamped'), body });
         return { status: res.status, code: body.error?.code as string | undefined, tokens: body.usage?.total_tokens as number | undefined };
       }),
     );
@@ -84,6 +125,17 @@ if (!databaseUrl) {
     const { events, state } = await until('every hold released', async () => {
       const meter = await meterOf(context.cluster, key);
       return meter.state.holds.size === 0 && meter.events.filter((e) => e.type === 'UsageSettled').length === served.length + warmUp.length ? meter : null;
+    }).catch(async (error) => {
+      const keyId = key.split('_')[1];
+      const raw = (await context.cluster.store.readStream(meterStream(keyId, utcDay(new Date())))).events;
+      const origins = new Map<string, string>();
+      for (const [id, name] of [[warmUpIds[0], 'A'], [warmUpIds[1], 'B']]) {
+        const origin = raw.find((e) => e.metadata?.request_id === id)?.metadata?.origin;
+        if (origin) origins.set(String(origin), name);
+      }
+      console.error(`[diag] ${served.length} served + ${warmUp.length} warm-ups; settled ${raw.filter((e) => e.type === 'UsageSettled').length}; gateway pids A ${a.child.pid} B ${b.child.pid}`);
+      await dumpHolds(context.cluster, key, origins, answered);
+      throw error;
     });
     const settled = events.filter((e) => e.type === 'UsageSettled' || e.type === 'ReservationExpired').reduce((n, e) => n + tokensOf(e), 0);
     assert.ok(settled <= budget, `settled ${settled} tokens of a ${budget}-token budget`);
