@@ -277,10 +277,13 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
           throw refused(error, model.id, prepared.user, prepared.promptTokens);
         }
         completion = atLimit(stored);
-        // Voided: decided again otherwise (fewer tokens now fit, say); the early call was cancelled.
+        // Voided: decided again otherwise (fewer tokens now fit, say); the early call was cancelled. Its
+        // replacement holds the same slot, so it starts once the cancelled call has ended on this side
+        // (its connection closed), not beside it: the key's running requests at the engine stay in bound.
         if (early && !admission.voiding.voided) upstream = await early;
         else {
           earlyCapture = null;
+          if (early) await early.then((r) => r.body.destroyed || new Promise((closed) => r.body.once('close', closed)), () => {});
           upstream = await dispatch(completion, controller.signal);
         }
       } else {

@@ -162,7 +162,7 @@ export function createEngineServer(opts: EngineServerOptions): EngineServer {
     const tear = () => new Promise<void>((r) => res.write(`data: {"id":"${id}","object":"text_completion","choi`, () => r(crash())));
     const afterToken =
       mode === 'delay'
-        ? () => new Promise<void>((r) => setTimeout(r, chaos!.delayMs))
+        ? () => pause(chaos!.delayMs, abort.signal)
         : mode === 'crash' || (mode === 'tear' && !req.stream)
           ? () => crash()
           : mode === 'tear'
@@ -216,4 +216,21 @@ async function readJson(req: IncomingMessage): Promise<Record<string, unknown>> 
   }
   if (body === null || typeof body !== 'object' || Array.isArray(body)) throw badRequest('request body must be a JSON object');
   return body as Record<string, unknown>;
+}
+
+/**
+ * The chaos delay between two tokens: a sleep, not work, so a generation cancelled meanwhile (its
+ * client went away) ends at once rather than a delay later, and stops counting as running then.
+ */
+function pause(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    if (signal.aborted) return resolve();
+    const timer = setTimeout(done, ms);
+    signal.addEventListener('abort', done, { once: true });
+    function done() {
+      clearTimeout(timer);
+      signal.removeEventListener('abort', done);
+      resolve();
+    }
+  });
 }

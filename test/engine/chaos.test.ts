@@ -94,6 +94,20 @@ chaos('running answers when the count of generations is reached, and counts thos
   assert.is((await running(-1)).status, 400);
 });
 
+chaos('a generation cancelled during a delay stops running at once, not a delay later', async () => {
+  const running = (count: number) => post(`${ctx.url}/_chaos/running`, { count });
+  await arm('delay', { delay_ms: 60_000 });
+  const client = new AbortController();
+  const pending = fetch(`${ctx.url}/v1/completions`, { method: 'POST', body: JSON.stringify(body), signal: client.signal }).catch(() => undefined);
+  await running(1);
+  client.abort();
+  await pending;
+  // Within a tenth of the delay (a minute's sleep per token before): the delay is a sleep, not work.
+  const ended = await Promise.race([running(0).then(() => true), new Promise<boolean>((resolve) => setTimeout(resolve, 6_000, false).unref())]);
+  await arm('none');
+  assert.ok(ended, 'the cancelled generation still counted as running 6 s after its client left');
+});
+
 chaos('crash drops the connection mid-request and the engine stops answering', async () => {
   await arm('crash');
   let failed = false;
