@@ -189,12 +189,15 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     const gpuStarted = performance.now();
     // The gateway's own time before the engine call that answered (a cold boot's wait excluded), and when that call's headers came.
     const engineCall = { gatewayMs: 0, answeredAt: 0 };
-    const dispatch = async (completion: PreparedCompletion, signal: AbortSignal): Promise<EngineResponse> => {
+    /** `posted`: called once the engine call is on its way (its write queued), before it is answered. */
+    const dispatch = async (completion: PreparedCompletion, signal: AbortSignal, posted?: () => void): Promise<EngineResponse> => {
       const deadline = completion.stream ? null : setTimeout(() => controller.abort(deadlineReason), requestWindowMs);
       try {
         const entered = performance.now();
         await coldBoot?.waitOut(signal, admission?.durable ?? Promise.resolve(), completion.maxTokensClamped);
-        const response = await engines.post(model.id, '/v1/completions', JSON.stringify(completion.engineBody), signal);
+        const call = engines.post(model.id, '/v1/completions', JSON.stringify(completion.engineBody), signal);
+        posted?.();
+        const response = await call;
         if (!signal.aborted) {
           engineCall.gatewayMs = entered - started;
           engineCall.answeredAt = performance.now();
@@ -221,7 +224,8 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
       if (controller.signal.aborted) call.abort(controller.signal.reason);
       else controller.signal.addEventListener('abort', () => call.abort(controller.signal.reason), { once: true });
       voiding.onVoided(() => call.abort());
-      const response = dispatch(completion, call.signal);
+      // Its reservation's append goes right after the engine call's write (Metering.sendDecisionsSoon).
+      const response = dispatch(completion, call.signal, () => metering?.meter.sendDecisionsSoon());
       response.then(
         (r) =>
           voiding.onVoided(() => {

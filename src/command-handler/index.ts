@@ -279,6 +279,15 @@ export class CommandHandler {
     for (const slot of urgent) this.#flush(slot);
   }
 
+  /**
+   * Sends the decisions made so far to the store now, rather than at the end of the turn: for a caller
+   * whose own writes of this turn went first (the engine call a reservation starts alongside its append).
+   */
+  sendPending(): void {
+    if (this.#urgent.size > 0) this.#flushUrgent();
+    this.#store.sendAppendsNow?.();
+  }
+
   /** Runs the decider for `entry` against the slot's latest state; queues its events. */
   #decideEntry(slot: Slot, entry: Entry): void {
     const { state, version } = slot.latest;

@@ -72,7 +72,8 @@ export class GroupCommitter {
    * setImmediate of its own, after the socket writes its caller made meanwhile (the engine call that a
    * reservation in a standing slot lease starts alongside its append): on this VM a write to a socket
    * whose reader sleeps costs the writer ~0.5 ms while it wakes that process, and the engine call
-   * should not wait for PostgreSQL's wake-up (BENCHMARKS.md, gateway).
+   * should not wait for PostgreSQL's wake-up (BENCHMARKS.md, gateway). A caller whose appends of this
+   * turn are all made can send them at once (`sendNow`), without waiting for the poll of the next turn.
    */
   #schedulePump(): void {
     if (this.#pumpScheduled) return;
@@ -81,6 +82,14 @@ export class GroupCommitter {
       this.#pumpScheduled = false;
       this.#pump();
     });
+  }
+
+  /**
+   * Sends what is queued now instead of at the end of this turn: for a caller that queued, in one go,
+   * every append its turn will make (the command handler's flush, itself run from a setImmediate).
+   */
+  sendNow(): void {
+    if (this.#pumpScheduled) this.#pump();
   }
 
   #pump(): void {

@@ -482,6 +482,10 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
       return committer.append({ streamId, events, expected, encoded: encodeEvents(events) });
     },
 
+    sendAppendsNow() {
+      committer.sendNow();
+    },
+
     async readStream(streamId, { fromVersion = 1, limit } = {}) {
       ensureOpen('readStream');
       // One statement, so the version and the events come from one snapshot.

@@ -144,6 +144,11 @@ export interface EventLog {
   /** The log's order of positions: negative when `a` comes before `b`, 0 when they are the same place. */
   comparePositions(a: GlobalPosition, b: GlobalPosition): number;
   append(streamId: string, events: readonly NewEvent[], expected: ExpectedVersion): Promise<AppendResult>;
+  /**
+   * Sends the appends made so far now, where the log gathers them until the end of the turn (group
+   * commit): for a caller whose appends of this turn are all made. Optional; without it, nothing changes.
+   */
+  sendAppendsNow?(): void;
   readStream(streamId: string, options?: { fromVersion?: number; limit?: number }): Promise<StreamRead>;
   /** Each stream's current version (0: no events), read in one snapshot: which of many streams exist, in one round trip. */
   streamVersions(streamIds: readonly string[]): Promise<Map<string, number>>;

@@ -242,6 +242,30 @@ it("a decision that may not wait takes along what lingers on other streams, into
   await handler.settled();
 });
 
+it('sendPending hands the pending decisions to the store at once, lingering ones along, and has it send them now', async ({ store }) => {
+  const calls: string[] = [];
+  const handler = new CommandHandler({
+    store: {
+      ...store,
+      append: (id, events, expected) => (calls.push(`append ${id}`), store.append(id, events, expected)),
+      sendAppendsNow: () => (calls.push('send now'), store.sendAppendsNow?.()),
+    },
+  });
+  const [settledHere, reservedThere] = [stream(), stream()];
+  await handler.load(settledHere, tickets);
+  await handler.load(reservedThere, tickets);
+  const lingering = await handler.decide(settledHere, { type: 'Note', text: 'settled' }, tickets, { lingerMs: 60_000 });
+  const urgent = await handler.decide(reservedThere, issue, tickets);
+  assert.equal(calls, [], 'nothing sent before the call');
+  handler.sendPending();
+  assert.equal(calls.slice(0, 2).sort(), [`append ${settledHere}`, `append ${reservedThere}`].sort(), 'both handed over at the call');
+  assert.equal(calls.slice(2), ['send now'], 'then the store is told to send them');
+  const [a, b] = await Promise.all([lingering.durable, urgent.durable]);
+  assert.equal([a.version, b.version], [1, 1]);
+  assert.is(calls.length, 3, 'nothing handed over twice at the end of the turn');
+  await handler.settled();
+});
+
 it('commands on one stream never conflict with each other inside the process', async ({ store }) => {
   const { store: counted, counts } = counting(store);
   const handler = new CommandHandler({ store: counted, cacheSize: 0 });

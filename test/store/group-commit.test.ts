@@ -60,6 +60,18 @@ it('appends made in one turn of the event loop go in one batch', async () => {
   assert.equal(db.batches, [['a', 'b', 'c']]);
 });
 
+it('sendNow sends what is queued at once, in one batch, instead of at the end of the turn', async () => {
+  const db = recorder();
+  const done = Promise.all(['a', 'b'].map((s) => db.committer.append(append(s))));
+  assert.equal(db.batches, [], 'nothing leaves while the turn goes on');
+  db.committer.sendNow();
+  assert.equal(db.batches, [['a', 'b']], 'sent at the call, both appends together');
+  db.committer.sendNow(); // nothing queued: nothing sent
+  await db.finishNext();
+  await done;
+  assert.equal(db.batches, [['a', 'b']], 'the turn-end pump found nothing left to send');
+});
+
 it('appends arriving while a batch is in flight wait and leave together', async () => {
   const db = recorder();
   const first = db.committer.append(append('a'));
