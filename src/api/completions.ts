@@ -1,5 +1,3 @@
-import { type Readable, type Writable } from 'node:stream';
-import { once } from 'node:events';
 import { randomBytes } from 'node:crypto';
 import type { FastifyInstance, FastifyReply, FastifyRequest, FastifySchemaCompiler, onRequestAsyncHookHandler } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
@@ -15,7 +13,7 @@ import { apiKeySecurity, compileRouteSchema, errorResponses, okResponse } from '
 import { checkCapture, type CheckedCapture } from './capture-relay.ts';
 import { EngineContextLengths } from './engine-context.ts';
 import { bodyWithByteOffsets, needsByteOffsets, rewriteEngineStream } from './stream-rewrite.ts';
-import { acceptsGzip, gzipStream, sendUncompressed } from './compression.ts';
+import { acceptsGzip, feed, gzipStream, sendUncompressed } from './compression.ts';
 import { SseUsageRelay, UsageTail, usageFrom, type RelayedUsage } from './usage-relay.ts';
 import type { ServedTokens } from './request-log.ts';
 import type { BackendCall } from '../backends/index.ts';
@@ -414,27 +412,6 @@ function tokensSeen(relayed: RelayedUsage | null, request: PreparedCompletion): 
   if (relayed === null) return { prompt_tokens: request.promptTokens, completion_tokens: 0 };
   // A stream relays one content frame per token per choice; a body that broke off cannot say.
   return { prompt_tokens: request.promptTokens, completion_tokens: request.stream ? relayed.contentFrames : null };
-}
-
-/**
- * Writes a body into a compressor with backpressure. An explicit loop rather than `pipe`: piping
- * undici's body into zlib ran five times slower here (the parser paused and resumed on every chunk).
- * A body that breaks half-way destroys the compressor, so the client's response ends too.
- */
-async function feed(source: Readable, sink: Writable): Promise<void> {
-  try {
-    for await (const chunk of source) {
-      if (sink.write(chunk)) continue;
-      await Promise.race([once(sink, 'drain'), once(sink, 'close')]);
-      if (sink.destroyed) {
-        source.destroy(); // the client left
-        return;
-      }
-    }
-    sink.end();
-  } catch (err) {
-    sink.destroy(err as Error);
-  }
 }
 
 /**
