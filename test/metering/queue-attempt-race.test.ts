@@ -9,28 +9,20 @@
  * settled). Real (in-memory) store; the attempt is held at the key's re-check and p's queue-entry
  * append at a gate, so the interleaving is the same every run.
  */
-import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { randomUUID } from 'node:crypto';
 import pino from 'pino';
 import { CommandHandler } from '../../src/command-handler/index.ts';
 import { Metering, type AdmitRequest, type Admission } from '../../src/metering/index.ts';
-import { openEventStore, type EventStore } from '../../src/store/index.ts';
+import type { EventStore } from '../../src/store/index.ts';
 import { meterDecider } from '../../commands/meter.ts';
 import { foldEvents } from '../../src/event-sourcing/index.ts';
 import { meterEvents, meterStream, utcDay, type MeterEvent } from '../../events/meter.ts';
 import { admitRequest } from '../support/admit-request.ts';
+import { meteringSuite } from '../support/metering-suite.ts';
 import { until } from '../support/until.ts';
 
-const it = suite<{ store: EventStore; meterings: Metering[] }>('metering: a waiter that stops waiting while its reservation is made');
-it.before.each(async (context) => {
-  context.store = await openEventStore({ inMemory: true });
-  context.meterings = [];
-});
-it.after.each(async ({ store, meterings }) => {
-  for (const m of meterings) await m.stop();
-  await store.close();
-});
+const it = meteringSuite('metering: a waiter that stops waiting while its reservation is made');
 
 const usage = { inputTokens: 5, outputTokens: 3, status: 200, latencyMs: 1, gpuSeconds: 0, costMicros: 0, pricePerGpuSecondMicros: 0, basis: 'engine_usage' as const, disconnected: false };
 /** One active slot and one queue place: a second request waits, a third is refused queue_full. */

@@ -6,7 +6,6 @@
  * so each decides on what it last saw and learns of the other's writes only from a conflict, the
  * worst case; where it is about waking a waiting request they follow it, as the gateway does.
  */
-import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { randomUUID } from 'node:crypto';
 import pino from 'pino';
@@ -14,20 +13,13 @@ import { CommandHandler } from '../../src/command-handler/index.ts';
 import { ApiError } from '../../src/errors/index.ts';
 import { Metering, type Admission } from '../../src/metering/index.ts';
 import { Voiding } from '../../src/metering/types.ts';
-import { openEventStore, type EventStore } from '../../src/store/index.ts';
+import type { EventStore } from '../../src/store/index.ts';
 import { meterEvents, meterStream, utcDay, type MeterEvent } from '../../events/meter.ts';
 import type { KeyBudgetValues } from '../../events/key.ts';
 import { admitRequest } from '../support/admit-request.ts';
+import { meteringSuite } from '../support/metering-suite.ts';
 
-const it = suite<{ store: EventStore; meterings: Metering[] }>('metering: slot leases across processes');
-it.before.each(async (context) => {
-  context.store = await openEventStore({ inMemory: true });
-  context.meterings = [];
-});
-it.after.each(async ({ store, meterings }) => {
-  for (const m of meterings) await m.stop();
-  await store.close();
-});
+const it = meteringSuite('metering: slot leases across processes');
 
 const process_ = async (context: { store: EventStore; meterings: Metering[] }, followLog = false): Promise<Metering> => {
   const handler = new CommandHandler({ store: context.store });
