@@ -72,6 +72,8 @@ const leftQueue = () => new DOMException('the client left the queue', 'AbortErro
 export class RequestQueue<Request extends QueueableRequest, Admitted> {
   readonly #options: RequestQueueOptions<Request, Admitted>;
   readonly #lines = new Map<string, Line<Request, Admitted>>();
+  /** Set by close(): what a request that would wait from then on is refused with. */
+  #closed: Error | null = null;
 
   constructor(options: RequestQueueOptions<Request, Admitted>) {
     this.#options = options;
@@ -92,6 +94,9 @@ export class RequestQueue<Request extends QueueableRequest, Admitted> {
   /** Records that the request waits (or refuses it `queue_full`), then waits, first come first served, for a slot. */
   async enqueue(request: Request): Promise<Admitted> {
     if (request.signal.aborted) throw leftQueue();
+    // Closed (the process is stopping): nothing would wake it but a slot freed by the requests still
+    // running, and stop() waits for what it holds (a reservation sent back here by a conflict, say).
+    if (this.#closed) throw this.#closed;
     const { holder, entryTtlMs } = this.#options;
     const now = this.#options.now();
     const command: MeterCommand = { type: 'Queue', requestId: request.facts.request_id, holder, maxQueued: request.limits.maxQueued, ttlMs: entryTtlMs, now: now.toISOString() };
@@ -122,6 +127,11 @@ export class RequestQueue<Request extends QueueableRequest, Admitted> {
       };
       waiters.push(waiter);
       if (request.signal.aborted) return leave();
+      if (this.#closed) {
+        // Closed while its entry was decided: it leaves the meter's queue again, refused like the others.
+        if (this.#drop(waiters, waiter)) this.#leave(waiter);
+        return waiter.reject(this.#closed);
+      }
       request.signal.addEventListener('abort', leave, { once: true });
       // Decided in memory; stored otherwise when another process filled the queue first: then refused.
       decision.durable.then(
@@ -190,6 +200,7 @@ export class RequestQueue<Request extends QueueableRequest, Admitted> {
 
   /** Refuses every waiting request (the process is stopping) and takes their entries off the meter. */
   close(error: Error): void {
+    this.#closed = error;
     for (const line of this.#lines.values()) {
       for (const waiter of line.waiters.splice(0)) {
         this.#leave(waiter);

@@ -18,6 +18,7 @@ import type { EventStore } from '../../src/store/index.ts';
 import { meterDecider } from '../../commands/meter.ts';
 import { foldEvents } from '../../src/event-sourcing/index.ts';
 import { meterEvents, meterStream, utcDay, type MeterEvent } from '../../events/meter.ts';
+import { ApiError } from '../../src/errors/index.ts';
 import { admitRequest } from '../support/admit-request.ts';
 import { meteringSuite } from '../support/metering-suite.ts';
 import { until } from '../support/until.ts';
@@ -137,6 +138,24 @@ it('a waiter whose client leaves while its reservation is made: the reservation 
   assert.ok(settled, 'W released by a settlement');
   assert.is(settled.type === 'UsageSettled' && settled.data.input_tokens + settled.data.output_tokens, 0, 'charged nothing');
   assert.is(p.counts().running, 0, 'nothing left to renew');
+});
+
+it('a request that would wait once the queue is closed (the process stopping) is refused at once, not left waiting for a slot', async (context) => {
+  const { store } = context;
+  const keyId = randomUUID().slice(0, 12);
+  const p = meteringOn(context, store);
+  const first = admitRequest(keyId, { limits });
+  const running = await p.admit(first);
+  await running.durable;
+  await p.stop();
+  // A reservation sent back to the queue by a conflict during stop() comes this way too.
+  const outcome = await Promise.race([
+    p.admit(admitRequest(keyId, { limits })).then(() => 'admitted', (error: unknown) => error),
+    new Promise((resolve) => setTimeout(resolve, 5_000, 'still waiting').unref()),
+  ]);
+  assert.instance(outcome, ApiError, String(outcome));
+  assert.is((outcome as ApiError).code, 'wrapper_saturated');
+  await p.settle(running, first.facts, usage);
 });
 
 it.run();
