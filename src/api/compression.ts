@@ -6,6 +6,7 @@
 import { pipeline, Readable, type Writable } from 'node:stream';
 import { createGzip, gzip, gzipSync, type Gzip } from 'node:zlib';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { drained } from '../streams/index.ts';
 
 const level = 1;
 /** Bodies up to this size are compressed on the event loop: cheaper than a trip to the thread pool. */
@@ -72,7 +73,7 @@ export async function feed(source: Readable, sink: Writable): Promise<void> {
   try {
     for await (const chunk of source) {
       if (sink.write(chunk)) continue;
-      await drainedOrClosed(sink);
+      await drained(sink);
       if (sink.destroyed) {
         source.destroy(); // the client left
         return;
@@ -82,21 +83,4 @@ export async function feed(source: Readable, sink: Writable): Promise<void> {
   } catch (err) {
     sink.destroy(err as Error);
   }
-}
-
-/**
- * Resolves when the stream drains or closes, its listeners removed either way. A race of two
- * `events.once` left the loser's listeners (and an `error` listener each) on the compressor for every
- * write it refused: at a 64 KiB chunk to a 16 KiB buffer, every chunk of a gigabyte body.
- */
-function drainedOrClosed(stream: Writable): Promise<void> {
-  return new Promise((resolve) => {
-    const done = () => {
-      stream.off('drain', done);
-      stream.off('close', done);
-      resolve();
-    };
-    stream.on('drain', done);
-    stream.on('close', done);
-  });
 }

@@ -2,6 +2,7 @@
 // logprobs, gigabytes) never sits in memory whole and makes little garbage: token fragments are pre-encoded
 // bytes, numbers are written digit by digit. Rejects once the client has gone.
 import type { ServerResponse } from 'node:http';
+import { drained } from '../streams/index.ts';
 
 const PIECE = 64 * 1024;
 const HEADROOM = 16 * 1024;
@@ -145,21 +146,7 @@ export class BodyWriter {
 
   async #drained(): Promise<void> {
     if (this.#ok) return;
-    const res = this.#res;
-    await new Promise<void>((resolve, reject) => {
-      const done = () => {
-        res.off('drain', done);
-        res.off('close', gone);
-        resolve();
-      };
-      const gone = () => {
-        res.off('drain', done);
-        res.off('close', gone);
-        reject(new Error('client went away'));
-      };
-      res.on('drain', done);
-      res.on('close', gone);
-    });
+    if (!(await drained(this.#res))) throw new Error('client went away');
     this.#ok = true;
   }
 

@@ -2,6 +2,7 @@
 import { createServer, type IncomingMessage, type ServerResponse, type Server } from 'node:http';
 import type { Socket } from 'node:net';
 import { randomBytes } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { Generator } from './generate.ts';
 import { parseCompletionRequest, type EngineLimits } from './request.ts';
 import { Chaos } from './chaos.ts';
@@ -162,7 +163,8 @@ export function createEngineServer(opts: EngineServerOptions): EngineServer {
     const tear = () => new Promise<void>((r) => res.write(`data: {"id":"${id}","object":"text_completion","choi`, () => r(crash())));
     const afterToken =
       mode === 'delay'
-        ? () => pause(chaos!.delayMs, abort.signal)
+        ? // A sleep, not work: a generation cancelled meanwhile (its client went away) ends at once, not a delay later.
+          () => sleep(chaos!.delayMs, undefined, { signal: abort.signal }).catch(() => {})
         : mode === 'crash' || (mode === 'tear' && !req.stream)
           ? () => crash()
           : mode === 'tear'
@@ -216,21 +218,4 @@ async function readJson(req: IncomingMessage): Promise<Record<string, unknown>> 
   }
   if (body === null || typeof body !== 'object' || Array.isArray(body)) throw badRequest('request body must be a JSON object');
   return body as Record<string, unknown>;
-}
-
-/**
- * The chaos delay between two tokens: a sleep, not work, so a generation cancelled meanwhile (its
- * client went away) ends at once rather than a delay later, and stops counting as running then.
- */
-function pause(ms: number, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    if (signal.aborted) return resolve();
-    const timer = setTimeout(done, ms);
-    signal.addEventListener('abort', done, { once: true });
-    function done() {
-      clearTimeout(timer);
-      signal.removeEventListener('abort', done);
-      resolve();
-    }
-  });
 }

@@ -20,7 +20,7 @@ import { foldEvents } from '../../src/event-sourcing/index.ts';
 import { meterEvents, meterStream, utcDay, type MeterEvent } from '../../events/meter.ts';
 import { ApiError } from '../../src/errors/index.ts';
 import { admitRequest } from '../support/admit-request.ts';
-import { meteringSuite } from '../support/metering-suite.ts';
+import { meteringSuite, type MeteringContext } from '../support/metering-suite.ts';
 import { until } from '../support/until.ts';
 
 const it = meteringSuite('metering: a waiter that stops waiting while its reservation is made');
@@ -58,6 +58,16 @@ function heldAtSecondLook(request: AdmitRequest): { request: AdmitRequest; reach
     reached: () => looks >= 2,
     open,
   };
+}
+
+/** Process p on a fresh key whose one active slot is taken by a request running there (`first`, `running`). */
+async function slotTaken(context: MeteringContext): Promise<{ keyId: string; p: Metering; first: AdmitRequest; running: Admission }> {
+  const keyId = randomUUID().slice(0, 12);
+  const p = meteringOn(context, context.store);
+  const first = admitRequest(keyId, { limits });
+  const running = await p.admit(first);
+  await running.durable;
+  return { keyId, p, first, running };
 }
 
 it("a waiter whose queue entry another process's filled queue refuses while its reservation is made runs with that reservation; no hold is left", async (context) => {
@@ -112,11 +122,7 @@ it("a waiter whose queue entry another process's filled queue refuses while its 
 
 it('a waiter whose client leaves while its reservation is made: the reservation is released at zero usage, not left open', async (context) => {
   const { store } = context;
-  const keyId = randomUUID().slice(0, 12);
-  const p = meteringOn(context, store);
-  const first = admitRequest(keyId, { limits });
-  const running = await p.admit(first);
-  await running.durable;
+  const { keyId, p, first, running } = await slotTaken(context);
 
   const client = new AbortController();
   const w = heldAtSecondLook({ ...admitRequest(keyId, { limits }), signal: client.signal });
@@ -141,12 +147,7 @@ it('a waiter whose client leaves while its reservation is made: the reservation 
 });
 
 it('a request that would wait once the queue is closed (the process stopping) is refused at once, not left waiting for a slot', async (context) => {
-  const { store } = context;
-  const keyId = randomUUID().slice(0, 12);
-  const p = meteringOn(context, store);
-  const first = admitRequest(keyId, { limits });
-  const running = await p.admit(first);
-  await running.durable;
+  const { keyId, p, first, running } = await slotTaken(context);
   await p.stop();
   // A reservation sent back to the queue by a conflict during stop() comes this way too.
   const outcome = await Promise.race([

@@ -5,25 +5,16 @@
  * in-memory store; its `query` is counted, or made to fail for daily_spend the way a dropped connection
  * fails it.
  */
-import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { randomUUID } from 'node:crypto';
 import pino from 'pino';
 import { CommandHandler } from '../../src/command-handler/index.ts';
 import { Metering, type Usage } from '../../src/metering/index.ts';
-import { openEventStore, type EventStore } from '../../src/store/index.ts';
+import type { EventStore } from '../../src/store/index.ts';
 import { admitRequest } from '../support/admit-request.ts';
+import { meteringSuite } from '../support/metering-suite.ts';
 
-interface Context {
-  store: EventStore;
-}
-const it = suite<Context>('metering: the spend check after priced settlements');
-it.before.each(async (context) => {
-  context.store = await openEventStore({ inMemory: true });
-});
-it.after.each(async ({ store }) => {
-  await store.close();
-});
+const it = meteringSuite('metering: the spend check after priced settlements');
 
 const priced: Usage = { inputTokens: 5, outputTokens: 8, status: 200, latencyMs: 3, gpuSeconds: 0.01, costMicros: 10_000, pricePerGpuSecondMicros: 1_000_000, basis: 'engine_usage', disconnected: false };
 

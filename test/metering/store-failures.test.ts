@@ -4,28 +4,19 @@
  * store refused is tried again until it is stored with the real usage. A real (in-memory) store, with
  * appends made to fail the way a broken connection fails them.
  */
-import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { randomUUID } from 'node:crypto';
 import pino from 'pino';
 import { CommandHandler } from '../../src/command-handler/index.ts';
 import { Metering } from '../../src/metering/index.ts';
 import { ApiError } from '../../src/errors/index.ts';
-import { openEventStore, type EventStore } from '../../src/store/index.ts';
+import type { EventStore } from '../../src/store/index.ts';
 import { meterEvents, meterStream, utcDay, type MeterEvent } from '../../events/meter.ts';
 import { until } from '../support/until.ts';
 import { admitRequest } from '../support/admit-request.ts';
+import { meteringSuite } from '../support/metering-suite.ts';
 
-interface Context {
-  store: EventStore;
-}
-const it = suite<Context>('metering when the store fails for a moment');
-it.before.each(async (context) => {
-  context.store = await openEventStore({ inMemory: true });
-});
-it.after.each(async ({ store }) => {
-  await store.close();
-});
+const it = meteringSuite('metering when the store fails for a moment');
 
 /** Appends carrying an event of `type` fail `times` times; `stored`: the failed append did reach the store (its answer was lost). */
 function failing(store: EventStore, type: string, times: number, stored: boolean): EventStore {
