@@ -76,8 +76,13 @@ export interface CommandHandlerOptions {
   cacheSize?: number;
   /** Events per read when loading a stream (default 1,000). */
   readPageSize?: number;
-  /** Command ids remembered per stream for resend detection (default 10,000). */
+  /**
+   * Command ids remembered for resend detection across every cached stream, the oldest forgotten first
+   * (default 100,000), except that each stream keeps its last `recentCommandsPerStream` (default 100).
+   * On SQL, a resend of one forgotten is found in its stream (see `#recall`).
+   */
   recentCommands?: number;
+  recentCommandsPerStream?: number;
   /** Times an append whose outcome is unknown (a dropped connection) is sent again, same ids and version (default 2). */
   maxResends?: number;
   /** Names this process in every appended event's metadata (`origin`), so `followLog` can tell others' writes (default: a fresh UUID). */
@@ -101,6 +106,8 @@ interface Entry {
   /** Why the decision turned out void, once it did. */
   voided: { reason: unknown } | null;
   attempts: number;
+  /** Its place among the remembered commands (`#remember`). */
+  seq: number;
   resolve(outcome: AnyOutcome): void;
   reject(error: unknown): void;
 }
@@ -108,6 +115,8 @@ interface Entry {
 interface Stored {
   version: number;
   events: DomainEvent[];
+  /** Its place among the remembered commands (`#remember`). */
+  seq: number;
 }
 
 interface Slot {
@@ -117,7 +126,7 @@ interface Slot {
   confirmed: { state: unknown; version: number };
   /** `confirmed` plus every decision still on its way to the store. */
   latest: { state: unknown; version: number };
-  /** Recent command ids: stored (with their events) or still under way (their entry). */
+  /** Remembered command ids (`#remember`): stored (with their events) or still under way (their entry). */
   readonly recent: Map<string, Stored | Entry>;
   inflight: Entry[] | null;
   pending: Entry[];
@@ -137,6 +146,17 @@ export class CommandHandler {
   readonly #cacheSize: number;
   readonly #pageSize: number;
   readonly #recentCommands: number;
+  readonly #recentPerStream: number;
+  /**
+   * The remembered commands, a ring of `#recentCommands` places: the stream and command id of the
+   * `seq`-th remembered is at `seq % #recentCommands`, and the next one there forgets it, unless its
+   * stream is down to its last `#recentPerStream`. So at most `#recentCommands` plus that many per
+   * cached stream: 10,000 per stream let a day's busy meter streams keep millions of decided events
+   * in memory (BENCHMARKS.md, gateway).
+   */
+  readonly #rememberedSlots: Slot[] = [];
+  readonly #rememberedIds: string[] = [];
+  #remembered = 0;
   readonly #maxResends: number;
   readonly #origin: string;
   readonly #foreignListeners = new Set<(event: RecordedEvent) => void>();
@@ -155,7 +175,8 @@ export class CommandHandler {
     this.#maxAttempts = options.maxAttempts ?? 100;
     this.#cacheSize = options.cacheSize ?? 10_000;
     this.#pageSize = options.readPageSize ?? 1000;
-    this.#recentCommands = options.recentCommands ?? 10_000;
+    this.#recentCommands = Math.max(1, options.recentCommands ?? 100_000);
+    this.#recentPerStream = options.recentCommandsPerStream ?? 100;
     this.#maxResends = options.maxResends ?? 2;
     this.#origin = options.origin ?? randomUUID();
   }
@@ -247,7 +268,7 @@ export class CommandHandler {
       reject = rej;
     });
     durable.catch(() => {}); // a caller that only looks at `outcome` must not leave an unhandled rejection
-    const entry: Entry = { command, commandId, options, outcome: null as unknown as AnyOutcome, toAppend: [], controller: null, voided: null, attempts: 0, resolve, reject };
+    const entry: Entry = { command, commandId, options, outcome: null as unknown as AnyOutcome, toAppend: [], controller: null, voided: null, attempts: 0, seq: 0, resolve, reject };
     this.#decideEntry(slot, entry);
     const decided = entry.outcome;
     if (entry.toAppend.length === 0) entry.resolve(decided);
@@ -310,7 +331,7 @@ export class CommandHandler {
     }));
     if (events.length === 0) return;
     slot.latest = { state: next, version: version + events.length };
-    this.#rememberCommand(slot, entry.commandId, entry);
+    this.#remember(slot, entry.commandId, entry);
     slot.pending.push(entry);
   }
 
@@ -366,7 +387,8 @@ export class CommandHandler {
     for (const entry of batch) {
       if (!entry.outcome.accepted) continue;
       if (!latest) for (const event of entry.outcome.newEvents) state = slot.decider.evolve(state, event);
-      slot.recent.set(entry.commandId, { version: entry.outcome.version, events: [...entry.outcome.newEvents] });
+      // In its entry's place, unless that was forgotten meanwhile.
+      if (slot.recent.get(entry.commandId) === entry) slot.recent.set(entry.commandId, { version: entry.outcome.version, events: [...entry.outcome.newEvents], seq: entry.seq });
     }
     slot.confirmed = { state, version: result.nextExpectedVersion };
     slot.conflicts = 0;
@@ -399,6 +421,7 @@ export class CommandHandler {
     slot.conflicts++;
     const backoff = slot.conflicts < 2 ? null : delay(Math.random() * 2 ** Math.min(slot.conflicts - 1, 6));
     slot.catchingUp = (backoff ? backoff.then(() => this.#catchUp(slot)) : this.#catchUp(slot))
+      .then(() => (error instanceof DuplicateEventId ? this.#recall(slot, affected) : undefined))
       .then(() => {
         slot.latest = { ...slot.confirmed };
         for (const entry of affected) this.#redecide(slot, entry, error, sent.has(entry));
@@ -500,7 +523,7 @@ export class CommandHandler {
           if (known && !('commandId' in known) && known.version < recorded.streamVersion) {
             known.events.push(event);
             known.version = recorded.streamVersion;
-          } else this.#rememberCommand(slot, commandId, { version: recorded.streamVersion, events: [event] });
+          } else this.#remember(slot, commandId, { version: recorded.streamVersion, events: [event], seq: 0 });
         }
         version = recorded.streamVersion;
       }
@@ -512,10 +535,51 @@ export class CommandHandler {
     slot.confirmed = { state, version };
   }
 
-  #rememberCommand(slot: Slot, commandId: string, value: Stored | Entry): void {
+  /** Remembers a command (under way or stored) in its stream's slot, forgetting the oldest remembered when the ring is full. */
+  #remember(slot: Slot, commandId: string, value: Stored | Entry): void {
+    const seq = this.#remembered++;
+    value.seq = seq;
     slot.recent.delete(commandId);
     slot.recent.set(commandId, value);
-    if (slot.recent.size > this.#recentCommands) slot.recent.delete(slot.recent.keys().next().value as string);
+    const at = seq % this.#recentCommands;
+    if (at === this.#rememberedSlots.length) {
+      this.#rememberedSlots.push(slot);
+      this.#rememberedIds.push(commandId);
+      return;
+    }
+    const oldSlot = this.#rememberedSlots[at];
+    const oldId = this.#rememberedIds[at];
+    // Unless it was remembered again since (a later place), dropped (a failed decision), or among the
+    // last few of its stream (those stay until later ones of the stream are forgotten in their place).
+    if (oldSlot.recent.get(oldId)?.seq === seq - this.#recentCommands && oldSlot.recent.size > this.#recentPerStream) oldSlot.recent.delete(oldId);
+    this.#rememberedSlots[at] = slot;
+    this.#rememberedIds[at] = commandId;
+  }
+
+  /**
+   * After a `DuplicateEventId`: a command whose events the store holds already, though this process
+   * no longer remembers it (a resend of a command decided long ago). Its events are looked up in its
+   * stream and remembered, so that it resolves as resent (`#redecide`) instead of being decided again.
+   */
+  async #recall(slot: Slot, entries: readonly Entry[]): Promise<void> {
+    const missing = new Set(entries.filter((entry) => !slot.recent.has(entry.commandId)).map((entry) => entry.commandId));
+    if (missing.size === 0) return;
+    const found = new Map<string, Stored>();
+    for (let from = 1; from <= slot.confirmed.version; from += this.#pageSize) {
+      const page = await this.#store.readStream(slot.streamId, { fromVersion: from, limit: this.#pageSize });
+      for (const recorded of page.events) {
+        const commandId = recorded.metadata?.[commandIdKey];
+        if (typeof commandId !== 'string' || !missing.has(commandId)) continue;
+        const event = slot.decider.events.parse(recorded);
+        const known = found.get(commandId);
+        if (known) {
+          known.events.push(event);
+          known.version = recorded.streamVersion;
+        } else found.set(commandId, { version: recorded.streamVersion, events: [event], seq: 0 });
+      }
+      if (page.events.length < this.#pageSize) break;
+    }
+    for (const [commandId, stored] of found) this.#remember(slot, commandId, stored);
   }
 
   #idle(slot: Slot): boolean {

@@ -156,6 +156,56 @@ it('a resent command returns its original result and appends nothing (after the 
   assert.is((await store.readStream(id)).version, 2);
 });
 
+it('remembers at most recentCommands command ids across all streams, the oldest forgotten first', async ({ store }) => {
+  const { store: counted, counts } = counting(store);
+  const handler = new CommandHandler({ store: counted, recentCommands: 3, recentCommandsPerStream: 1 });
+  const [a, b] = [stream(), stream()];
+  await handler.handle(a, { type: 'Note', text: 'one' }, tickets, { commandId: 'note-1' });
+  await handler.handle(b, { type: 'Note', text: 'two' }, tickets, { commandId: 'note-2' });
+  await handler.handle(a, { type: 'Note', text: 'three' }, tickets, { commandId: 'note-3' });
+  // Still remembered: answered from memory, nothing sent to the store.
+  const remembered = await handler.handle(b, { type: 'Note', text: 'two' }, tickets, { commandId: 'note-2' });
+  assert.ok(remembered.accepted && remembered.resent);
+  assert.is(counts.appends, 3);
+  await handler.handle(b, { type: 'Note', text: 'four' }, tickets, { commandId: 'note-4' });
+  // note-1 was the oldest of four: forgotten, so its resend goes to the store, which refuses its event ids.
+  const forgotten = await handler.handle(a, { type: 'Note', text: 'one' }, tickets, { commandId: 'note-1' });
+  assert.is(counts.appends, 5);
+  assert.ok(forgotten.accepted && forgotten.resent, 'found in its stream and answered as resent');
+  assert.is(forgotten.version, 1);
+  assert.equal(forgotten.newEvents, [NoteAdded({ text: 'one' })]);
+  assert.is((await store.readStream(a)).version, 2);
+});
+
+it('a resend of a command forgotten long ago, decided the same way on a later state, returns its original result', async ({ store }) => {
+  const handler = new CommandHandler({ store, recentCommands: 1, recentCommandsPerStream: 0, maxAttempts: 3 });
+  const id = stream();
+  const original = await handler.handle(id, issue, tickets, { commandId: 'first-ticket' });
+  for (let i = 0; i < 5; i++) await handler.handle(id, issue, tickets);
+  // Decided again it would issue ticket 7, under the first one's event id: the store refuses that id,
+  // and the command is found in the stream rather than fail after maxAttempts conflicts.
+  const resent = await handler.handle(id, issue, tickets, { commandId: 'first-ticket' });
+  assert.ok(original.accepted && resent.accepted && resent.resent);
+  assert.is(resent.version, 1);
+  assert.equal(resent.newEvents, original.newEvents);
+  assert.is((await store.readStream(id)).version, 6);
+  const next = await handler.handle(id, issue, tickets);
+  assert.ok(next.accepted && next.version === 7, 'the stream goes on where it was');
+});
+
+it("each stream keeps its last recentCommandsPerStream command ids however busy the others are", async ({ store }) => {
+  const { store: counted, counts } = counting(store);
+  const handler = new CommandHandler({ store: counted, recentCommands: 2, recentCommandsPerStream: 1 });
+  const [quiet, busy] = [stream(), stream()];
+  await handler.handle(quiet, { type: 'Note', text: 'kept' }, tickets, { commandId: 'quiet-1' });
+  for (let i = 0; i < 5; i++) await handler.handle(busy, { type: 'Note', text: `busy ${i}` }, tickets, { commandId: `busy-${i}` });
+  const resent = await handler.handle(quiet, { type: 'Note', text: 'kept' }, tickets, { commandId: 'quiet-1' });
+  assert.ok(resent.accepted && resent.resent);
+  assert.is(counts.appends, 6, 'answered from memory');
+  await handler.handle(busy, { type: 'Note', text: 'busy 0' }, tickets, { commandId: 'busy-0' });
+  assert.is(counts.appends, 7, "the busy stream's oldest was forgotten");
+});
+
 it('a command resent by another process whose cache is stale is recognised after the conflict', async ({ store }) => {
   const here = new CommandHandler({ store });
   const there = new CommandHandler({ store });
