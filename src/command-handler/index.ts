@@ -106,8 +106,6 @@ interface Entry {
   /** Why the decision turned out void, once it did. */
   voided: { reason: unknown } | null;
   attempts: number;
-  /** Its place among the remembered commands (`#remember`). */
-  seq: number;
   resolve(outcome: AnyOutcome): void;
   reject(error: unknown): void;
 }
@@ -115,8 +113,6 @@ interface Entry {
 interface Stored {
   version: number;
   events: DomainEvent[];
-  /** Its place among the remembered commands (`#remember`). */
-  seq: number;
 }
 
 interface Slot {
@@ -148,14 +144,13 @@ export class CommandHandler {
   readonly #recentCommands: number;
   readonly #recentPerStream: number;
   /**
-   * The remembered commands, a ring of `#recentCommands` places: the stream and command id of the
-   * `seq`-th remembered is at `seq % #recentCommands`, and the next one there forgets it, unless its
-   * stream is down to its last `#recentPerStream`. So at most `#recentCommands` plus that many per
-   * cached stream: 10,000 per stream let a day's busy meter streams keep millions of decided events
-   * in memory (BENCHMARKS.md, gateway).
+   * The streams of the last `#recentCommands` commands remembered, a ring: the next command
+   * remembered in a place makes the stream there forget its oldest, unless that leaves it fewer than
+   * `#recentPerStream`. So a stream remembers at most that many more than its places in the ring, and
+   * the process at most `#recentCommands` plus that many per cached stream: 10,000 per stream let a
+   * day's busy meter streams keep millions of decided events in memory (BENCHMARKS.md, gateway).
    */
-  readonly #rememberedSlots: Slot[] = [];
-  readonly #rememberedIds: string[] = [];
+  readonly #rememberedIn: Slot[] = [];
   #remembered = 0;
   readonly #maxResends: number;
   readonly #origin: string;
@@ -268,7 +263,7 @@ export class CommandHandler {
       reject = rej;
     });
     durable.catch(() => {}); // a caller that only looks at `outcome` must not leave an unhandled rejection
-    const entry: Entry = { command, commandId, options, outcome: null as unknown as AnyOutcome, toAppend: [], controller: null, voided: null, attempts: 0, seq: 0, resolve, reject };
+    const entry: Entry = { command, commandId, options, outcome: null as unknown as AnyOutcome, toAppend: [], controller: null, voided: null, attempts: 0, resolve, reject };
     this.#decideEntry(slot, entry);
     const decided = entry.outcome;
     if (entry.toAppend.length === 0) entry.resolve(decided);
@@ -388,7 +383,7 @@ export class CommandHandler {
       if (!entry.outcome.accepted) continue;
       if (!latest) for (const event of entry.outcome.newEvents) state = slot.decider.evolve(state, event);
       // In its entry's place, unless that was forgotten meanwhile.
-      if (slot.recent.get(entry.commandId) === entry) slot.recent.set(entry.commandId, { version: entry.outcome.version, events: [...entry.outcome.newEvents], seq: entry.seq });
+      if (slot.recent.get(entry.commandId) === entry) slot.recent.set(entry.commandId, { version: entry.outcome.version, events: [...entry.outcome.newEvents] });
     }
     slot.confirmed = { state, version: result.nextExpectedVersion };
     slot.conflicts = 0;
@@ -523,7 +518,7 @@ export class CommandHandler {
           if (known && !('commandId' in known) && known.version < recorded.streamVersion) {
             known.events.push(event);
             known.version = recorded.streamVersion;
-          } else this.#remember(slot, commandId, { version: recorded.streamVersion, events: [event], seq: 0 });
+          } else this.#remember(slot, commandId, { version: recorded.streamVersion, events: [event] });
         }
         version = recorded.streamVersion;
       }
@@ -535,25 +530,16 @@ export class CommandHandler {
     slot.confirmed = { state, version };
   }
 
-  /** Remembers a command (under way or stored) in its stream's slot, forgetting the oldest remembered when the ring is full. */
+  /** Remembers a command (under way or stored) in its stream's slot; see `#rememberedIn` for what it forgets. */
   #remember(slot: Slot, commandId: string, value: Stored | Entry): void {
-    const seq = this.#remembered++;
-    value.seq = seq;
     slot.recent.delete(commandId);
-    slot.recent.set(commandId, value);
-    const at = seq % this.#recentCommands;
-    if (at === this.#rememberedSlots.length) {
-      this.#rememberedSlots.push(slot);
-      this.#rememberedIds.push(commandId);
-      return;
+    const at = this.#remembered++ % this.#recentCommands;
+    if (at < this.#rememberedIn.length) {
+      const forgetting = this.#rememberedIn[at];
+      if (forgetting.recent.size > this.#recentPerStream) forgetting.recent.delete(forgetting.recent.keys().next().value as string);
     }
-    const oldSlot = this.#rememberedSlots[at];
-    const oldId = this.#rememberedIds[at];
-    // Unless it was remembered again since (a later place), dropped (a failed decision), or among the
-    // last few of its stream (those stay until later ones of the stream are forgotten in their place).
-    if (oldSlot.recent.get(oldId)?.seq === seq - this.#recentCommands && oldSlot.recent.size > this.#recentPerStream) oldSlot.recent.delete(oldId);
-    this.#rememberedSlots[at] = slot;
-    this.#rememberedIds[at] = commandId;
+    this.#rememberedIn[at] = slot;
+    slot.recent.set(commandId, value); // last in the map's order
   }
 
   /**
@@ -575,7 +561,7 @@ export class CommandHandler {
         if (known) {
           known.events.push(event);
           known.version = recorded.streamVersion;
-        } else found.set(commandId, { version: recorded.streamVersion, events: [event], seq: 0 });
+        } else found.set(commandId, { version: recorded.streamVersion, events: [event] });
       }
       if (page.events.length < this.#pageSize) break;
     }
