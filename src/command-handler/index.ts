@@ -82,6 +82,7 @@ export interface CommandHandlerOptions {
    * On SQL, a resend of one forgotten is found in its stream (see `#recall`).
    */
   recentCommands?: number;
+  /** The last command ids each cached stream keeps however busy the others are (default 100). */
   recentCommandsPerStream?: number;
   /** Times an append whose outcome is unknown (a dropped connection) is sent again, same ids and version (default 2). */
   maxResends?: number;
