@@ -285,7 +285,7 @@ export class CommandHandler {
         this.#lingering.add(slot);
       }
     }
-    return { outcome: decided, get superseded() { return supersededSignal(entry); }, durable };
+    return new Decision(decided, durable, entry);
   }
 
   /** Sends what decisions without a linger left pending, and everything lingering with it. */
@@ -335,7 +335,7 @@ export class CommandHandler {
     const asResent = (o: AnyOutcome): AnyOutcome => (o.accepted ? { ...o, resent: true } : o);
     if ('commandId' in seen) {
       // The same command is still on its way to the store in this process: share its fate.
-      return { outcome: asResent(seen.outcome), get superseded() { return supersededSignal(seen); }, durable: durableOf(seen).then(asResent) };
+      return new Decision(asResent(seen.outcome), durableOf(seen).then(asResent), seen);
     }
     const outcome: AnyOutcome = { accepted: true, state: slot.latest.state, version: seen.version, newEvents: seen.events, resent: true };
     return { outcome, superseded: neverSuperseded, durable: Promise.resolve(outcome) };
@@ -594,6 +594,28 @@ export class DecisionSuperseded extends Error {
 const neverSuperseded = new AbortController().signal;
 
 /** The entry's `superseded` signal, made on first use (aborted at once if the decision was voided already). */
+/**
+ * A decision under way, as `decide` returns it. A class, for its getter: an object literal with a
+ * getter (`{ get superseded() { ... } }`) takes a hidden class of its own each time it is made, made in
+ * V8's old generation, and that keeps the whole decision (its command, events, the caller's closures)
+ * alive through every scavenge until the next full collection. That was about 1 KB promoted per
+ * command, and most of a metered request's scavenge cost (BENCHMARKS.md, gateway).
+ */
+class Decision implements PendingDecision<unknown, DomainEvent, Rejection> {
+  readonly #entry: Entry;
+  constructor(
+    readonly outcome: AnyOutcome,
+    readonly durable: Promise<AnyOutcome>,
+    entry: Entry,
+  ) {
+    this.#entry = entry;
+  }
+
+  get superseded(): AbortSignal {
+    return supersededSignal(this.#entry);
+  }
+}
+
 function supersededSignal(entry: Entry): AbortSignal {
   if (!entry.controller) {
     entry.controller = new AbortController();
