@@ -107,7 +107,6 @@ async function load(databaseUrl: string | undefined): Promise<void> {
   await Promise.all(Array.from({ length: workers }, loop));
   const used = process.cpuUsage(cpu);
   process.stdout.write(`${JSON.stringify({ requests: done, cpuMicros: used.user + used.system })}\n`);
-  await meter.stop();
-  await handler.settled();
+  await meter.stop(); // waits for the settlements under way, and the handler's appends
   await store.close();
 }

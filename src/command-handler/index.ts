@@ -514,13 +514,7 @@ export class CommandHandler {
         const event = slot.decider.events.parse(recorded);
         state = slot.decider.evolve(state, event);
         const commandId = recorded.metadata?.[commandIdKey];
-        if (typeof commandId === 'string') {
-          const known = slot.recent.get(commandId);
-          if (known && !('commandId' in known) && known.version < recorded.streamVersion) {
-            known.events.push(event);
-            known.version = recorded.streamVersion;
-          } else this.#remember(slot, commandId, { version: recorded.streamVersion, events: [event] });
-        }
+        if (typeof commandId === 'string') this.#rememberStored(slot, commandId, event, recorded.streamVersion);
         version = recorded.streamVersion;
       }
       if (page.events.length < this.#pageSize) {
@@ -551,22 +545,23 @@ export class CommandHandler {
   async #recall(slot: Slot, entries: readonly Entry[]): Promise<void> {
     const missing = new Set(entries.filter((entry) => !slot.recent.has(entry.commandId)).map((entry) => entry.commandId));
     if (missing.size === 0) return;
-    const found = new Map<string, Stored>();
     for (let from = 1; from <= slot.confirmed.version; from += this.#pageSize) {
       const page = await this.#store.readStream(slot.streamId, { fromVersion: from, limit: this.#pageSize });
       for (const recorded of page.events) {
         const commandId = recorded.metadata?.[commandIdKey];
-        if (typeof commandId !== 'string' || !missing.has(commandId)) continue;
-        const event = slot.decider.events.parse(recorded);
-        const known = found.get(commandId);
-        if (known) {
-          known.events.push(event);
-          known.version = recorded.streamVersion;
-        } else found.set(commandId, { version: recorded.streamVersion, events: [event] });
+        if (typeof commandId === 'string' && missing.has(commandId)) this.#rememberStored(slot, commandId, slot.decider.events.parse(recorded), recorded.streamVersion);
       }
       if (page.events.length < this.#pageSize) break;
     }
-    for (const [commandId, stored] of found) this.#remember(slot, commandId, stored);
+  }
+
+  /** Folds a stored event into what the slot remembers of its command (one command's events may span pages). */
+  #rememberStored(slot: Slot, commandId: string, event: DomainEvent, streamVersion: number): void {
+    const known = slot.recent.get(commandId);
+    if (known && !('commandId' in known) && known.version < streamVersion) {
+      known.events.push(event);
+      known.version = streamVersion;
+    } else this.#remember(slot, commandId, { version: streamVersion, events: [event] });
   }
 
   #idle(slot: Slot): boolean {
