@@ -59,17 +59,11 @@ const recordedMs = `(extract(epoch FROM recorded_at) * 1000)::float8 AS recorded
 const columnsOf = (data: string, metadata: string) => `global_position, transaction_id::text AS tx, stream_id, stream_version,
   event_id::text AS event_id, event_type, ${data} AS data, ${metadata} AS metadata, ${recordedMs}`;
 const eventColumns = columnsOf('data', 'metadata');
-/** The same, but an event whose metadata holds $5 under the key $4 comes without its data and metadata (null). */
+/** Whether a subscriber passes an event over: its metadata holds $5 under the key $4. */
 const skipped = `metadata->>$4 = $5`;
-const eventColumnsSkipping = columnsOf(`CASE WHEN ${skipped} THEN NULL ELSE data END`, `CASE WHEN ${skipped} THEN NULL ELSE metadata END`);
-/** Events of other types than $4 (and, with $5 and $6, those skipped as above) come without data and metadata. */
+/** Or it is of none of the types $4 (and, with $5 and $6, skipped as above). */
 const otherType = `NOT (event_type = ANY($4::text[]))`;
-const skippedToo = `metadata->>$5 = $6`;
-const eventColumnsOfTypes = columnsOf(`CASE WHEN ${otherType} THEN NULL ELSE data END`, `CASE WHEN ${otherType} THEN NULL ELSE metadata END`);
-const eventColumnsOfTypesSkipping = columnsOf(
-  `CASE WHEN ${otherType} OR ${skippedToo} THEN NULL ELSE data END`,
-  `CASE WHEN ${otherType} OR ${skippedToo} THEN NULL ELSE metadata END`,
-);
+const otherTypeOrSkipped = `${otherType} OR metadata->>$5 = $6`;
 
 /** Only rows whose transaction is older than every running one: nothing can commit before them later. */
 const visible = `transaction_id < pg_snapshot_xmin(pg_current_snapshot())`;
@@ -342,27 +336,45 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
     if (method && insideTransaction?.getStore()) throw new StoreCallInsideTransaction(method);
   };
 
-  /**
-   * `skip`: an event whose metadata holds it, and with `types` one of another type, comes back without
-   * data and metadata (both null), for `subscribe`'s skipMetadata and eventTypes.
-   */
-  async function readAllOn(db: Queryable, after: GlobalPosition, limit: number, skip?: { key: string; value: string }, types?: readonly string[]): Promise<RecordedEvent[]> {
-    const params: unknown[] = [String(after.transactionId), after.position, limit];
-    const columns = types ? (skip ? eventColumnsOfTypesSkipping : eventColumnsOfTypes) : skip ? eventColumnsSkipping : eventColumns;
-    if (types) params.push(types);
-    if (skip) params.push(skip.key, skip.value);
+  async function readAllOn(db: Queryable, after: GlobalPosition, limit: number): Promise<RecordedEvent[]> {
     const { rows } = await db.query<EventRow>(
-      `SELECT ${columns} FROM events
+      `SELECT ${eventColumns} FROM events
        WHERE (transaction_id, global_position) > ($1::text::xid8, $2::bigint) AND ${visible}
        ORDER BY transaction_id, global_position LIMIT $3`,
-      params,
+      [String(after.transactionId), after.position, limit],
     );
     return rows.map(toEvent);
   }
 
-  async function readAll(after: GlobalPosition, limit: number, skip?: { key: string; value: string }, types?: readonly string[]): Promise<RecordedEvent[]> {
+  async function readAll(after: GlobalPosition, limit: number): Promise<RecordedEvent[]> {
     ensureOpen('readAll');
-    return readAllOn(driver, after, limit, skip, types);
+    return readAllOn(driver, after, limit);
+  }
+
+  /**
+   * The next `limit` events for a subscriber that passes some over (`skip`, `types`): only the events it
+   * is handed come back, and the page's last event, passed over or not (without data and metadata when
+   * passed over), so that its position moves past the page. `scanned` is how many events the page held.
+   * A follower of other processes' writes passes over nearly every event, and a workflow nearly every
+   * one too: one row per passed event cost its reader about 4 µs of CPU (BENCHMARKS.md, gateway).
+   */
+  async function readPage(after: GlobalPosition, limit: number, skip: { key: string; value: string } | null, types: readonly string[] | null): Promise<{ events: RecordedEvent[]; scanned: number }> {
+    ensureOpen('readAll');
+    const params: unknown[] = [String(after.transactionId), after.position, limit];
+    if (types) params.push(types);
+    if (skip) params.push(skip.key, skip.value);
+    const passed = types ? (skip ? otherTypeOrSkipped : otherType) : skipped;
+    const { rows } = await driver.query<EventRow & { scanned: string | number }>(
+      `SELECT ${columnsOf('CASE WHEN passed THEN NULL ELSE data END', 'CASE WHEN passed THEN NULL ELSE metadata END')}, scanned FROM (
+         SELECT page.*, count(*) OVER () AS scanned, row_number() OVER (ORDER BY transaction_id, global_position) AS nth FROM (
+           SELECT *, coalesce(${passed}, false) AS passed FROM events
+           WHERE (transaction_id, global_position) > ($1::text::xid8, $2::bigint) AND ${visible}
+           ORDER BY transaction_id, global_position LIMIT $3) AS page) AS counted
+       WHERE NOT passed OR nth = scanned
+       ORDER BY transaction_id, global_position`,
+      params,
+    );
+    return { events: rows.map(toEvent), scanned: rows.length === 0 ? 0 : Number(rows[0].scanned) };
   }
 
   async function head(): Promise<GlobalPosition> {
@@ -418,13 +430,14 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
       while (!abort.signal.aborted) {
         const generation = wakes.generation;
         let batch: RecordedEvent[];
+        let scanned: number;
         let pending = false;
         try {
-          batch = await readAll(position, batchSize, skip ?? undefined, types ?? undefined);
+          ({ events: batch, scanned } = skip || types ? await readPage(position, batchSize, skip, types) : await readAll(position, batchSize).then((events) => ({ events, scanned: events.length })));
           const handed = skip || types ? batch.filter((e) => e.metadata !== null) : batch;
           if (handed.length > 0) await opts.handle(handed);
           // Nothing readable: has something committed that an older transaction still hides?
-          else pending = comparePositions(await lastCommitted(), position) > 0;
+          else if (scanned === 0) pending = comparePositions(await lastCommitted(), position) > 0;
         } catch (error) {
           if (abort.signal.aborted || closed) break;
           opts.onError?.(error);
@@ -436,7 +449,7 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
           shortDelay = 0;
           settleWaiters();
           // Caught up: let the next events gather for a moment rather than read them a commit at a time.
-          if (batch.length < batchSize && gatherMs > 0) await pause(gatherMs, abort.signal);
+          if (scanned < batchSize && gatherMs > 0) await pause(gatherMs, abort.signal);
           continue;
         }
         // Commits wait behind an older transaction, whose end sends no hint: re-read at 5, 10, 20, 40,
