@@ -171,6 +171,12 @@ function batchParams(batch: readonly PendingAppend[]): unknown[] {
   return [streams, expected, counts, evAppend, evOrd, ids, types, `[${data.join(',')}]`, `[${meta.join(',')}]`];
 }
 
+/** The plain INSERT's: the function's, with the version each append follows for its expected one, and no counts. */
+function explicitParams(batch: readonly PendingAppend[], follows: readonly number[]): unknown[] {
+  const params = batchParams(batch);
+  return [params[0], follows, ...params.slice(3)];
+}
+
 function toOutcome(append: PendingAppend, row: BatchRow): BatchOutcome {
   const version = Number(row.version);
   switch (row.outcome) {
@@ -228,6 +234,21 @@ const appendExplicitSql = `INSERT INTO events (stream_id, stream_version, event_
   ORDER BY ev.append_idx, ev.ord
   RETURNING stream_id, global_position, transaction_id::text AS tx`;
 
+/**
+ * The same for the commonest batch on the latency path, one append of one event (a reservation with no
+ * other append beside it): plain parameters instead of arrays unnested and a JSON array taken apart.
+ * The same rules in the same order: the stream's lock (an init plan, taken before any row is made),
+ * then the named version's check. Here 0.67-0.70 ms a commit at p50 against the array statement's
+ * 0.75-0.77, interleaved on one connection (a bare one-row INSERT: 0.54-0.58); through the store, one
+ * append at a time, 0.64 against 0.70 back to back and 1.26-1.31 against 1.43-1.45 after 2 ms idle.
+ */
+const appendOneSql = `INSERT INTO events (stream_id, stream_version, event_id, event_type, data, metadata)
+  SELECT $1::text,
+    CASE WHEN $2::bigint = 0 OR EXISTS (SELECT 1 FROM events e WHERE e.stream_id = $1::text AND e.stream_version = $2::bigint) THEN $2::bigint + 1 END,
+    $3::uuid, $4::text, $5::jsonb, $6::jsonb
+  WHERE (SELECT count(*) FROM (SELECT pg_advisory_xact_lock(1937138433, hashtext($1::text))) AS locked) > 0
+  RETURNING stream_id, global_position, transaction_id::text AS tx`;
+
 /** unique_violation (a version or an event id taken), not_null_violation (a named version not stored). */
 const explicitFallbackCodes = new Set(['23505', '23502']);
 
@@ -237,11 +258,13 @@ const explicitFallbackCodes = new Set(['23505', '23502']);
  * (`appendExplicitSql`); anything else, or what that refuses, through the append function.
  */
 async function runBatch(db: PreparedQueryable, batch: readonly PendingAppend[], plainInsert: boolean): Promise<BatchOutcome[]> {
-  const params = batchParams(batch);
   if (plainInsert && batch.every((append) => typeof append.expected === 'number' || append.expected === 'no_stream')) {
     try {
       const follows = batch.map((append) => (typeof append.expected === 'number' ? append.expected : 0));
-      const { rows } = await db.queryPrepared<{ stream_id: string; global_position: string | number; tx: string }>('svc_append_explicit', appendExplicitSql, [params[0], follows, ...params.slice(3)]);
+      const one = batch.length === 1 && batch[0].events.length === 1 ? batch[0] : null;
+      const { rows } = one
+        ? await db.queryPrepared<{ stream_id: string; global_position: string | number; tx: string }>('svc_append_one', appendOneSql, [one.streamId, follows[0], one.events[0].id, one.events[0].type, one.encoded.data, one.encoded.metadata])
+        : await db.queryPrepared<{ stream_id: string; global_position: string | number; tx: string }>('svc_append_explicit', appendExplicitSql, explicitParams(batch, follows));
       const last = new Map<string, number>();
       for (const row of rows) last.set(row.stream_id, Math.max(last.get(row.stream_id) ?? 0, Number(row.global_position)));
       const transactionId = Number(rows[0].tx);
@@ -259,7 +282,7 @@ async function runBatch(db: PreparedQueryable, batch: readonly PendingAppend[], 
   let rows: BatchRow[];
   try {
     // Prepared once per connection: the call is parsed and planned once, not per batch.
-    ({ rows } = await db.queryPrepared<BatchRow>('svc_append_batch', appendBatchSql, params));
+    ({ rows } = await db.queryPrepared<BatchRow>('svc_append_batch', appendBatchSql, batchParams(batch)));
   } catch (error) {
     throw storeError(error, batch);
   }
