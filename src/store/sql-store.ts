@@ -68,6 +68,27 @@ const otherTypeOrSkipped = `${otherType} OR metadata->>$5 = $6`;
 /** Only rows whose transaction is older than every running one: nothing can commit before them later. */
 const visible = `transaction_id < pg_snapshot_xmin(pg_current_snapshot())`;
 
+// Reads that subscriptions repeat many times a second go as prepared statements: parsed and planned
+// once per connection, where each read cost PostgreSQL 0.29 ms of parsing and 0.28 of binding (a
+// gateway's log, 976 reads in 20 s of sequential requests). Their plan is the same for any position.
+const readAllSql = `SELECT ${eventColumns} FROM events
+  WHERE (transaction_id, global_position) > ($1::text::xid8, $2::bigint) AND ${visible}
+  ORDER BY transaction_id, global_position LIMIT $3`;
+
+/** A page for `readPage`: the events a subscriber passes over (`passed`) dropped but the last. */
+const pageSql = (passed: string) => `SELECT ${columnsOf('CASE WHEN passed THEN NULL ELSE data END', 'CASE WHEN passed THEN NULL ELSE metadata END')}, scanned FROM (
+    SELECT page.*, count(*) OVER () AS scanned, row_number() OVER (ORDER BY transaction_id, global_position) AS nth FROM (
+      SELECT *, coalesce(${passed}, false) AS passed FROM events
+      WHERE (transaction_id, global_position) > ($1::text::xid8, $2::bigint) AND ${visible}
+      ORDER BY transaction_id, global_position LIMIT $3) AS page) AS counted
+  WHERE NOT passed OR nth = scanned
+  ORDER BY transaction_id, global_position`;
+const readPageSkipping = { name: 'svc_read_page_skipping', sql: pageSql(skipped) };
+const readPageOfTypes = { name: 'svc_read_page_of_types', sql: pageSql(otherType) };
+const readPageOfTypesSkipping = { name: 'svc_read_page_of_types_skipping', sql: pageSql(otherTypeOrSkipped) };
+
+const isPrepared = (db: Queryable): db is Queryable & PreparedQueryable => typeof (db as Partial<PreparedQueryable>).queryPrepared === 'function';
+
 interface EventRow {
   global_position: string | number;
   tx: string;
@@ -360,12 +381,8 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
   };
 
   async function readAllOn(db: Queryable, after: GlobalPosition, limit: number): Promise<RecordedEvent[]> {
-    const { rows } = await db.query<EventRow>(
-      `SELECT ${eventColumns} FROM events
-       WHERE (transaction_id, global_position) > ($1::text::xid8, $2::bigint) AND ${visible}
-       ORDER BY transaction_id, global_position LIMIT $3`,
-      [String(after.transactionId), after.position, limit],
-    );
+    const params = [String(after.transactionId), after.position, limit];
+    const { rows } = isPrepared(db) ? await db.queryPrepared<EventRow>('svc_read_all', readAllSql, params) : await db.query<EventRow>(readAllSql, params);
     return rows.map(toEvent);
   }
 
@@ -386,17 +403,8 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
     const params: unknown[] = [String(after.transactionId), after.position, limit];
     if (types) params.push(types);
     if (skip) params.push(skip.key, skip.value);
-    const passed = types ? (skip ? otherTypeOrSkipped : otherType) : skipped;
-    const { rows } = await driver.query<EventRow & { scanned: string | number }>(
-      `SELECT ${columnsOf('CASE WHEN passed THEN NULL ELSE data END', 'CASE WHEN passed THEN NULL ELSE metadata END')}, scanned FROM (
-         SELECT page.*, count(*) OVER () AS scanned, row_number() OVER (ORDER BY transaction_id, global_position) AS nth FROM (
-           SELECT *, coalesce(${passed}, false) AS passed FROM events
-           WHERE (transaction_id, global_position) > ($1::text::xid8, $2::bigint) AND ${visible}
-           ORDER BY transaction_id, global_position LIMIT $3) AS page) AS counted
-       WHERE NOT passed OR nth = scanned
-       ORDER BY transaction_id, global_position`,
-      params,
-    );
+    const page = types ? (skip ? readPageOfTypesSkipping : readPageOfTypes) : readPageSkipping;
+    const { rows } = await driver.queryPrepared<EventRow & { scanned: string | number }>(page.name, page.sql, params);
     return { events: rows.map(toEvent), scanned: rows.length === 0 ? 0 : Number(rows[0].scanned) };
   }
 
