@@ -14,11 +14,16 @@
 // - `ref:<git ref>`: that commit, metered, built into a scratch worktree, with the flags of its own
 //   start script (`ref:HEAD~3`, say: what a change did, measured beside it).
 // BENCH_ROUNDS (default 4) alternations of BENCH_SECONDS (default 8) s each, after a 10 s warm-up each.
+// BENCH_PAIRED=latency measures sequential latency instead: one request at a time to each variant in
+// turn (A B, B A, ...), BENCH_REQUESTS (default 3,000) each after 1,000 each of warm-up, and prints each
+// variant's p50, p90 and p99 as the client saw them. Two runs of one build differ by ±20 % on this VM;
+// requests alternated one by one see the same moment of it, so a change of 0.05 ms shows.
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir, cpus, loadavg } from 'node:os';
 import { join } from 'node:path';
-import { KeyPool, benchModel, buildGateway, cpuPerRequest, gatewayEnv, gatewayServeArgs, issueKeys, median, postLoad, root, scratchDatabase, spawnWithUrl, startScriptFlags, stop } from './support.ts';
+import { Agent, request } from 'undici';
+import { KeyPool, benchModel, buildGateway, cpuPerRequest, gatewayEnv, gatewayServeArgs, issueKeys, median, percentile, postLoad, root, scratchDatabase, spawnWithUrl, startScriptFlags, stop } from './support.ts';
 
 if (!process.env.DATABASE_URL) {
   process.stdout.write('paired: skipped, it needs DATABASE_URL (a PostgreSQL database to create scratch databases beside)\n');
@@ -67,7 +72,7 @@ try {
   cleanups.push(() => stop(engine.child));
   writeFileSync(join(dir, 'models.json'), JSON.stringify({ models: [benchModel('instant', 'bench/instant', engine.url, true)] }));
   const body = JSON.stringify({ prompt: 'The quick brown fox', max_tokens: 16, temperature: 0 });
-  const gateways = [];
+  const gateways: Gateway[] = [];
   for (const [i, variant] of variants.entries()) {
     const command = commandFor(variant);
     const db = await scratchDatabase(process.env.DATABASE_URL, `paired_${i}`);
@@ -79,6 +84,42 @@ try {
     await postLoad({ url: `${gw.url}/v1/completions`, body, connections: 64, seconds: 10, authorization: () => pool.next() });
     gateways.push({ variant, url: gw.url, pid: gw.child.pid!, pool, cpu: [] as number[], rps: [] as number[], gc: [] as number[] });
   }
+  if (process.env.BENCH_PAIRED === 'latency') await latency(gateways, body);
+  else await throughput(gateways, body);
+} finally {
+  for (const fn of cleanups.reverse()) await Promise.resolve(fn()).catch((err) => process.stderr.write(`cleanup: ${err}\n`));
+}
+
+type Gateway = { variant: string; url: string; pid: number; pool: KeyPool; cpu: number[]; rps: number[]; gc: number[] };
+
+/** Sequential requests, alternated one by one across the variants (BENCH_PAIRED=latency). */
+async function latency(gateways: Gateway[], body: string): Promise<void> {
+  const requests = Number(process.env.BENCH_REQUESTS ?? 3000);
+  const clients = gateways.map(() => new Agent({ connections: 1 }));
+  cleanups.push(() => Promise.all(clients.map((c) => c.close())).then(() => {}));
+  const times = gateways.map(() => [] as number[]);
+  for (let i = 0; i < requests + 1000; i++) {
+    for (const g of i % 2 === 0 ? gateways.keys() : [...gateways.keys()].reverse()) {
+      const started = performance.now();
+      const response = await request(`${gateways[g].url}/v1/completions`, { method: 'POST', dispatcher: clients[g], headers: { 'content-type': 'application/json', authorization: gateways[g].pool.next() }, body });
+      await response.body.arrayBuffer();
+      if (response.statusCode !== 200) throw new Error(`${gateways[g].variant}: status ${response.statusCode}`);
+      if (i >= 1000) times[g].push(performance.now() - started);
+    }
+  }
+  const ms = (sorted: number[], p: number) => percentile(sorted, p).toFixed(3);
+  const lines = [
+    `paired sequential latency, ${requests} requests each alternated one by one, instant engine, PostgreSQL — ${startedAt.toISOString()} to ${new Date().toISOString()} — ${cpus().length} cores (${cpus()[0]?.model}), Node ${process.version}, load average ${loadavg()[0].toFixed(1)} at end`,
+    ...gateways.map((g, i) => {
+      const sorted = times[i].sort((a, b) => a - b);
+      return `${g.variant.padEnd(16)} p50 ${ms(sorted, 50)} ms | p90 ${ms(sorted, 90)} ms | p99 ${ms(sorted, 99)} ms`;
+    }),
+  ];
+  process.stdout.write(`${lines.join('\n')}\n`);
+}
+
+/** BENCH_ROUNDS alternated load runs of BENCH_SECONDS each at 64 connections. */
+async function throughput(gateways: Gateway[], body: string): Promise<void> {
   for (let r = 0; r < rounds; r++) {
     for (const g of r % 2 === 0 ? gateways : [...gateways].reverse()) {
       await new Promise((resolve) => setTimeout(resolve, 300)); // the observer's last figure is written
@@ -97,6 +138,4 @@ try {
     ...gateways.map((g) => `${g.variant.padEnd(16)} gateway CPU µs/request ${g.cpu.map(Math.round).join(', ')} (median ${Math.round(median(g.cpu))}) | requests/s ${g.rps.map(Math.round).join(', ')} (median ${Math.round(median(g.rps))}) | main-thread scavenges µs/request median ${Math.round(median(g.gc))}`),
   ];
   process.stdout.write(`${lines.join('\n')}\n`);
-} finally {
-  for (const fn of cleanups.reverse()) await Promise.resolve(fn()).catch((err) => process.stderr.write(`cleanup: ${err}\n`));
 }
