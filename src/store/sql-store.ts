@@ -396,7 +396,7 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
    * is handed come back, and the page's last event, passed over or not (without data and metadata when
    * passed over), so that its position moves past the page. `scanned` is how many events the page held.
    * A follower of other processes' writes passes over nearly every event, and a workflow nearly every
-   * one too: one row per passed event cost its reader about 4 µs of CPU (BENCHMARKS.md, gateway).
+   * one too: one row per passed event cost its reader 5-7 µs of CPU (BENCHMARKS.md, gateway).
    */
   async function readPage(after: GlobalPosition, limit: number, skip: { key: string; value: string } | null, types: readonly string[] | null): Promise<{ events: RecordedEvent[]; scanned: number }> {
     ensureOpen('readAll');
