@@ -227,6 +227,27 @@ export function logContract(target: LogUnderTest): void {
     assert.is(new Set(written.map((e) => e.id)).size, 198);
   });
 
+  it('a few one-event appends made together all land, and a conflict or a reused event id fails only its own append (the SQL adapters: one batch)', async ({ store }) => {
+    const start = await settledHead(store);
+    const [a, b, c] = [uniqueStream(), uniqueStream(), uniqueStream()];
+    await store.append(b, [event('B1')], 'no_stream');
+    const first = await Promise.all([store.append(a, [event('A1')], 'no_stream'), store.append(b, [event('B2')], 1), store.append(c, [event('C1')], 'no_stream')]);
+    assert.equal(first.map((r) => r.nextExpectedVersion), [1, 2, 1]);
+    const second = await Promise.allSettled([store.append(a, [event('A2')], 1), store.append(b, [event('B3')], 5), store.append(c, [event('C2')], 1), store.append(uniqueStream(), [event('D1')], 3)]);
+    assert.equal(second.map((r) => r.status), ['fulfilled', 'rejected', 'fulfilled', 'rejected']);
+    assert.instance((second[1] as PromiseRejectedResult).reason, WrongExpectedVersion);
+    assert.instance((second[3] as PromiseRejectedResult).reason, WrongExpectedVersion);
+    const written = await readEverythingAfter(store, start);
+    assert.equal(written.map((e) => e.type).sort(), ['A1', 'A2', 'B1', 'B2', 'C1', 'C2']);
+    assert.equal((await store.readStream(b)).events.map((e) => [e.type, e.streamVersion]), [['B1', 1], ['B2', 2]]);
+    if (target.uniqueEventIds) {
+      const shared = event('S1');
+      const [kept, refused] = await Promise.allSettled([store.append(uniqueStream(), [shared], 'no_stream'), store.append(uniqueStream(), [{ ...shared, type: 'S2' }], 'no_stream')]);
+      assert.is(kept.status, 'fulfilled', 'the first caller keeps the event id');
+      assert.instance((refused as PromiseRejectedResult).reason, DuplicateEventId);
+    }
+  });
+
   it('concurrent appends to one stream keep their call order', async ({ store }) => {
     const stream = uniqueStream();
     await Promise.all(Array.from({ length: 20 }, (_, i) => store.append(stream, [event('N', { i })], 'any')));
