@@ -16,7 +16,6 @@ import {
   type GlobalPosition,
   type NewEvent,
   type PingResult,
-  type Queryable,
   type RecordedEvent,
   type StoreTransaction,
   type StreamRead,
@@ -86,8 +85,6 @@ const pageSql = (passed: string) => `SELECT ${columnsOf('CASE WHEN passed THEN N
 const readPageSkipping = { name: 'svc_read_page_skipping', sql: pageSql(skipped) };
 const readPageOfTypes = { name: 'svc_read_page_of_types', sql: pageSql(otherType) };
 const readPageOfTypesSkipping = { name: 'svc_read_page_of_types_skipping', sql: pageSql(otherTypeOrSkipped) };
-
-const isPrepared = (db: Queryable): db is Queryable & PreparedQueryable => typeof (db as Partial<PreparedQueryable>).queryPrepared === 'function';
 
 interface EventRow {
   global_position: string | number;
@@ -399,9 +396,8 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
     if (method && insideTransaction?.getStore()) throw new StoreCallInsideTransaction(method);
   };
 
-  async function readAllOn(db: Queryable, after: GlobalPosition, limit: number): Promise<RecordedEvent[]> {
-    const params = [String(after.transactionId), after.position, limit];
-    const { rows } = isPrepared(db) ? await db.queryPrepared<EventRow>('svc_read_all', readAllSql, params) : await db.query<EventRow>(readAllSql, params);
+  async function readAllOn(db: PreparedQueryable, after: GlobalPosition, limit: number): Promise<RecordedEvent[]> {
+    const { rows } = await db.queryPrepared<EventRow>('svc_read_all', readAllSql, [String(after.transactionId), after.position, limit]);
     return rows.map(toEvent);
   }
 
@@ -456,6 +452,8 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
     const gatherMs = opts.gatherMs ?? 0;
     const skip = opts.skipMetadata ?? null;
     const types = opts.eventTypes ?? null;
+    /** Some events are passed over: pages come from `readPage`, and its passed-over last event is not handed. */
+    const filtered = skip !== null || types !== null;
     // Woken by another process's hint, and by this process's commits unless every event of one is passed over.
     const wakes = new WakeHub();
     const passedOver = (event: NewEvent) => (skip !== null && event.metadata?.[skip.key] === skip.value) || (types !== null && !types.includes(event.type));
@@ -483,8 +481,8 @@ export async function openSqlEventStore(driver: SqlDriver, options: SqlStoreOpti
         let scanned: number;
         let pending = false;
         try {
-          ({ events: batch, scanned } = skip || types ? await readPage(position, batchSize, skip, types) : await readAll(position, batchSize).then((events) => ({ events, scanned: events.length })));
-          const handed = skip || types ? batch.filter((e) => e.metadata !== null) : batch;
+          ({ events: batch, scanned } = filtered ? await readPage(position, batchSize, skip, types) : await readAll(position, batchSize).then((events) => ({ events, scanned: events.length })));
+          const handed = filtered ? batch.filter((e) => e.metadata !== null) : batch;
           if (handed.length > 0) await opts.handle(handed);
           // Nothing readable: has something committed that an older transaction still hides?
           else if (scanned === 0) pending = comparePositions(await lastCommitted(), position) > 0;
