@@ -18,6 +18,8 @@
 // turn (A B, B A, ...), BENCH_REQUESTS (default 3,000) each after 1,000 each of warm-up, and prints each
 // variant's p50, p90 and p99 as the client saw them. Two runs of one build differ by ±20 % on this VM;
 // requests alternated one by one see the same moment of it, so a change of 0.05 ms shows.
+// BENCH_ENGINE_DELAY_MS (default 0): the engine stub waits that long before each answer (20: the
+// gateway bench's 20 ms engine, where metering's append overlaps the engine call).
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir, cpus, loadavg } from 'node:os';
@@ -66,9 +68,12 @@ function commandFor(variant: string): { args: string[]; metering: string; projec
   throw new Error(`unknown variant ${variant}: metered, unmetered, noproj, metered-semi16 or ref:<git ref>`);
 }
 
+const engineDelayMs = Number(process.env.BENCH_ENGINE_DELAY_MS ?? 0) || 0;
+const engineName = engineDelayMs > 0 ? `engine taking ${engineDelayMs} ms` : 'instant engine';
+
 try {
   buildGateway();
-  const engine = await spawnWithUrl(['--import', 'tsx', 'bench/instant-engine.ts', 'bench/instant'], process.env);
+  const engine = await spawnWithUrl(['--import', 'tsx', 'bench/instant-engine.ts', 'bench/instant', String(engineDelayMs)], process.env);
   cleanups.push(() => stop(engine.child));
   writeFileSync(join(dir, 'models.json'), JSON.stringify({ models: [benchModel('instant', 'bench/instant', engine.url, true)] }));
   const body = JSON.stringify({ prompt: 'The quick brown fox', max_tokens: 16, temperature: 0 });
@@ -109,7 +114,7 @@ async function latency(gateways: Gateway[], body: string): Promise<void> {
   }
   const ms = (sorted: number[], p: number) => percentile(sorted, p).toFixed(3);
   const lines = [
-    `paired sequential latency, ${requests} requests each alternated one by one, instant engine, PostgreSQL — ${startedAt.toISOString()} to ${new Date().toISOString()} — ${cpus().length} cores (${cpus()[0]?.model}), Node ${process.version}, load average ${loadavg()[0].toFixed(1)} at end`,
+    `paired sequential latency, ${requests} requests each alternated one by one, ${engineName}, PostgreSQL — ${startedAt.toISOString()} to ${new Date().toISOString()} — ${cpus().length} cores (${cpus()[0]?.model}), Node ${process.version}, load average ${loadavg()[0].toFixed(1)} at end`,
     ...gateways.map((g, i) => {
       const sorted = times[i].sort((a, b) => a - b);
       return `${g.variant.padEnd(16)} p50 ${ms(sorted, 50)} ms | p90 ${ms(sorted, 90)} ms | p99 ${ms(sorted, 99)} ms`;
@@ -134,7 +139,7 @@ async function throughput(gateways: Gateway[], body: string): Promise<void> {
     }
   }
   const lines = [
-    `paired gateway throughput, ${rounds} alternated runs of ${seconds} s at 64 connections, instant engine, PostgreSQL — ${startedAt.toISOString()} to ${new Date().toISOString()} — ${cpus().length} cores (${cpus()[0]?.model}), Node ${process.version}, load average ${loadavg()[0].toFixed(1)} at end`,
+    `paired gateway throughput, ${rounds} alternated runs of ${seconds} s at 64 connections, ${engineName}, PostgreSQL — ${startedAt.toISOString()} to ${new Date().toISOString()} — ${cpus().length} cores (${cpus()[0]?.model}), Node ${process.version}, load average ${loadavg()[0].toFixed(1)} at end`,
     ...gateways.map((g) => `${g.variant.padEnd(16)} gateway CPU µs/request ${g.cpu.map(Math.round).join(', ')} (median ${Math.round(median(g.cpu))}) | requests/s ${g.rps.map(Math.round).join(', ')} (median ${Math.round(median(g.rps))}) | main-thread scavenges µs/request median ${Math.round(median(g.gc))}`),
   ];
   process.stdout.write(`${lines.join('\n')}\n`);

@@ -3,6 +3,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest, FastifySchemaCompil
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { Type, type TSchema } from 'typebox';
 import { apiError, ApiError } from '../errors/index.ts';
+import { WriteOrder } from './write-order.ts';
 import type { EngineClient, EngineResponse } from '../engine-client/index.ts';
 import type { CompletionContext, PreparedCompletion } from '../completion-request/index.ts';
 import { CompletionRequest, completionRequestError, lowerMaxTokens, prepareValidCompletion } from '../completion-request/index.ts';
@@ -86,6 +87,7 @@ function workloadOf(request: FastifyRequest): 'interactive' | 'batch' | null {
 
 export function completionRoutes(app: FastifyInstance, options: CompletionRouteOptions): void {
   const { engines, context, requestWindowMs, metering } = options;
+  const writeOrder = new WriteOrder();
   const contextLengths = new EngineContextLengths(engines, (id) => options.coldBoots?.platformOf(id)?.ensureRunning()?.ready ?? null);
 
   // attachValidation: a body the schema refuses is still recorded as a refused request, then answered.
@@ -217,13 +219,17 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
      * leaving (or the deadline) cancels it, and so does the reservation's voiding, which also drops a
      * response that came meanwhile.
      */
+    let earlyPostedAt = 0;
     const startEarly = (completion: PreparedCompletion, voiding: Voiding): Promise<EngineResponse> => {
       const call = new AbortController();
       if (controller.signal.aborted) call.abort(controller.signal.reason);
       else controller.signal.addEventListener('abort', () => call.abort(controller.signal.reason), { once: true });
       voiding.onVoided(() => call.abort());
-      // Its reservation's append goes right after the engine call's write (Metering.sendDecisionsSoon).
-      const response = dispatch(completion, call.signal, () => metering?.meter.sendDecisionsSoon());
+      // Its reservation's append goes out alongside the engine call's write, the longer wait first (WriteOrder).
+      const response = dispatch(completion, call.signal, () => {
+        earlyPostedAt = performance.now();
+        metering?.meter.sendDecisions(writeOrder.appendFirst(model.id));
+      });
       response.then(
         (r) =>
           voiding.onVoided(() => {
@@ -272,8 +278,10 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
           earlyCapture = { relayed: relayedEarly, checked };
         }
         let stored: Reservation;
+        let durableAt = 0;
         try {
           stored = await admission.durable;
+          durableAt = performance.now();
         } catch (error) {
           admission = null; // nothing was reserved: nothing to settle
           throw refused(error, model.id, prepared.user, prepared.promptTokens);
@@ -282,8 +290,10 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
         // Voided: decided again otherwise (fewer tokens now fit, say); the early call was cancelled. Its
         // replacement holds the same slot, so it starts once the cancelled call has ended on this side
         // (its connection closed), not beside it: the key's running requests at the engine stay in bound.
-        if (early && !admission.voiding.voided) upstream = await early;
-        else {
+        if (early && !admission.voiding.voided) {
+          upstream = await early;
+          writeOrder.observe(model.id, engineCall.answeredAt - earlyPostedAt, durableAt - earlyPostedAt);
+        } else {
           earlyCapture = null;
           if (early) await early.then((r) => r.body.destroyed || new Promise((closed) => r.body.once('close', closed)), () => {});
           upstream = await dispatch(completion, controller.signal);

@@ -89,7 +89,7 @@ export class Metering {
   /** Aborted by stop(): writes being tried again give up. */
   readonly #stopping = new AbortController();
   #unlisten: (() => void) | null = null;
-  /** A sendDecisionsSoon is queued. */
+  /** A deferred sendDecisions is queued. */
   #sendQueued = false;
 
   constructor(options: MeteringOptions) {
@@ -129,13 +129,20 @@ export class Metering {
   }
 
   /**
-   * The reservations decided so far go to the store from a setImmediate queued now: after the socket
-   * writes queued before it, before the event loop polls again. The route calls it once its early engine
-   * call is on its way (undici writes a request on a kept-alive connection from a setImmediate), so the
-   * engine gets the request first and the append follows at once, where it would otherwise wait a turn
-   * of the loop and, against an engine that answers at once, its answer (BENCHMARKS.md, gateway).
+   * Sends the reservations decided so far to the store, once the route's early engine call is on its
+   * way. undici writes a request on an idle kept-alive connection from a setImmediate of its own (the
+   * poll first sees whether the engine closed that socket), and on this VM a write to a process that
+   * sleeps costs its writer up to 0.4 ms while that process wakes. So whichever answer takes longer
+   * is asked first (the route's WriteOrder): `now`, the append is written at once, ahead of the engine
+   * call (an engine that answers faster than a commit); else from a setImmediate queued after the
+   * engine call's write, before the event loop polls again (where it would wait a turn, and against
+   * an engine that answers at once, its answer). BENCHMARKS.md, gateway.
    */
-  sendDecisionsSoon(): void {
+  sendDecisions(now: boolean): void {
+    if (now) {
+      this.#handler.sendPending();
+      return;
+    }
     if (this.#sendQueued) return;
     this.#sendQueued = true;
     setImmediate(() => {
