@@ -55,7 +55,6 @@ async function timeOne(target: { url: string; body: string; headers: Record<stri
   return { ms: performance.now() - started, bytes };
 }
 
-// NaN for a part not run (BENCH_PARTS).
 // BENCH_PARTS=memory,small,large picks parts (all by default); BENCH_CAPTURE_ROUNDS sets the 11 MB rounds (40).
 const parts = new Set((process.env.BENCH_PARTS ?? 'memory,small,large').split(','));
 
@@ -125,11 +124,11 @@ const mb = (bytes: number) => (bytes / 1e6).toFixed(1);
 const ms = (x: number) => x.toFixed(1);
 const lines = [
   `capture relay bench (store: ${storeKind}) — ${new Date().toISOString()} — ${cpus().length} cores (${cpus()[0]?.model}), ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.version}`,
-  `11 MB capture (${mb(smallBytes)} MB, 16 x 129 x 2048 bf16), median of ${rounds} interleaved: direct ${ms(median(smallDirect))} ms | gateway ${ms(median(smallGateway))} ms | gateway speed ${(median(smallDirect) / median(smallGateway)).toFixed(2)} of direct (target >= 0.8)`,
+  ...(parts.has('small') ? [`11 MB capture (${mb(smallBytes)} MB, 16 x 129 x 2048 bf16), median of ${rounds} interleaved: direct ${ms(median(smallDirect))} ms | gateway ${ms(median(smallGateway))} ms | gateway speed ${(median(smallDirect) / median(smallGateway)).toFixed(2)} of direct (target >= 0.8)`,
   `  bare Node.js relays in their own process, same rounds: streaming ${ms(median(smallPipe))} ms (${(median(smallDirect) / median(smallPipe)).toFixed(2)} of direct), holding the body ${ms(median(smallBuffer))} ms (${(median(smallDirect) / median(smallBuffer)).toFixed(2)} of direct); the gateway, with a key, at ${(median(smallBuffer) / median(smallGateway)).toFixed(2)} of the holding relay's speed (target >= 0.9)`,
-  `  CPU per 11 MB capture (all threads): gateway ${ms(gatewayCpu / rounds)} ms during its requests, ${ms(gatewayRoundsCpuMs)} ms with what it does after them (settlement, projections) | bare holding relay ${ms(bareBufferCpu / rounds)} ms during its requests`,
-  `610 MB capture (${mb(largeBytes)} MB, 16 x 6,980 x 2048 bf16): direct ${largeDirect.map((x) => (x / 1000).toFixed(2)).join(', ')} s | gateway ${largeGateway.map((x) => (x / 1000).toFixed(2)).join(', ')} s | bare holding relay ${largeBuffer.map((x) => (x / 1000).toFixed(2)).join(', ')} s: the gateway at ${(median(largeBuffer) / median(largeGateway)).toFixed(2)} of its speed`,
-  `4 concurrent 610 MB captures through the gateway: ${(concurrentMs / 1000).toFixed(1)} s; gateway RSS ${beforeMb.toFixed(0)} MB before, peak ${peakMb.toFixed(0)} MB; bodies in flight ${inFlightMb.toFixed(0)} MB, so the bound (bodies + 200 MB) is ${(inFlightMb + 200).toFixed(0)} MB: ${peakMb <= inFlightMb + 200 ? 'met' : 'NOT met'} (peak - before = ${(peakMb - beforeMb).toFixed(0)} MB)`,
+  `  CPU per 11 MB capture (all threads): gateway ${ms(gatewayCpu / rounds)} ms during its requests, ${ms(gatewayRoundsCpuMs)} ms with what it does after them (settlement, projections) | bare holding relay ${ms(bareBufferCpu / rounds)} ms during its requests`] : []),
+  ...(parts.has('large') ? [`610 MB capture (${mb(largeBytes)} MB, 16 x 6,980 x 2048 bf16): direct ${largeDirect.map((x) => (x / 1000).toFixed(2)).join(', ')} s | gateway ${largeGateway.map((x) => (x / 1000).toFixed(2)).join(', ')} s | bare holding relay ${largeBuffer.map((x) => (x / 1000).toFixed(2)).join(', ')} s: the gateway at ${(median(largeBuffer) / median(largeGateway)).toFixed(2)} of its speed`] : []),
+  ...(parts.has('memory') ? [`4 concurrent 610 MB captures through the gateway: ${(concurrentMs / 1000).toFixed(1)} s; gateway RSS ${beforeMb.toFixed(0)} MB before, peak ${peakMb.toFixed(0)} MB; bodies in flight ${inFlightMb.toFixed(0)} MB, so the bound (bodies + 200 MB) is ${(inFlightMb + 200).toFixed(0)} MB: ${peakMb <= inFlightMb + 200 ? 'met' : 'NOT met'} (peak - before = ${(peakMb - beforeMb).toFixed(0)} MB)`] : []),
 ];
 process.stdout.write(`${lines.join('\n')}\n`);
 
