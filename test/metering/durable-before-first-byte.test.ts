@@ -80,6 +80,9 @@ it('an engine that answers at once still waits for the append to be acknowledged
   // Both of the store's append statements (the plain INSERT and the append function) are prepared under names starting so.
   proxy.delayRepliesTo('svc_append', ackDelayMs);
   try {
+    // The reference engine usually answers before an append is acknowledged (in one run, from the warm-up's
+    // second request on), so the gateway writes these appends ahead of the engine call (src/api/write-order.ts).
+    // The engine call first is the order a 20 ms engine gets, and the one this test checked before that choice.
     for (const stream of [false, true]) {
       for (let i = 0; i < 2; i++) {
         const seen = await firstByte(`held-${stream}-${i}`, stream);
