@@ -265,7 +265,8 @@ const appendExplicitSql = `INSERT INTO events (stream_id, stream_version, event_
  * 3.540 against 3.568.
  */
 const appendValuesMax = 4;
-const appendValuesSql = Array.from({ length: appendValuesMax + 1 }, (_, count) => {
+/** By count: `appendValuesSql[n - 1]` stores n appends of one event each. */
+const appendValuesSql = Array.from({ length: appendValuesMax }, (_, i) => i + 1).map((count) => {
   const rows = Array.from({ length: count }, (_, i) => {
     const p = (n: number) => `$${i * 6 + n}`;
     return `(${p(1)}::text, ${p(2)}::bigint, ${p(3)}::uuid, ${p(4)}::text, ${p(5)}::jsonb, ${p(6)}::jsonb, ${i + 1})`;
@@ -298,7 +299,7 @@ async function runBatch(db: PreparedQueryable, batch: readonly PendingAppend[], 
       const { rows } = plain
         ? await db.queryPrepared<{ stream_id: string; global_position: string | number; tx: string }>(
             `svc_append_values_${batch.length}`,
-            appendValuesSql[batch.length],
+            appendValuesSql[batch.length - 1],
             batch.flatMap((append, i) => [append.streamId, follows[i], append.events[0].id, append.events[0].type, append.encoded.data, append.encoded.metadata]),
           )
         : await db.queryPrepared<{ stream_id: string; global_position: string | number; tx: string }>('svc_append_explicit', appendExplicitSql, explicitParams(batch, follows));
