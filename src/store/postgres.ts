@@ -157,7 +157,9 @@ export async function createPostgresDriver(options: PostgresDriverOptions): Prom
     await client.connect();
     await client.query(`LISTEN ${quoteIdent(channel)}`);
     countOthers();
-    announce();
+    // Awaited: once the store is open, the other processes hear of this one before its first read, so
+    // a commit they make after it opens is hinted (a hint they send before they hear of it is not sent).
+    await announce();
     // A LISTEN connection only receives: a silent death shows only when it is asked something.
     clearInterval(checkTimer);
     let checking = false;
@@ -190,8 +192,8 @@ export async function createPostgresDriver(options: PostgresDriverOptions): Prom
   let hinting = false;
   let hintAgain = false;
   /** Tells the other processes this one listens (they may have stopped hinting, alone until now). */
-  function announce(): void {
-    pool.query(`SELECT pg_notify($1, '')`, [channel]).catch(() => {});
+  function announce(): Promise<void> {
+    return pool.query(`SELECT pg_notify($1, '')`, [channel]).then(() => {}, () => {});
   }
 
   function hint(): void {
