@@ -157,8 +157,9 @@ export async function createPostgresDriver(options: PostgresDriverOptions): Prom
     await client.connect();
     await client.query(`LISTEN ${quoteIdent(channel)}`);
     countOthers();
-    // Awaited: once the store is open, the other processes hear of this one before its first read, so
-    // a commit they make after it opens is hinted (a hint they send before they hear of it is not sent).
+    // Awaited: the store opens once the others have been told (the NOTIFY reaches their LISTEN
+    // connections as it commits). Sent and forgotten, it could still be on its way when one of them
+    // commits, and that commit would go unhinted (it does not hint while it thinks itself alone).
     await announce();
     // A LISTEN connection only receives: a silent death shows only when it is asked something.
     clearInterval(checkTimer);
