@@ -187,8 +187,8 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     }
     const atLimit = (reservation: Reservation) => lowerMaxTokens(prepared, reservation.maxTokens);
     const gpuStarted = performance.now();
-    // The gateway's own time before the engine call that answered (a cold boot's wait excluded), and when that call's headers came.
-    const engineCall = { gatewayMs: 0, answeredAt: 0 };
+    // The gateway's own time before the engine call that answered (a cold boot's wait excluded), when that call was sent, and when its headers came.
+    const engineCall = { gatewayMs: 0, postedAt: 0, answeredAt: 0 };
     /** `posted`: called once the engine call is on its way (its write queued), before it is answered. */
     const dispatch = async (completion: PreparedCompletion, signal: AbortSignal, posted?: () => void): Promise<EngineResponse> => {
       const deadline = completion.stream ? null : setTimeout(() => controller.abort(deadlineReason), requestWindowMs);
@@ -196,10 +196,12 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
         const entered = performance.now();
         await coldBoot?.waitOut(signal, admission?.durable ?? Promise.resolve(), completion.maxTokensClamped);
         const call = engines.post(model.id, '/v1/completions', JSON.stringify(completion.engineBody), signal);
+        const postedAt = performance.now();
         posted?.();
         const response = await call;
         if (!signal.aborted) {
           engineCall.gatewayMs = entered - started;
+          engineCall.postedAt = postedAt;
           engineCall.answeredAt = performance.now();
         }
         return response;
@@ -219,17 +221,13 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
      * leaving (or the deadline) cancels it, and so does the reservation's voiding, which also drops a
      * response that came meanwhile.
      */
-    let earlyPostedAt = 0;
     const startEarly = (completion: PreparedCompletion, voiding: Voiding): Promise<EngineResponse> => {
       const call = new AbortController();
       if (controller.signal.aborted) call.abort(controller.signal.reason);
       else controller.signal.addEventListener('abort', () => call.abort(controller.signal.reason), { once: true });
       voiding.onVoided(() => call.abort());
       // Its reservation's append goes out alongside the engine call's write, the longer wait first (WriteOrder).
-      const response = dispatch(completion, call.signal, () => {
-        earlyPostedAt = performance.now();
-        metering?.meter.sendDecisions(writeOrder.appendFirst(model.id));
-      });
+      const response = dispatch(completion, call.signal, () => metering?.meter.sendDecisions(writeOrder.appendFirst(model.id)));
       response.then(
         (r) =>
           voiding.onVoided(() => {
@@ -292,7 +290,7 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
         // (its connection closed), not beside it: the key's running requests at the engine stay in bound.
         if (early && !admission.voiding.voided) {
           upstream = await early;
-          writeOrder.observe(model.id, engineCall.answeredAt - earlyPostedAt, durableAt - earlyPostedAt);
+          writeOrder.observe(model.id, engineCall.answeredAt - engineCall.postedAt, durableAt - engineCall.postedAt);
         } else {
           earlyCapture = null;
           if (early) await early.then((r) => r.body.destroyed || new Promise((closed) => r.body.once('close', closed)), () => {});

@@ -283,6 +283,9 @@ const appendValuesSql = Array.from({ length: appendValuesMax }, (_, i) => i + 1)
   RETURNING stream_id, global_position, transaction_id::text AS tx`;
 });
 
+/** What the plain INSERTs return, one row per event. */
+type AppendedRow = { stream_id: string; global_position: string | number; tx: string };
+
 /** unique_violation (a version or an event id taken), not_null_violation (a named version not stored). */
 const explicitFallbackCodes = new Set(['23505', '23502']);
 
@@ -297,12 +300,12 @@ async function runBatch(db: PreparedQueryable, batch: readonly PendingAppend[], 
       const follows = batch.map((append) => (typeof append.expected === 'number' ? append.expected : 0));
       const plain = batch.length <= appendValuesMax && batch.every((append) => append.events.length === 1);
       const { rows } = plain
-        ? await db.queryPrepared<{ stream_id: string; global_position: string | number; tx: string }>(
+        ? await db.queryPrepared<AppendedRow>(
             `svc_append_values_${batch.length}`,
             appendValuesSql[batch.length - 1],
             batch.flatMap((append, i) => [append.streamId, follows[i], append.events[0].id, append.events[0].type, append.encoded.data, append.encoded.metadata]),
           )
-        : await db.queryPrepared<{ stream_id: string; global_position: string | number; tx: string }>('svc_append_explicit', appendExplicitSql, explicitParams(batch, follows));
+        : await db.queryPrepared<AppendedRow>('svc_append_explicit', appendExplicitSql, explicitParams(batch, follows));
       const last = new Map<string, number>();
       for (const row of rows) last.set(row.stream_id, Math.max(last.get(row.stream_id) ?? 0, Number(row.global_position)));
       const transactionId = Number(rows[0].tx);
