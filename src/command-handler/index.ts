@@ -9,7 +9,9 @@
  *
  * When another process wrote first (a conflict), the handler reads what it missed, decides every
  * affected command again in order, and tells each caller whose decision changed (its `superseded`
- * signal fires) so that work started on the old decision can be cancelled.
+ * signal fires) so that work started on the old decision can be cancelled. A decision that appends
+ * nothing (a rejection, a no-op) made on top of decisions still on their way is affected too: it waits
+ * in line behind them and is final only once they are stored.
  *
  * Event ids are derived from the command id and the event's index, and the command id is recorded in
  * each event's metadata: a command sent again (a lost acknowledgement, a client retry) returns its
@@ -40,14 +42,20 @@ export type Outcome<State, Event extends DomainEvent, Rej extends Rejection> =
   | { readonly accepted: false; readonly state: State; readonly version: number; readonly rejection: Rej };
 
 export interface PendingDecision<State, Event extends DomainEvent, Rej extends Rejection> {
-  /** The decision made in memory against this process's latest state. */
+  /**
+   * The decision made in memory against this process's latest state. An acceptance may start work at
+   * once (cancel it on `superseded`); a rejection or a no-op made on top of decisions not stored yet is
+   * not final: it is decided again if one of them loses its race, and may then append after all. Act on
+   * a rejection through `durable`.
+   */
   readonly outcome: Outcome<State, Event, Rej>;
   /** Fires when `outcome` turned out void and was decided differently on fresh state: cancel work started on it. */
   readonly superseded: AbortSignal;
   /**
-   * The final outcome once its events are stored (or at once for a rejection or a no-op): `outcome`,
-   * or the outcome decided again after a conflict. Rejects when the store fails; the events may then
-   * or may not be stored, and sending the same command id again is safe.
+   * The final outcome once its events are stored (a rejection or a no-op: once the decisions it was
+   * made on top of are stored, at once when there were none): `outcome`, or the outcome decided again
+   * after a conflict. Rejects when the store fails; the events may then or may not be stored, and
+   * sending the same command id again is safe.
    */
   readonly durable: Promise<Outcome<State, Event, Rej>>;
 }
@@ -265,9 +273,9 @@ export class CommandHandler {
     });
     durable.catch(() => {}); // a caller that only looks at `outcome` must not leave an unhandled rejection
     const entry: Entry = { command, commandId, options, outcome: null as unknown as AnyOutcome, toAppend: [], controller: null, voided: null, attempts: 0, resolve, reject };
-    this.#decideEntry(slot, entry);
+    const queued = this.#decideEntry(slot, entry);
     const decided = entry.outcome;
-    if (entry.toAppend.length === 0) entry.resolve(decided);
+    if (!queued) entry.resolve(decided);
     else {
       const tracked = durable.catch(() => {}).finally(() => this.#underway.delete(tracked));
       this.#underway.add(tracked);
@@ -305,14 +313,20 @@ export class CommandHandler {
     this.#store.sendAppendsNow?.();
   }
 
-  /** Runs the decider for `entry` against the slot's latest state; queues its events. */
-  #decideEntry(slot: Slot, entry: Entry): void {
+  /**
+   * Runs the decider for `entry` against the slot's latest state and queues it behind the decisions
+   * still on their way to the store. True when queued: it has events to append, or it appends nothing
+   * (a rejection, a no-op) but was decided on top of decisions not yet stored. Such a decision is final
+   * only once they are: one of them may lose its race and be decided differently, and a refusal
+   * counted against a start that never happened must be decided again (`#failed`), not answered.
+   */
+  #decideEntry(slot: Slot, entry: Entry): boolean {
     const { state, version } = slot.latest;
     const decided = decisionEvents(slot.decider.decide(entry.command, state));
     if (!Array.isArray(decided)) {
       entry.outcome = { accepted: false, state, version, rejection: decided as Rejection };
       entry.toAppend = [];
-      return;
+      return this.#queueBehindUnstored(slot, entry);
     }
     const events = (decided as readonly DomainEvent[]).map((e) => slot.decider.events.check(e));
     let next = state;
@@ -325,10 +339,18 @@ export class CommandHandler {
       // Ours win over the caller's; Object.assign, not a spread followed by more keys (several times slower in V8).
       metadata: Object.assign({}, entry.options.metadata, { [commandIdKey]: entry.commandId, [originKey]: this.#origin, [schemaVersionKey]: slot.decider.events.versionOf(e.type) }),
     }));
-    if (events.length === 0) return;
+    if (events.length === 0) return this.#queueBehindUnstored(slot, entry);
     slot.latest = { state: next, version: version + events.length };
     this.#remember(slot, entry.commandId, entry);
     slot.pending.push(entry);
+    return true;
+  }
+
+  /** Queues a decision that appends nothing when decisions it was made on top of are not stored yet. */
+  #queueBehindUnstored(slot: Slot, entry: Entry): boolean {
+    if (!slot.inflight && slot.pending.length === 0) return false;
+    slot.pending.push(entry);
+    return true;
   }
 
   #resentDecision(slot: Slot, seen: Stored | Entry): PendingDecision<unknown, DomainEvent, Rejection> {
@@ -349,7 +371,12 @@ export class CommandHandler {
       slot.lingering = null;
       this.#lingering.delete(slot);
     }
-    if (slot.inflight || slot.catchingUp || slot.pending.length === 0) return;
+    if (slot.inflight || slot.catchingUp) return;
+    // Decisions that append nothing, first in line, were made on what is stored now: they are final.
+    let final = 0;
+    while (final < slot.pending.length && slot.pending[final].toAppend.length === 0) final++;
+    if (final > 0) for (const entry of slot.pending.splice(0, final)) entry.resolve(entry.outcome);
+    if (slot.pending.length === 0) return;
     // One append at a time per stream; it takes every decision made meanwhile, up to a pinned one (sent alone).
     const pinnedAt = slot.pending.findIndex((e) => e.options.expectedVersion !== undefined);
     const batch = pinnedAt === 0 ? slot.pending.splice(0, 1) : slot.pending.splice(0, pinnedAt < 0 ? slot.pending.length : pinnedAt);
@@ -408,7 +435,7 @@ export class CommandHandler {
     if (pinned) this.#fail(slot, batch, error);
     // Another process wrote first: read what it wrote, then decide again, in order, on the fresh state.
     // Only the commands that were sent lost a race (those still pending never reached the store).
-    const sent = new Set(pinned ? [] : batch);
+    const sent = new Set(pinned ? [] : batch.filter((entry) => entry.toAppend.length > 0));
     const affected = pinned ? slot.pending : [...batch, ...slot.pending];
     slot.pending = [];
     for (const entry of affected) slot.recent.delete(entry.commandId);
@@ -453,9 +480,9 @@ export class CommandHandler {
       return;
     }
     const before = entry.outcome;
-    this.#decideEntry(slot, entry);
+    const queued = this.#decideEntry(slot, entry);
     if (!sameDecision(before, entry.outcome)) supersede(entry, new DecisionSuperseded(slot.streamId));
-    if (entry.toAppend.length === 0) entry.resolve(entry.outcome);
+    if (!queued) entry.resolve(entry.outcome);
   }
 
   #afterWork(slot: Slot): void {

@@ -253,7 +253,16 @@ export class Metering {
       meterDecider,
       { commandId: `reserve:${request.facts.request_id}`, metadata: { request_id: request.facts.request_id } },
     );
-    const outcome = decision.outcome;
+    let outcome = decision.outcome;
+    if (!outcome.accepted) {
+      // A refusal rests on what the store holds: decided on top of this process's reservations still on
+      // their way, it waits for them, since one that loses its race to another process is decided again
+      // without the start (or the tokens, or the slot) the refusal counted, and the refusal with it, which
+      // may then reserve after all. So its outcome is `durable`'s (at once when nothing was under way).
+      outcome = await decision.durable.catch((error: unknown) => {
+        throw this.#notStored(error, { requestId: request.facts.request_id, keyId, day, stream, maxTokens: 0, clampedBy: null }, request);
+      });
+    }
     if (!outcome.accepted) {
       if (outcome.rejection.rejected === 'at_capacity') return null;
       if (outcome.rejection.rejected === 'meter_closed') return this.#tryReserve(request, day);
@@ -284,14 +293,20 @@ export class Metering {
       },
       (error: unknown) => {
         voiding.void();
-        this.#logger.error({ err: String(error), request_id: request.facts.request_id }, 'reservation could not be stored');
-        // The append's outcome may be unknown (its connection broke after the commit): release the hold
-        // it may have stored, at zero usage, instead of leaving it to the reaper (which charges it whole).
-        void this.#track(this.#settle(reservation, request.facts, notRun));
-        throw apiError('store_unavailable', 'the usage store is unavailable; the request was not run');
+        throw this.#notStored(error, reservation, request);
       },
     );
     return { startNow, voiding, durable, ...reservation };
+  }
+
+  /** A reservation whose decision could not be stored: the request is not run, and a hold it may have stored is released. */
+  #notStored(error: unknown, reservation: Reservation, request: AdmitRequest): Error {
+    this.#logger.error({ err: String(error), request_id: request.facts.request_id }, 'reservation could not be stored');
+    // The append's outcome may be unknown (its connection broke after the commit): release the hold
+    // it may have stored, at zero usage, instead of leaving it to the reaper (which charges it whole).
+    // Settling a request the meter holds nothing for decides nothing.
+    void this.#track(this.#settle(reservation, request.facts, notRun));
+    return apiError('store_unavailable', 'the usage store is unavailable; the request was not run');
   }
 
   #enqueue(request: AdmitRequest): Promise<Admission> {

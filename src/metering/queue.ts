@@ -100,8 +100,11 @@ export class RequestQueue<Request extends QueueableRequest, Admitted> {
     const { holder, entryTtlMs } = this.#options;
     const now = this.#options.now();
     const command: MeterCommand = { type: 'Queue', requestId: request.facts.request_id, holder, maxQueued: request.limits.maxQueued, ttlMs: entryTtlMs, now: now.toISOString() };
-    const { day, decision } = await this.#decide(request.keyId, utcDay(now), command);
-    if (!decision.outcome.accepted) throw this.#options.refusal(decision.outcome.rejection);
+    const { day, decision, outcome } = await this.#decide(request.keyId, utcDay(now), command).catch((error: unknown) => {
+      this.#options.logger.error({ err: String(error), request_id: request.facts.request_id }, 'a queue entry could not be stored');
+      throw apiError('store_unavailable', 'the usage store is unavailable; the request was not run');
+    });
+    if (!outcome.accepted) throw this.#options.refusal(outcome.rejection);
     let line = this.#lines.get(request.keyId);
     if (!line) this.#lines.set(request.keyId, (line = { waiters: [], busy: false }));
     const waiters = line.waiters;
@@ -287,10 +290,11 @@ export class RequestQueue<Request extends QueueableRequest, Admitted> {
    * Decides a queue command on the key's meter of `day`; on the next day's when that one closed (it
    * carried the queue), on the previous day's when this one is not opened yet (it will carry it).
    */
-  async #decide(keyId: string, day: string, command: MeterCommand): Promise<{ day: string; decision: Decision }> {
+  async #decide(keyId: string, day: string, command: MeterCommand): Promise<{ day: string; decision: Decision; outcome: Decision['outcome'] }> {
     for (let tries = 0; ; tries++) {
       const decision = await this.#options.handler.decide(meterStream(keyId, day), command, meterDecider);
-      const outcome = decision.outcome;
+      // A refusal is final once the decisions it was made on top of are stored (see Metering's reservations).
+      const outcome = decision.outcome.accepted ? decision.outcome : await decision.durable;
       if (!outcome.accepted && tries < 2) {
         if (outcome.rejection.rejected === 'meter_closed') {
           day = dayAfter(day, 1);
@@ -301,7 +305,7 @@ export class RequestQueue<Request extends QueueableRequest, Admitted> {
           continue;
         }
       }
-      return { day, decision };
+      return { day, decision, outcome };
     }
   }
 }

@@ -381,6 +381,46 @@ it('a conflict that turns an acceptance into a rejection tells the caller', asyn
   assert.is((await store.readStream(id)).version, cap);
 });
 
+it('a refusal made on top of a decision that loses its race is decided again, not answered', async ({ store }) => {
+  const here = new CommandHandler({ store });
+  const there = new CommandHandler({ store });
+  const id = stream();
+  for (let i = 0; i < cap - 1; i++) await here.handle(id, issue, tickets);
+  await there.handle(id, { type: 'Close', now }, tickets); // here does not know yet
+  const last = await here.decide(id, issue, tickets); // on stale state: the last ticket
+  const after = await here.decide(id, issue, tickets); // on top of it, not stored yet: sold out
+  assert.ok(last.outcome.accepted);
+  assert.is(!after.outcome.accepted && after.outcome.rejection.rejected, 'sold_out');
+  const [lastFinal, afterFinal] = await Promise.all([last.durable, after.durable]);
+  assert.is(!lastFinal.accepted && lastFinal.rejection.rejected, 'counter_closed');
+  // Sold out counted a ticket the store never held: the refusal the caller gets is the store's reason.
+  assert.is(!afterFinal.accepted && afterFinal.rejection.rejected, 'counter_closed');
+  assert.ok(after.superseded.aborted, 'the first refusal was void');
+  assert.is((await store.readStream(id)).version, cap);
+});
+
+it('a refusal or a no-op decided on top of unstored decisions is final only once they are stored', async ({ store }) => {
+  const handler = new CommandHandler({ store });
+  const id = stream();
+  for (let i = 0; i < cap - 1; i++) await handler.handle(id, issue, tickets);
+  const order: string[] = [];
+  const last = await handler.decide(id, issue, tickets);
+  const refused = await handler.decide(id, issue, tickets);
+  const noop = await handler.decide(id, { type: 'Noop' }, tickets);
+  await Promise.all([
+    last.durable.then(() => order.push('stored')),
+    refused.durable.then((o) => order.push(o.accepted ? 'accepted' : o.rejection.rejected)),
+    noop.durable.then(() => order.push('noop')),
+  ]);
+  assert.equal(order, ['stored', 'sold_out', 'noop']);
+  assert.not.ok(refused.superseded.aborted);
+  // With nothing under way, a refusal is final at once (resolved before any store round trip).
+  let settled = false;
+  void (await handler.decide(id, issue, tickets)).durable.then(() => (settled = true));
+  await Promise.resolve();
+  assert.ok(settled);
+});
+
 it('racing processes never exceed the cap: every decision is made on the state it appends onto', async ({ store }) => {
   const handlers = [0, 1, 2].map(() => new CommandHandler({ store }));
   const id = stream();
