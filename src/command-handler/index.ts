@@ -108,8 +108,8 @@ interface Entry {
   readonly commandId: string;
   readonly options: CommandOptions;
   outcome: AnyOutcome;
-  /** What this entry appends (empty for rejections and no-ops). */
-  toAppend: NewEvent[];
+  /** Whether `outcome` appends events (a rejection or a no-op does not); they are made into stored form when sent (`#toAppend`). */
+  appends: boolean;
   /** Made when a caller first asks for the `superseded` signal (most never do). */
   controller: AbortController | null;
   /** Why the decision turned out void, once it did. */
@@ -173,6 +173,8 @@ export class CommandHandler {
   readonly #lingering = new Set<Slot>();
   /** Streams with decisions that may not linger, sent from the next turn (one setImmediate while any wait). */
   readonly #urgent = new Set<Slot>();
+  /** The next urgent turn waits one more (`holdPending`). */
+  #held = false;
 
   constructor(options: CommandHandlerOptions) {
     this.#store = options.store;
@@ -272,7 +274,7 @@ export class CommandHandler {
       reject = rej;
     });
     durable.catch(() => {}); // a caller that only looks at `outcome` must not leave an unhandled rejection
-    const entry: Entry = { command, commandId, options, outcome: null as unknown as AnyOutcome, toAppend: [], controller: null, voided: null, attempts: 0, resolve, reject };
+    const entry: Entry = { command, commandId, options, outcome: null as unknown as AnyOutcome, appends: false, controller: null, voided: null, attempts: 0, resolve, reject };
     const queued = this.#decideEntry(slot, entry);
     const decided = entry.outcome;
     if (!queued) entry.resolve(decided);
@@ -286,7 +288,7 @@ export class CommandHandler {
         // two: a key's settlement rides on the next request's reservation, whichever key that is). Not
         // at once: the caller's own work this turn (the engine call a reservation in a standing slot
         // lease starts) goes before the append's encoding.
-        if (this.#urgent.size === 0) setImmediate(() => this.#flushUrgent());
+        if (this.#urgent.size === 0) setImmediate(this.#urgentTurn);
         this.#urgent.add(slot);
       } else if (!slot.lingering) {
         slot.lingering = setTimeout(() => this.#flush(slot), linger);
@@ -295,6 +297,14 @@ export class CommandHandler {
     }
     return new Decision(decided, durable, entry);
   }
+
+  /** The turn that sends what decisions without a linger left pending, unless held for one more (`holdPending`). */
+  readonly #urgentTurn = (): void => {
+    if (this.#held) {
+      this.#held = false;
+      setImmediate(this.#urgentTurn);
+    } else if (this.#urgent.size > 0) this.#flushUrgent();
+  };
 
   /** Sends what decisions without a linger left pending, and everything lingering with it. */
   #flushUrgent(): void {
@@ -305,10 +315,20 @@ export class CommandHandler {
   }
 
   /**
+   * Holds the decisions made so far for one more turn of the event loop, unless `sendPending` sends them
+   * first: for a caller whose own write was queued for this turn after them (undici writes a request on
+   * an idle kept-alive connection from a setImmediate), so that it goes before their encoding and append.
+   */
+  holdPending(): void {
+    if (this.#urgent.size > 0) this.#held = true;
+  }
+
+  /**
    * Sends the decisions made so far to the store now, rather than at the end of the turn: for a caller
    * whose own writes of this turn went first (the engine call a reservation starts alongside its append).
    */
   sendPending(): void {
+    this.#held = false;
     if (this.#urgent.size > 0) this.#flushUrgent();
     this.#store.sendAppendsNow?.();
   }
@@ -325,25 +345,35 @@ export class CommandHandler {
     const decided = decisionEvents(slot.decider.decide(entry.command, state));
     if (!Array.isArray(decided)) {
       entry.outcome = { accepted: false, state, version, rejection: decided as Rejection };
-      entry.toAppend = [];
+      entry.appends = false;
       return this.#queueBehindUnstored(slot, entry);
     }
     const events = (decided as readonly DomainEvent[]).map((e) => slot.decider.events.check(e));
     let next = state;
     for (const event of events) next = slot.decider.evolve(next, event);
     entry.outcome = { accepted: true, state: next, version: version + events.length, newEvents: events, resent: false };
-    entry.toAppend = events.map((e, i) => ({
+    entry.appends = events.length > 0;
+    if (events.length === 0) return this.#queueBehindUnstored(slot, entry);
+    slot.latest = { state: next, version: version + events.length };
+    this.#remember(slot, entry.commandId, entry);
+    slot.pending.push(entry);
+    return true;
+  }
+
+  /**
+   * An entry's events in stored form: ids derived from its command id, its caller's metadata and ours.
+   * Made when the append is sent, not when decided: a decision's caller (an engine call started in a
+   * slot lease) goes on before the append's encoding.
+   */
+  #toAppend(slot: Slot, entry: Entry): NewEvent[] {
+    if (!entry.outcome.accepted) return [];
+    return entry.outcome.newEvents.map((e, i) => ({
       id: eventIdFor(entry.commandId, i),
       type: e.type,
       data: e.data,
       // Ours win over the caller's; Object.assign, not a spread followed by more keys (several times slower in V8).
       metadata: Object.assign({}, entry.options.metadata, { [commandIdKey]: entry.commandId, [originKey]: this.#origin, [schemaVersionKey]: slot.decider.events.versionOf(e.type) }),
     }));
-    if (events.length === 0) return this.#queueBehindUnstored(slot, entry);
-    slot.latest = { state: next, version: version + events.length };
-    this.#remember(slot, entry.commandId, entry);
-    slot.pending.push(entry);
-    return true;
   }
 
   /** Queues a decision that appends nothing when decisions it was made on top of are not stored yet. */
@@ -374,7 +404,7 @@ export class CommandHandler {
     if (slot.inflight || slot.catchingUp) return;
     // Decisions that append nothing, first in line, were made on what is stored now: they are final.
     let final = 0;
-    while (final < slot.pending.length && slot.pending[final].toAppend.length === 0) final++;
+    while (final < slot.pending.length && !slot.pending[final].appends) final++;
     if (final > 0) for (const entry of slot.pending.splice(0, final)) entry.resolve(entry.outcome);
     if (slot.pending.length === 0) return;
     // One append at a time per stream; it takes every decision made meanwhile, up to a pinned one (sent alone).
@@ -382,7 +412,7 @@ export class CommandHandler {
     const batch = pinnedAt === 0 ? slot.pending.splice(0, 1) : slot.pending.splice(0, pinnedAt < 0 ? slot.pending.length : pinnedAt);
     slot.inflight = batch;
     const expected = batch[0].options.expectedVersion ?? slot.confirmed.version;
-    const events = batch.flatMap((e) => e.toAppend);
+    const events = batch.flatMap((e) => this.#toAppend(slot, e));
     void this.#appendWithResends(slot.streamId, events, expected).then(
       (result) => this.#stored(slot, batch, result),
       (error) => this.#failed(slot, batch, error),
@@ -435,7 +465,7 @@ export class CommandHandler {
     if (pinned) this.#fail(slot, batch, error);
     // Another process wrote first: read what it wrote, then decide again, in order, on the fresh state.
     // Only the commands that were sent lost a race (those still pending never reached the store).
-    const sent = new Set(pinned ? [] : batch.filter((entry) => entry.toAppend.length > 0));
+    const sent = new Set(pinned ? [] : batch.filter((entry) => entry.appends));
     const affected = pinned ? slot.pending : [...batch, ...slot.pending];
     slot.pending = [];
     for (const entry of affected) slot.recent.delete(entry.commandId);

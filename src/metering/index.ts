@@ -143,6 +143,8 @@ export class Metering {
       this.#handler.sendPending();
       return;
     }
+    // The decisions' own turn was queued before the engine call's write: it waits for this one.
+    this.#handler.holdPending();
     if (this.#sendQueued) return;
     this.#sendQueued = true;
     setImmediate(() => {
@@ -200,7 +202,8 @@ export class Metering {
 
   /** Settles a reservation with the engine's real usage and releases the hold (also a hold carried into today). */
   settle(reservation: Reservation, facts: RequestFactsData, usage: Usage): Promise<void> {
-    return this.#track(this.#settle(reservation, facts, usage));
+    // Decided from the next turn: the route settles as it answers, and its response's write goes first.
+    return this.#track(new Promise<void>((resolve) => setImmediate(resolve)).then(() => this.#settle(reservation, facts, usage)));
   }
 
   /**

@@ -316,6 +316,41 @@ it('sendPending hands the pending decisions to the store at once, lingering ones
   await handler.settled();
 });
 
+it("holdPending lets a write the caller queued for the same turn go first; the decisions leave one turn later, or with sendPending", async ({ store }) => {
+  const calls: string[] = [];
+  const handler = new CommandHandler({ store: { ...store, append: (id, events, expected) => (calls.push('append'), store.append(id, events, expected)) } });
+  const id = stream();
+  await handler.load(id, tickets);
+  // As the completion route does: decide, then queue its own write (undici's, from a setImmediate), then hold.
+  const held = await handler.decide(id, issue, tickets);
+  setImmediate(() => calls.push("the caller's write"));
+  handler.holdPending();
+  await new Promise((resolve) => setImmediate(resolve));
+  assert.equal(calls, ["the caller's write"], 'the append waits a turn');
+  await held.durable;
+  assert.equal(calls, ["the caller's write", 'append'], 'and leaves on its own with nobody calling sendPending');
+
+  calls.length = 0;
+  const sent = await handler.decide(id, issue, tickets);
+  setImmediate(() => {
+    calls.push("the caller's write");
+    handler.sendPending();
+  });
+  handler.holdPending();
+  await new Promise((resolve) => setImmediate(resolve));
+  assert.equal(calls, ["the caller's write", 'append'], 'sendPending sends them at once, right after the write');
+  await sent.durable;
+  await new Promise((resolve) => setImmediate(resolve));
+  assert.is(calls.length, 2, 'not sent twice');
+  // Nothing pending: a hold is nothing, and the next decision leaves at the next turn as usual.
+  handler.holdPending();
+  calls.length = 0;
+  const next = await handler.decide(id, issue, tickets);
+  await new Promise((resolve) => setImmediate(resolve));
+  assert.equal(calls, ['append']);
+  await next.durable;
+});
+
 it('commands on one stream never conflict with each other inside the process', async ({ store }) => {
   const { store: counted, counts } = counting(store);
   const handler = new CommandHandler({ store: counted, cacheSize: 0 });
