@@ -3,7 +3,7 @@
 // (the request's start, undici's engine request created and its headers written, the engine's response
 // headers and end), the first write to PostgreSQL (a socket to port 5432) and the first write of the
 // response after the engine answered, and how long the `setImmediate` callbacks that ran between the
-// engine call's hand-off and its write took. Requests are sequential, so "the request in flight" is the
+// engine call's hand-off and its write took in all. Requests are sequential, so "the request in flight" is the
 // last one started. Written to TRACE_OUT every second.
 import dc from 'node:diagnostics_channel';
 import net from 'node:net';
@@ -15,7 +15,7 @@ let current = null;
 
 dc.subscribe('http.server.request.start', ({ request }) => {
   if (request.method !== 'POST' || request.url !== '/v1/completions') return;
-  current = { start: now(), immediates: 0, immediateMs: 0 };
+  current = { start: now(), immediateMs: 0 };
   marks.push(current);
   if (marks.length > 20_000) marks.splice(0, 10_000);
 });
@@ -47,7 +47,6 @@ globalThis.setImmediate = function (callback, ...args) {
       } finally {
         const request = current;
         if (request && request.handoff !== undefined && request.engineWrite === undefined) {
-          request.immediates += 1;
           request.immediateMs += now() - started;
         }
       }

@@ -108,8 +108,6 @@ interface Entry {
   readonly commandId: string;
   readonly options: CommandOptions;
   outcome: AnyOutcome;
-  /** Whether `outcome` appends events (a rejection or a no-op does not); they are made into stored form when sent (`#toAppend`). */
-  appends: boolean;
   /** Made when a caller first asks for the `superseded` signal (most never do). */
   controller: AbortController | null;
   /** Why the decision turned out void, once it did. */
@@ -274,7 +272,7 @@ export class CommandHandler {
       reject = rej;
     });
     durable.catch(() => {}); // a caller that only looks at `outcome` must not leave an unhandled rejection
-    const entry: Entry = { command, commandId, options, outcome: null as unknown as AnyOutcome, appends: false, controller: null, voided: null, attempts: 0, resolve, reject };
+    const entry: Entry = { command, commandId, options, outcome: null as unknown as AnyOutcome, controller: null, voided: null, attempts: 0, resolve, reject };
     const queued = this.#decideEntry(slot, entry);
     const decided = entry.outcome;
     if (!queued) entry.resolve(decided);
@@ -345,14 +343,12 @@ export class CommandHandler {
     const decided = decisionEvents(slot.decider.decide(entry.command, state));
     if (!Array.isArray(decided)) {
       entry.outcome = { accepted: false, state, version, rejection: decided as Rejection };
-      entry.appends = false;
       return this.#queueBehindUnstored(slot, entry);
     }
     const events = (decided as readonly DomainEvent[]).map((e) => slot.decider.events.check(e));
     let next = state;
     for (const event of events) next = slot.decider.evolve(next, event);
     entry.outcome = { accepted: true, state: next, version: version + events.length, newEvents: events, resent: false };
-    entry.appends = events.length > 0;
     if (events.length === 0) return this.#queueBehindUnstored(slot, entry);
     slot.latest = { state: next, version: version + events.length };
     this.#remember(slot, entry.commandId, entry);
@@ -404,7 +400,7 @@ export class CommandHandler {
     if (slot.inflight || slot.catchingUp) return;
     // Decisions that append nothing, first in line, were made on what is stored now: they are final.
     let final = 0;
-    while (final < slot.pending.length && !slot.pending[final].appends) final++;
+    while (final < slot.pending.length && !appends(slot.pending[final])) final++;
     if (final > 0) for (const entry of slot.pending.splice(0, final)) entry.resolve(entry.outcome);
     if (slot.pending.length === 0) return;
     // One append at a time per stream; it takes every decision made meanwhile, up to a pinned one (sent alone).
@@ -465,7 +461,7 @@ export class CommandHandler {
     if (pinned) this.#fail(slot, batch, error);
     // Another process wrote first: read what it wrote, then decide again, in order, on the fresh state.
     // Only the commands that were sent lost a race (those still pending never reached the store).
-    const sent = new Set(pinned ? [] : batch.filter((entry) => entry.appends));
+    const sent = new Set(pinned ? [] : batch.filter(appends));
     const affected = pinned ? slot.pending : [...batch, ...slot.pending];
     slot.pending = [];
     for (const entry of affected) slot.recent.delete(entry.commandId);
@@ -680,6 +676,11 @@ function supersede(entry: Entry, reason: unknown): void {
   if (entry.voided) return;
   entry.voided = { reason };
   entry.controller?.abort(reason);
+}
+
+/** Whether the entry's outcome appends events (a rejection or a no-op does not); made into stored form when sent (`#toAppend`). */
+function appends(entry: Entry): boolean {
+  return entry.outcome.accepted && entry.outcome.newEvents.length > 0;
 }
 
 function durableOf(entry: Entry): Promise<AnyOutcome> {
