@@ -3,7 +3,8 @@
 // CPU per request moves by ±20 % from one 8 s run to the next, and a whole-bench run compares one run
 // of each, so a change of 10 % needs this. Each variant is a gateway process on a PostgreSQL database
 // of its own (DATABASE_URL, required), in front of the instant engine stub, 64 connections over 384 keys.
-// Prints, per variant, each run's gateway CPU µs per request and requests/s, their medians, and the
+// Prints, per variant, each run's gateway CPU µs per request (all threads; the main thread's median
+// beside it: what bounds throughput where cores are to spare) and requests/s, their medians, and the
 // main thread's scavenge (minor GC) time per request (a PerformanceObserver loaded into the gateway).
 //
 // Variants (BENCH_VARIANTS, a comma-separated list; default `metered,metered-semi16,unmetered`):
@@ -25,7 +26,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSy
 import { tmpdir, cpus, loadavg } from 'node:os';
 import { join } from 'node:path';
 import { Agent, request } from 'undici';
-import { KeyPool, benchModel, buildGateway, cpuPerRequest, gatewayEnv, gatewayServeArgs, issueKeys, median, percentile, postLoad, root, scratchDatabase, spawnWithUrl, startScriptFlags, stop } from './support.ts';
+import { KeyPool, benchModel, buildGateway, cpuPerRequest, cpuSecondsOf, gatewayEnv, gatewayServeArgs, issueKeys, median, percentile, postLoad, root, scratchDatabase, spawnWithUrl, startScriptFlags, stop } from './support.ts';
 
 if (!process.env.DATABASE_URL) {
   process.stdout.write('paired: skipped, it needs DATABASE_URL (a PostgreSQL database to create scratch databases beside)\n');
@@ -87,7 +88,7 @@ try {
     cleanups.push(() => stop(gw.child));
     const pool = new KeyPool(await issueKeys(gw.url, 384, `paired-${i}`));
     await postLoad({ url: `${gw.url}/v1/completions`, body, connections: 64, seconds: 10, authorization: () => pool.next() });
-    gateways.push({ variant, url: gw.url, pid: gw.child.pid!, pool, cpu: [] as number[], rps: [] as number[], gc: [] as number[] });
+    gateways.push({ variant, url: gw.url, pid: gw.child.pid!, pool, cpu: [] as number[], mainCpu: [] as number[], rps: [] as number[], gc: [] as number[] });
   }
   if (process.env.BENCH_PAIRED === 'latency') await latency(gateways, body);
   else await throughput(gateways, body);
@@ -95,7 +96,7 @@ try {
   for (const fn of cleanups.reverse()) await Promise.resolve(fn()).catch((err) => process.stderr.write(`cleanup: ${err}\n`));
 }
 
-type Gateway = { variant: string; url: string; pid: number; pool: KeyPool; cpu: number[]; rps: number[]; gc: number[] };
+type Gateway = { variant: string; url: string; pid: number; pool: KeyPool; cpu: number[]; mainCpu: number[]; rps: number[]; gc: number[] };
 
 /** Sequential requests, alternated one by one across the variants (BENCH_PAIRED=latency). */
 async function latency(gateways: Gateway[], body: string): Promise<void> {
@@ -130,8 +131,10 @@ async function throughput(gateways: Gateway[], body: string): Promise<void> {
       await new Promise((resolve) => setTimeout(resolve, 300)); // the observer's last figure is written
       const gcBefore = minorGcMs(g.pid);
       const meter = cpuPerRequest({ gateway: g.pid });
+      const mainBefore = cpuSecondsOf(g.pid, 'main');
       const result = await postLoad({ url: `${g.url}/v1/completions`, body, connections: 64, seconds, authorization: () => g.pool.next() });
       const cpu = meter.stop(result.requests.total);
+      g.mainCpu.push(((cpuSecondsOf(g.pid, 'main') - mainBefore) * 1e6) / result.requests.total);
       await new Promise((resolve) => setTimeout(resolve, 300));
       g.cpu.push(cpu.gateway);
       g.rps.push(result.requests.average);
@@ -140,7 +143,7 @@ async function throughput(gateways: Gateway[], body: string): Promise<void> {
   }
   const lines = [
     `paired gateway throughput, ${rounds} alternated runs of ${seconds} s at 64 connections, ${engineName}, PostgreSQL — ${startedAt.toISOString()} to ${new Date().toISOString()} — ${cpus().length} cores (${cpus()[0]?.model}), Node ${process.version}, load average ${loadavg()[0].toFixed(1)} at end`,
-    ...gateways.map((g) => `${g.variant.padEnd(16)} gateway CPU µs/request ${g.cpu.map(Math.round).join(', ')} (median ${Math.round(median(g.cpu))}) | requests/s ${g.rps.map(Math.round).join(', ')} (median ${Math.round(median(g.rps))}) | main-thread scavenges µs/request median ${Math.round(median(g.gc))}`),
+    ...gateways.map((g) => `${g.variant.padEnd(16)} gateway CPU µs/request ${g.cpu.map(Math.round).join(', ')} (median ${Math.round(median(g.cpu))}) (main thread ${Math.round(median(g.mainCpu))}) | requests/s ${g.rps.map(Math.round).join(', ')} (median ${Math.round(median(g.rps))}) | main-thread scavenges µs/request median ${Math.round(median(g.gc))}`),
   ];
   process.stdout.write(`${lines.join('\n')}\n`);
 }

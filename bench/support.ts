@@ -85,11 +85,12 @@ export function memoryOf(pid: number): { rssMb: number; peakMb: number } {
   return { rssMb: kb('VmRSS') / 1024, peakMb: kb('VmHWM') / 1024 };
 }
 
-/** CPU seconds (user + system) a process has used so far; 0 once it is gone. */
-export function cpuSecondsOf(pid: number): number {
+/** CPU seconds (user + system) a process (or its main thread alone) has used so far; 0 once it is gone. */
+export function cpuSecondsOf(pid: number, thread: 'all' | 'main' = 'all'): number {
   try {
     // Fields after the command name, which may hold spaces: utime and stime are the 12th and 13th.
-    const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
+    // A process's main thread is the task whose id is the process's.
+    const fields = readFileSync(thread === 'main' ? `/proc/${pid}/task/${pid}/stat` : `/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
     return (Number(fields[11]) + Number(fields[12])) / 100;
   } catch {
     return 0;
