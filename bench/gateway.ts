@@ -36,7 +36,7 @@ import { randomUUID } from 'node:crypto';
 import { Agent, request } from 'undici';
 import pg from 'pg';
 import { openEventStore } from '../src/store/index.ts';
-import { KeyPool, benchModel, buildGateway, cpuPerRequest, gatewayEnv, gatewayServeArgs, issueKeys, median, memoryOf, percentile, portkeyHeaders, portkeyVersion, postLoad, sampledMs, scratchDatabase, spawnWithUrl, startPortkey, stop } from './support.ts';
+import { KeyPool, benchCompletionBody, benchModel, buildGateway, cpuPerRequest, gatewayEnv, gatewayServeArgs, issueKeys, median, memoryOf, percentile, portkeyHeaders, portkeyVersion, postLoad, sampledMs, scratchDatabase, spawnWithUrl, startPortkey, stop } from './support.ts';
 
 // BENCH_PARTS=latency,slow,throughput,relay,floor picks parts (all by default).
 const parts = new Set((process.env.BENCH_PARTS ?? 'latency,slow,throughput,relay,floor').split(','));
@@ -100,7 +100,7 @@ async function main(): Promise<void> {
   const off = await startGateway('off');
   const noproj = parts.has('throughput') ? await startGateway('noproj') : null;
 
-  const body = JSON.stringify({ prompt: 'The quick brown fox', max_tokens: 16, temperature: 0 });
+  const body = benchCompletionBody;
   const streamBody = JSON.stringify({ prompt: 'The quick brown fox', max_tokens: 16, temperature: 0, stream: true });
   const slowBody = JSON.stringify({ model: 'slow20', prompt: 'The quick brown fox', max_tokens: 16, temperature: 0 });
   // The engine sees the gateway's translated body; direct calls send the same thing the gateway would.

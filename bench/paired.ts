@@ -26,7 +26,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSy
 import { tmpdir, cpus, loadavg } from 'node:os';
 import { join } from 'node:path';
 import { Agent, request } from 'undici';
-import { KeyPool, benchModel, buildGateway, cpuPerRequest, cpuSecondsOf, gatewayEnv, gatewayServeArgs, issueKeys, median, percentile, postLoad, root, scratchDatabase, spawnWithUrl, startScriptFlags, stop } from './support.ts';
+import { KeyPool, benchCompletionBody, buildGateway, cpuPerRequest, cpuSecondsOf, gatewayEnv, gatewayServeArgs, issueKeys, median, percentile, postLoad, root, scratchDatabase, spawnWithUrl, startInstantEngine, startScriptFlags, stop } from './support.ts';
 
 if (!process.env.DATABASE_URL) {
   process.stdout.write('paired: skipped, it needs DATABASE_URL (a PostgreSQL database to create scratch databases beside)\n');
@@ -74,10 +74,9 @@ const engineName = engineDelayMs > 0 ? `engine taking ${engineDelayMs} ms` : 'in
 
 try {
   buildGateway();
-  const engine = await spawnWithUrl(['--import', 'tsx', 'bench/instant-engine.ts', 'bench/instant', String(engineDelayMs)], process.env);
+  const engine = await startInstantEngine(dir, engineDelayMs);
   cleanups.push(() => stop(engine.child));
-  writeFileSync(join(dir, 'models.json'), JSON.stringify({ models: [benchModel('instant', 'bench/instant', engine.url, true)] }));
-  const body = JSON.stringify({ prompt: 'The quick brown fox', max_tokens: 16, temperature: 0 });
+  const body = benchCompletionBody;
   const gateways: Gateway[] = [];
   for (const [i, variant] of variants.entries()) {
     const command = commandFor(variant);

@@ -215,6 +215,19 @@ export function benchModel(id: string, checkpoint: string, engineUrl: string, is
   };
 }
 
+/** The completion the latency benches send, one model's default: a short prompt, 16 tokens. */
+export const benchCompletionBody = JSON.stringify({ prompt: 'The quick brown fox', max_tokens: 16, temperature: 0 });
+
+/**
+ * The engine stub (bench/instant-engine.ts; answering at once, or after `delayMs`) in its own process,
+ * written into `dir`/models.json as the gateways' only model, `instant`. Stop it with `stop(engine.child)`.
+ */
+export async function startInstantEngine(dir: string, delayMs: number): Promise<{ child: ChildProcess; url: string }> {
+  const engine = await spawnWithUrl(['--import', 'tsx', 'bench/instant-engine.ts', 'bench/instant', String(delayMs)], process.env);
+  writeFileSync(join(dir, 'models.json'), JSON.stringify({ models: [benchModel('instant', 'bench/instant', engine.url, true)] }));
+  return engine;
+}
+
 /**
  * `connections` clients (autocannon, in this process) posting `body` to `url` for `seconds`, each
  * request with the next `authorization()` header; throws on any error or answer other than 2xx.

@@ -7,11 +7,11 @@
 // per variant, the median of each mark from the client's send and of the steps between them, ms, over
 // BENCH_REQUESTS (default 1,000) requests each after 300 each of warm-up. Medians of per-request
 // differences do not add up to the medians of the totals; compare a step across variants.
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir, cpus, loadavg } from 'node:os';
 import { join } from 'node:path';
 import { Agent, request } from 'undici';
-import { KeyPool, benchModel, buildGateway, gatewayEnv, gatewayServeArgs, issueKeys, median, postLoad, root, scratchDatabase, spawnWithUrl, stop } from './support.ts';
+import { KeyPool, benchCompletionBody, buildGateway, gatewayEnv, gatewayServeArgs, issueKeys, median, postLoad, root, scratchDatabase, spawnWithUrl, startInstantEngine, stop } from './support.ts';
 
 if (!process.env.DATABASE_URL) {
   process.stdout.write('trace: skipped, it needs DATABASE_URL (a PostgreSQL database to create scratch databases beside)\n');
@@ -31,10 +31,9 @@ type Marks = Record<string, number>;
 
 try {
   buildGateway();
-  const engine = await spawnWithUrl(['--import', 'tsx', 'bench/instant-engine.ts', 'bench/instant', String(delayMs)], process.env);
+  const engine = await startInstantEngine(dir, delayMs);
   cleanups.push(() => stop(engine.child));
-  writeFileSync(join(dir, 'models.json'), JSON.stringify({ models: [benchModel('instant', 'bench/instant', engine.url, true)] }));
-  const body = JSON.stringify({ prompt: 'The quick brown fox', max_tokens: 16, temperature: 0 });
+  const body = benchCompletionBody;
   const gateways: { variant: string; url: string; pool: KeyPool; out: string; agent: Agent; seen: Seen[] }[] = [];
   for (const [i, variant] of variants.entries()) {
     if (!['metered', 'unmetered', 'noproj'].includes(variant)) throw new Error(`unknown variant ${variant}: metered, unmetered or noproj`);
