@@ -401,7 +401,7 @@ export class CommandHandler {
     // Decisions that append nothing, first in line, were made on what is stored now: they are final.
     let final = 0;
     while (final < slot.pending.length && !appends(slot.pending[final])) final++;
-    if (final > 0) for (const entry of slot.pending.splice(0, final)) entry.resolve(entry.outcome);
+    for (const entry of slot.pending.splice(0, final)) entry.resolve(entry.outcome);
     if (slot.pending.length === 0) return;
     // One append at a time per stream; it takes every decision made meanwhile, up to a pinned one (sent alone).
     const pinnedAt = slot.pending.findIndex((e) => e.options.expectedVersion !== undefined);

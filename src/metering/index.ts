@@ -15,6 +15,7 @@
  * the holds of requests still running in this process.
  */
 import { randomUUID } from 'node:crypto';
+import { setImmediate as nextTurn } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import { apiError } from '../errors/index.ts';
 import type { CommandHandler } from '../command-handler/index.ts';
@@ -203,7 +204,7 @@ export class Metering {
   /** Settles a reservation with the engine's real usage and releases the hold (also a hold carried into today). */
   settle(reservation: Reservation, facts: RequestFactsData, usage: Usage): Promise<void> {
     // Decided from the next turn: the route settles as it answers, and its response's write goes first.
-    return this.#track(new Promise<void>((resolve) => setImmediate(resolve)).then(() => this.#settle(reservation, facts, usage)));
+    return this.#track(nextTurn().then(() => this.#settle(reservation, facts, usage)));
   }
 
   /**
