@@ -228,16 +228,24 @@ export class LocalProcessPlatform implements Platform {
   #scheduleIdleStop(): void {
     if (this.options.idleMs <= 0 || this.#holds > 0 || !this.#engine || this.#stopping) return;
     if (this.#idleTimer) clearTimeout(this.#idleTimer);
-    this.#idleTimer = setTimeout(() => {
-      this.#idleTimer = null;
-      const engine = this.#engine;
-      if (this.#holds > 0 || !engine || this.#boot) return;
-      // Scaled to zero: the next request boots it again. Its last boot is no longer the serving container's.
-      this.#engine = null;
-      this.#stage = null;
-      this.options.logger.info({ model: this.modelId, pid: engine.pid, idle_ms: this.options.idleMs }, 'reference engine idle: stopped');
-      void engine.stop();
-    }, this.options.idleMs);
+    this.#idleTimer = setTimeout(() => this.scaleToZero(), this.options.idleMs);
     this.#idleTimer.unref();
+  }
+
+  /**
+   * What the idle window does when it lapses: stops the engine unless a request holds it or a boot is
+   * under way; the next request boots it again. Says whether it stopped one.
+   */
+  scaleToZero(): boolean {
+    if (this.#idleTimer) clearTimeout(this.#idleTimer);
+    this.#idleTimer = null;
+    const engine = this.#engine;
+    if (this.#holds > 0 || !engine || this.#boot) return false;
+    // Its last boot is no longer the serving container's.
+    this.#engine = null;
+    this.#stage = null;
+    this.options.logger.info({ model: this.modelId, pid: engine.pid, idle_ms: this.options.idleMs }, 'reference engine idle: stopped');
+    void engine.stop();
+    return true;
   }
 }

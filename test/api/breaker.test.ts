@@ -23,7 +23,10 @@ let doc: any;
 it.before(async () => {
   engine = await startFailingEngine('ok');
   // A short shutdown grace: a request whose client left (the last tests) holds the drain to its end (see the report of issue 28).
-  gw = await startTestGateway({ models: [staticModel(engine.url)], shutdownGraceMs: 1_000, requestWindowMs: 1_500, breaker: { failureThreshold: threshold, cooldownMs: 1_000, probeLeaseMs: 10_000 } });
+  // The request window and the cooldown are bounds a busy machine must not reach by accident: a request
+  // slower than the window is a timeout (a failure), and a cooldown that lapses before the test reads the
+  // breaker shows it half-open. Both are still short enough for the tests that wait them out.
+  gw = await startTestGateway({ models: [staticModel(engine.url)], shutdownGraceMs: 1_000, requestWindowMs: 8_000, breaker: { failureThreshold: threshold, cooldownMs: 3_000, probeLeaseMs: 30_000 } });
   doc = await json(await fetch(`${gw.url}/openapi.json`));
 });
 it.after(async () => {
@@ -177,7 +180,7 @@ it('out of memory, engine dead and unreachable each count, with their kinds', as
 
 it('an engine that hangs past the request window counts as a timeout', async () => {
   engine.mode = 'ok';
-  engine.delayMs = 10_000; // never within the 1.5 s window
+  engine.delayMs = 120_000; // never within the 8 s window
   await openBreaker(504);
   const b = await breaker();
   assert.is(b.breaker_state, 'open');

@@ -1,6 +1,6 @@
 /**
- * Cold boots through real HTTP: a gateway whose reference engines start on demand and stop after a
- * short idle window, booted slowly, failing, or stalling through the engine's own boot knobs
+ * Cold boots through real HTTP: a gateway whose reference engines start on demand and stop after an
+ * idle window, booted slowly, failing, or stalling through the engine's own boot knobs
  * (`svc engine --boot-delay-ms/--boot-fail/--start-stall-ms`). Each test starts from a cold model.
  */
 import { suite } from 'uvu';
@@ -18,7 +18,9 @@ import { backendEvents, backendStream } from '../../events/backend.ts';
 const knobs: EngineBootKnobs = {};
 const it = suite<{ gw: TestGateway }>('cold boots');
 it.before(async (context) => {
-  const engines = { ...loadSettings({}, { models: [] }).engines, warmAtStart: false, idleMs: 1_000, ackTimeoutMs: 20_000, graceMs: 300, keepaliveMs: 200 };
+  // The idle window is also how long a published stage stays fresh: long enough that a busy machine
+  // reads a stage before it ages out, short enough for the idle window's own test.
+  const engines = { ...loadSettings({}, { models: [] }).engines, warmAtStart: false, idleMs: 6_000, ackTimeoutMs: 20_000, graceMs: 300, keepaliveMs: 200 };
   context.gw = await startTestGateway({ engines }, { engineBootKnobs: knobs });
 });
 it.after(async ({ gw }) => {
@@ -27,9 +29,15 @@ it.after(async ({ gw }) => {
 
 const platform = (gw: TestGateway, model = 'ref-byte') => gw.platforms.get(model) as LocalProcessPlatform;
 
-/** Waits until the idle window has stopped the model's engine (or it never started), then sets the boot knobs. */
+/**
+ * Scales the model's engine to zero as its idle window would (once no request holds it), then sets the
+ * boot knobs. Only the idle window's own test waits for the window.
+ */
 async function coldModel(gw: TestGateway, set: EngineBootKnobs, model = 'ref-byte'): Promise<void> {
-  await until('the engine to be scaled to zero', async () => platform(gw, model).url === null && !platform(gw, model).booting, 20_000, 50);
+  await until('the engine to be scaled to zero', async () => {
+    platform(gw, model).scaleToZero();
+    return platform(gw, model).url === null && !platform(gw, model).booting;
+  }, 60_000, 50);
   knobs.delayMs = set.delayMs;
   knobs.fail = set.fail;
   knobs.startStallMs = set.startStallMs;
@@ -162,7 +170,7 @@ it('the idle window stops the engine; the next request boots it again', async ({
   assert.is(first.status, 200);
   assert.is(JSON.parse(await first.text()).object, 'text_completion');
   const pid = gw.enginePids.get('ref-byte')!;
-  await until('the idle stop', async () => platform(gw).runners() === 0, 20_000, 50);
+  await until('the idle stop', async () => platform(gw).runners() === 0, 60_000, 50);
   await until('the engine process to exit', async () => {
     try {
       process.kill(pid, 0);
