@@ -229,6 +229,18 @@ export function postgresTransport(db: SqlDatabase, options: PostgresDispatchOpti
         });
     }
 
+    /**
+     * A claim that took long to come back (a busy process, a slow database) may have lapsed before any
+     * heartbeat could extend it, and another consumer may hold the message by now: the claimed rows are
+     * extended first, and only those still this claim's are handled.
+     */
+    async function stillHeld(claimed: ClaimedRow[], claim: string): Promise<ClaimedRow[]> {
+      const ids = claimed.map((r) => r.id!);
+      const { rows } = await db.query<{ id: string }>(heartbeatSql, [ids, ids.map(() => claim), visibilityMs]);
+      const kept = new Set(rows.map((r) => r.id));
+      return claimed.filter((r) => kept.has(r.id!));
+    }
+
     let beating = false;
     const heartbeat = setInterval(() => {
       if (running.size === 0 || beating) return;
@@ -266,12 +278,14 @@ export function postgresTransport(db: SqlDatabase, options: PostgresDispatchOpti
         let waitMs = pollMs;
         try {
           const claim = randomUUID();
+          const sentAt = performance.now();
           const { rows } = await db.query<ClaimedRow>(claimSql, [kind, free, visibilityMs, claim]);
-          const claimed = rows.filter((r) => r.id !== null);
+          let claimed = rows.filter((r) => r.id !== null);
           if (stopping) {
             await release(claimed.map((r) => r.id!), claim, true);
             break;
           }
+          if (claimed.length > 0 && performance.now() - sentAt > visibilityMs / 2) claimed = await stillHeld(claimed, claim);
           for (const row of claimed.sort((a, b) => Number(a.id) - Number(b.id))) {
             const message: DispatchMessage = Object.freeze({ id: row.id!, kind, key: row.key!, payload: row.payload!, deliveries: Number(row.deliveries) });
             handle({ message, claim, controller: new AbortController() });

@@ -157,6 +157,41 @@ function runSuites(): void {
       assert.equal(rows, [{ claim: thief }], 'still the other consumer\'s');
     });
 
+    it('a claim that comes back after its visibility lapsed, another consumer holding the message by then, is never handled', async (context) => {
+      const visibilityTimeoutMs = 300;
+      const table = internalTable(context.store, 'dispatch_messages');
+      const kind = `late-${randomUUID().slice(0, 8)}`;
+      const thief = randomUUID();
+      let delayed = false;
+      // The store as a busy process sees it: the claim's answer arrives after its visibility lapsed, and
+      // another consumer claimed the message meanwhile.
+      const slow = new Proxy(context.store, {
+        get(target, property) {
+          const value = Reflect.get(target, property, target);
+          if (property !== 'query') return typeof value === 'function' ? value.bind(target) : value;
+          return async (sql: string, params?: unknown[]) => {
+            const result = await target.query(sql, params as never);
+            if (!delayed && sql.includes('SKIP LOCKED') && params?.[0] === kind && result.rows.some((r: { id: unknown }) => r.id !== null)) {
+              delayed = true;
+              await sleep(visibilityTimeoutMs + 100);
+              await target.query(`UPDATE ${table} SET claim = $2::uuid, visible_at = now() + interval '1 minute' WHERE kind = $1`, [kind, thief]);
+            }
+            return result;
+          };
+        },
+      });
+      const transport = postgresTransport(slow, { visibilityTimeoutMs, pollIntervalMs: 60_000 });
+      context.transports.push(transport);
+      const handled: DispatchMessage[] = [];
+      transport.consume(kind, async (m) => void handled.push(m));
+      await transport.publish(kind, 'late', {});
+      await waitFor('the late claim', () => delayed);
+      await sleep(visibilityTimeoutMs * 3);
+      assert.equal(handled, [], 'the lapsed claim was dropped, not handled beside the other consumer');
+      const { rows } = await context.store.query<{ claim: string }>(`SELECT claim::text AS claim FROM ${table} WHERE kind = $1`, [kind]);
+      assert.equal(rows, [{ claim: thief }], 'still the other consumer\'s');
+    });
+
     if (adapter.name === 'postgresql') {
       it('an idle consumer without a LISTEN connection gets another connection\'s publish at its poll', async (context) => {
         const other = await openEventStore({ databaseUrl: url!, schema });

@@ -257,7 +257,8 @@ export function transportContract(harness: TransportHarness): void {
   });
 
   it('two consumers (on PostgreSQL, two connections) never hold the same message at once, and every message is handled once', async (context) => {
-    const [first, second] = await open(context);
+    // A visibility timeout a busy machine cannot outlast by accident: this test is about sharing, not lapses.
+    const [first, second] = await open(context, { visibilityTimeoutMs: 30_000 });
     const kind = kindOf('job');
     const count = 24;
     const holding = new Set<string>();
