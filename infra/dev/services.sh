@@ -97,7 +97,10 @@ kafka_ready() {
 }
 
 kafka_install() {
-  [ -f "$kafka_home/libs/.complete" ] && return
+  # The cache is good for this version and this pom (a changed pom resolves again).
+  local stamp
+  stamp="$(sha256sum "$here/pom.xml" | cut -c1-16)"
+  [ "$(cat "$kafka_home/libs/.complete" 2>/dev/null)" = "$stamp" ] && return
   command -v java >/dev/null || die "Java 17 or later is needed for Kafka (apt-get install openjdk-17-jre-headless)"
   command -v mvn >/dev/null || die "Maven is needed to resolve Kafka's jars from Maven Central (apt-get install maven)"
   say "resolving Apache Kafka $kafka_version from Maven Central into $kafka_home/libs"
@@ -105,7 +108,7 @@ kafka_install() {
   rm -rf "$kafka_home/libs"
   mvn -q -B -f "$here/pom.xml" -Dkafka.version="$kafka_version" dependency:copy-dependencies \
     -DincludeScope=runtime -DoutputDirectory="$kafka_home/libs" >&2
-  touch "$kafka_home/libs/.complete"
+  echo "$stamp" >"$kafka_home/libs/.complete"
 }
 
 kafka_configure() {
