@@ -166,7 +166,11 @@ for (const adapter of adaptersUnderTest()) {
       await until('the processor dying', async () => dying.errors.length > 0, 10_000, 20);
       await dying.processor.stop();
       const releasedBefore = await releasesOn(store, keyId, D1);
-      assert.is(releasedBefore, Math.min(sendsBeforeDeath, 2), 'what the dead processor sent before it died');
+      if (sendsBeforeDeath === Infinity) {
+        // Its first batch's commands, all sent: both settlements, or only the first where the reader
+        // handed the second over in a batch of its own (a loaded PostgreSQL can).
+        assert.ok(releasedBefore >= 1 && releasedBefore <= 2, `what the dead processor sent before it died: ${releasedBefore}`);
+      } else assert.is(releasedBefore, sendsBeforeDeath, 'what the dead processor sent before it died');
 
       const next = gatewayProcess(store, clock);
       await next.processor.start();
