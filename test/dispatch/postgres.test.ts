@@ -171,7 +171,7 @@ function runSuites(): void {
           if (property !== 'query') return typeof value === 'function' ? value.bind(target) : value;
           return async (sql: string, params?: unknown[]) => {
             const result = await target.query(sql, params as never);
-            if (!delayed && sql.includes('SKIP LOCKED') && params?.[0] === kind && result.rows.some((r: { id: unknown }) => r.id !== null)) {
+            if (!delayed && sql.includes('SKIP LOCKED') && params?.[0] === kind && result.rows.some((r) => r.id !== null)) {
               delayed = true;
               await sleep(visibilityTimeoutMs + 100);
               await target.query(`UPDATE ${table} SET claim = $2::uuid, visible_at = now() + interval '1 minute' WHERE kind = $1`, [kind, thief]);

@@ -1,13 +1,14 @@
 /**
  * key_usage, usage_ledger, daily_spend and meter_holds over events the real deciders write: exact
  * rows, idempotence (apply twice), and `svc projections rebuild` reproducing every table row for row.
+ * Run by meter-projections-pglite.test.ts and meter-projections-postgres.test.ts.
  */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { internalTable, logStart, type EventStore, type Queryable, type RecordedEvent } from '../../src/store/index.ts';
 import { ProjectionRunner, runProjectionsCommand } from '../../src/projection-runner/index.ts';
 import { dailySpendProjection, expiredHolds, keyUsageOfMonth, keyUsageProjection, meterHoldsProjection, projections, usageLedgerProjection } from '../../projections/index.ts';
-import { adaptersUnderTest } from '../store/adapters.ts';
+import type { AdapterUnderTest } from '../store/adapters.ts';
 import { applyTwice } from '../support/projection-specification.ts';
 import { MeterDriver, mixedWorkload, mixedWorkloadPhase1, mixedWorkloadPhase2, newKeyId, type Workload } from '../support/meter-workload.ts';
 
@@ -54,7 +55,8 @@ const counters = (r: { reserved_tokens: number; input_tokens: number; output_tok
   r.rejected,
 ];
 
-for (const adapter of adaptersUnderTest()) {
+/** The suite on one adapter: each adapter's run is a test file of its own, so the two run side by side. */
+export function meterProjectionSuite(adapter: AdapterUnderTest): void {
   const it = suite<{ store: EventStore }>(`meter projections (${adapter.name})`);
   // One store for the suite (opening PGlite is slow); each test starts from empty projection tables.
   it.before(async (context) => {
