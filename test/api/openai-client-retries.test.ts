@@ -27,16 +27,16 @@ function countingClient(gw: TestGateway, apiKey: string): { openai: OpenAI; requ
 /** Calls left sleeping on a Retry-After when an assertion gave up on them; they must not keep the file alive. */
 let stranded = 0;
 
-/** The client's rejection, or a failure naming `what` if it has not thrown within `ms` (it is sleeping on Retry-After). */
+/**
+ * The client's rejection, or a failure naming `what` if it has not thrown within `ms` (it is sleeping on
+ * Retry-After). Whether it retried is told by the requests counted, not by the time: `ms` is only the
+ * bound that keeps a sleeping client from hanging the file, generous for a busy machine.
+ */
 async function rejectionWithin(ms: number, call: Promise<unknown>, what: string): Promise<RateLimitError> {
-  const started = performance.now();
   try {
     await within(ms, call, what);
   } catch (err) {
-    if (err instanceof OpenAI.RateLimitError) {
-      assert.ok(performance.now() - started < ms);
-      return err;
-    }
+    if (err instanceof OpenAI.RateLimitError) return err;
     if (err instanceof Error && err.message.endsWith(`not within ${ms} ms`)) stranded++;
     throw err;
   }
@@ -66,10 +66,10 @@ budget.after(async ({ gw }) => {
   await gw?.stop();
 });
 
-budget('a key out of monthly budget: the client throws RateLimitError at once, without retrying; Retry-After stays', async ({ gw }) => {
+budget('a key out of monthly budget: the client throws RateLimitError without retrying; Retry-After stays', async ({ gw }) => {
   const key = await issueKey(gw.url, gw.adminToken, { email: 'spent@example.org', monthly_token_budget: 0 });
   const { openai, requests } = countingClient(gw, key);
-  const err = await rejectionWithin(1000, openai.completions.create({ model: 'ref-byte', prompt: 'Hello', max_tokens: 8 }), 'a key out of budget');
+  const err = await rejectionWithin(30_000, openai.completions.create({ model: 'ref-byte', prompt: 'Hello', max_tokens: 8 }), 'a key out of budget');
   assert.is(err.status, 429);
   assert.is(err.code, 'budget_exceeded');
   assert.is(err.headers.get('x-should-retry'), 'false');
@@ -93,7 +93,7 @@ budget('a budget held by a running request: Retry-After 1 without X-Should-Retry
   try {
     const { openai, requests } = countingClient(gw, key);
     // The stream runs for seconds yet, so both retries (about 1 s apart) find the hold still open.
-    const err = await rejectionWithin(5000, openai.completions.create({ model: 'ref-byte', prompt: 'Hello', max_tokens: 8 }), 'a budget held');
+    const err = await rejectionWithin(30_000, openai.completions.create({ model: 'ref-byte', prompt: 'Hello', max_tokens: 8 }), 'a budget held');
     assert.is(err.code, 'budget_exceeded');
     assert.is(err.headers.get('retry-after'), '1');
     assert.is(err.headers.get('x-should-retry'), null);
@@ -117,7 +117,7 @@ cap.after(async ({ gw }) => {
   if (stranded > 0) setTimeout(() => process.exit(1), 200).unref();
 });
 
-cap('past the daily spend cap: the client throws RateLimitError at once, without retrying; Retry-After stays', async ({ gw }) => {
+cap('past the daily spend cap: the client throws RateLimitError without retrying; Retry-After stays', async ({ gw }) => {
   const first = await fetch(`${gw.url}/v1/completions`, { method: 'POST', headers: gw.authHeaders({ 'content-type': 'application/json' }), body: JSON.stringify({ prompt: 'Hello', max_tokens: 4 }) });
   assert.is(first.status, 200, 'the request that crosses the cap is served');
   await first.text();
@@ -128,7 +128,7 @@ cap('past the daily spend cap: the client throws RateLimitError at once, without
     return r.status === 429 && JSON.parse(body).error.code === 'spend_cap';
   }, 10_000, 25);
   const { openai, requests } = countingClient(gw, gw.apiKey);
-  const err = await rejectionWithin(1000, openai.completions.create({ model: 'ref-byte', prompt: 'Hello', max_tokens: 8 }), 'the spend cap');
+  const err = await rejectionWithin(30_000, openai.completions.create({ model: 'ref-byte', prompt: 'Hello', max_tokens: 8 }), 'the spend cap');
   assert.is(err.status, 429);
   assert.is(err.code, 'spend_cap');
   assert.is(err.headers.get('x-should-retry'), 'false');
