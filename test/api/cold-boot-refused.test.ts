@@ -20,9 +20,10 @@ const knobs: EngineBootKnobs = {};
 const it = suite<{ gw: TestGateway }>('a request refused by a failed boot');
 it.before(async (context) => {
   // A grace long enough that a boot told to fail fails within it, and an acknowledgement timeout inside
-  // the grace: both well over a reference engine's start under tsx on a loaded 2-core CI machine (3 s and
-  // more), so that a boot told to fail is not taken for a stalled one.
-  const engines = { ...loadSettings({}, { models: [] }).engines, warmAtStart: false, idleMs: 1_000, ackTimeoutMs: 10_000, graceMs: 12_000, keepaliveMs: 200 };
+  // the grace: both well over a reference engine's start under tsx on a 2-core machine loaded by other
+  // work (seconds, and tens of seconds at a load average of 20), so that a boot told to fail is not
+  // taken for a stalled one.
+  const engines = { ...loadSettings({}, { models: [] }).engines, warmAtStart: false, idleMs: 6_000, ackTimeoutMs: 30_000, graceMs: 40_000, keepaliveMs: 200 };
   context.gw = await startTestGateway({ engines }, { engineBootKnobs: knobs });
 });
 it.after(async ({ gw }) => {
@@ -31,8 +32,12 @@ it.after(async ({ gw }) => {
 
 const platform = (gw: TestGateway) => gw.platforms.get('ref-byte') as LocalProcessPlatform;
 
+/** Scales the engine to zero as its idle window would (once no request holds it), then sets the boot knobs. */
 async function coldModel(gw: TestGateway, set: EngineBootKnobs): Promise<void> {
-  await until('the engine to be scaled to zero', async () => platform(gw).url === null && !platform(gw).booting, 20_000, 50);
+  await until('the engine to be scaled to zero', async () => {
+    platform(gw).scaleToZero();
+    return platform(gw).url === null && !platform(gw).booting;
+  }, 60_000, 50);
   knobs.delayMs = set.delayMs;
   knobs.fail = set.fail;
   knobs.startStallMs = set.startStallMs;
