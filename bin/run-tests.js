@@ -1,7 +1,8 @@
 #!/usr/bin/env node
 // Runs every test/**/*.test.ts file in its own Node process (uvu suites, tsx loader), several at a time
 // (TEST_CONCURRENCY, default: one more than the cores), longest first, and prints one closing line
-// "N passed, N failed, N skipped". Args filter files by substring.
+// "N passed, N failed, N skipped". Args filter files by substring. Stopping it (SIGINT, SIGTERM,
+// SIGHUP) stops every file it started and everything those started.
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { readdirSync, readFileSync, renameSync, statSync, writeFileSync } from 'node:fs';
@@ -30,23 +31,52 @@ try {
 } catch {
   // first run on this machine
 }
-const allFiles = findTests(join(root, 'test')).map((f) => relative(root, f));
+// TEST_DIR: another folder of test files (the runner's own test runs it on files it makes).
+const allFiles = findTests(process.env.TEST_DIR ?? join(root, 'test')).map((f) => relative(root, f));
 const files = allFiles
   .filter((f) => filters.length === 0 || filters.some((x) => f.includes(x)))
   .sort()
   .sort((a, b) => (durations[b] ?? Infinity) - (durations[a] ?? Infinity));
 
 const totals = { passed: 0, failed: 0, skipped: 0 };
+
+const queue = [...files];
+/** The files running now. */
+const running = new Set();
+function killGroup(child, signal) {
+  try {
+    process.kill(-child.pid, signal);
+  } catch {
+    // already gone
+  }
+}
+// SIGINT, SIGTERM or SIGHUP to the runner (or to npm, which passes it on) stops every file's process
+// group, its gateways and engines included: SIGTERM first, SIGKILL to what is left after 5 s.
+for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP']) {
+  process.once(signal, () => {
+    process.stdout.write(`\n[run-tests] ${signal}: stopping ${running.size} running test file(s)\n`);
+    queue.length = 0;
+    for (const child of running) killGroup(child, 'SIGTERM');
+    setTimeout(() => {
+      for (const child of running) killGroup(child, 'SIGKILL');
+      process.exit(130);
+    }, 5_000).unref();
+    if (running.size === 0) process.exit(130);
+  });
+}
 const failedFiles = [];
 
 function runFile(file) {
   return new Promise((resolve) => {
     const started = Date.now();
+    // Each file in a process group of its own: stopping the runner stops the file and whatever it started.
     const child = spawn(process.execPath, ['--import', 'tsx', file], {
       cwd: root,
       env: { ...process.env, NO_COLOR: '1', FORCE_COLOR: '0' },
       stdio: ['ignore', 'pipe', 'pipe'],
+      detached: true,
     });
+    running.add(child);
     let out = '';
     child.stdout.on('data', (d) => (out += d));
     child.stderr.on('data', (d) => (out += d));
@@ -55,10 +85,11 @@ function runFile(file) {
     const limitMs = Number(process.env.TEST_FILE_TIMEOUT_MS ?? 600_000);
     const timer = setTimeout(() => {
       out += `\n[run-tests] killed after ${limitMs / 1000} s\n`;
-      child.kill('SIGKILL');
+      killGroup(child, 'SIGKILL');
     }, limitMs);
     child.on('close', (code) => {
       clearTimeout(timer);
+      running.delete(child);
       const clean = out.replace(/\x1b\[[0-9;]*m/g, '');
       const num = (label) => Number((clean.match(new RegExp(`${label}:\\s+(\\d+)`)) ?? [])[1] ?? 0);
       const total = num('Total');
@@ -83,7 +114,6 @@ function runFile(file) {
   });
 }
 
-const queue = [...files];
 // Most files spend much of their time waiting on child processes, sockets and timers: one more file than cores keeps them busy.
 const concurrency = Number(process.env.TEST_CONCURRENCY ?? 0) || availableParallelism() + 1;
 const workers = Array.from({ length: Math.min(concurrency, queue.length) }, async () => {
