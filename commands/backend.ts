@@ -63,6 +63,33 @@ const initialState: BackendState = { breaker: 'closed', consecutiveFailures: 0, 
 const later = (now: string, ms: number): string => new Date(Date.parse(now) + ms).toISOString();
 const reached = (now: string, at: string): boolean => Date.parse(now) >= Date.parse(at);
 
+// The rules below are the decider's, exported so that the backends service's hot path asks them
+// before it sends a command (and sends none when nothing would change), never a copy of them.
+
+/** The request is the half-open breaker's probe under way. */
+const isTheProbe = (state: BackendState, probeId: string | null | undefined): boolean =>
+  state.breaker === 'half_open' && state.probe !== null && probeId != null && probeId === state.probe.id;
+
+/**
+ * May a request go to the engine as the breaker stands at `now`? `flow`: closed, requests go (no
+ * probe needed); `probe`: the cooldown is over (or the last probe's lease ran out) and this request may
+ * become the probe, decided against the stream (StartProbe); otherwise refused until `retryAt`:
+ * still cooling down (`circuit_open`) or another request probing (`probe_in_flight`).
+ */
+export type BreakerAdmission = { verdict: 'flow' } | { verdict: 'probe' } | { verdict: 'circuit_open' | 'probe_in_flight'; retryAt: string };
+export function breakerAdmission(state: BackendState, now: string): BreakerAdmission {
+  if (state.breaker === 'closed') return { verdict: 'flow' };
+  if (state.breaker === 'open') return state.retryAt !== null && !reached(now, state.retryAt) ? { verdict: 'circuit_open', retryAt: state.retryAt } : { verdict: 'probe' };
+  return state.probe !== null && !reached(now, state.probe.expiresAt) ? { verdict: 'probe_in_flight', retryAt: state.probe.expiresAt } : { verdict: 'probe' };
+}
+
+/** Does a failure count? On a closed breaker, every one; open or half-open, only the probe's. */
+export const failureCounts = (state: BackendState, probeId: string | null | undefined): boolean => state.breaker === 'closed' || isTheProbe(state, probeId);
+
+/** Does a success change anything? On a closed breaker, only after failures; otherwise only the probe's (it closes it). */
+export const successCounts = (state: BackendState, probeId: string | null | undefined): boolean =>
+  state.breaker === 'closed' ? state.consecutiveFailures > 0 : isTheProbe(state, probeId);
+
 export const backendDecider: Decider<BackendState, BackendCommand, BackendEvent, BackendRejection> = {
   events: backendEvents,
   initialState: () => initialState,
@@ -101,27 +128,25 @@ export const backendDecider: Decider<BackendState, BackendCommand, BackendEvent,
             retry_at: later(at, command.cooldownMs),
             at,
           });
-        if (state.breaker === 'closed') return consecutive >= command.failureThreshold ? [failed, opened('failures')] : [failed];
         // Open or half-open, only the probe's outcome counts: a request that started before the breaker
         // opened and fails now tells nothing new.
-        if (state.breaker === 'half_open' && state.probe !== null && command.probeId === state.probe.id) return [failed, opened('probe_failed')];
-        return [];
+        if (!failureCounts(state, command.probeId)) return [];
+        if (state.breaker === 'closed') return consecutive >= command.failureThreshold ? [failed, opened('failures')] : [failed];
+        return [failed, opened('probe_failed')];
       }
       case 'RecordSuccess':
-        if (state.breaker === 'closed') return state.consecutiveFailures === 0 ? [] : BackendFailuresCleared({ backend, cleared_failures: state.consecutiveFailures, at });
-        if (state.breaker === 'half_open' && state.probe !== null && command.probeId === state.probe.id) return BreakerClosed({ backend, probe_id: state.probe.id, at });
-        return [];
+        if (!successCounts(state, command.probeId)) return [];
+        if (state.breaker === 'closed') return BackendFailuresCleared({ backend, cleared_failures: state.consecutiveFailures, at });
+        return BreakerClosed({ backend, probe_id: command.probeId!, at });
       case 'HalfOpen':
         return state.breaker === 'open' && state.retryAt !== null && reached(at, state.retryAt) ? BreakerHalfOpened({ backend, at }) : [];
       case 'StartProbe': {
+        const admission = breakerAdmission(state, at);
+        if (admission.verdict === 'flow') return reject('breaker_closed', 'the breaker is closed: no probe is needed');
+        if (admission.verdict === 'circuit_open') return reject('circuit_open', 'the breaker is open', { retry_at: admission.retryAt });
+        if (admission.verdict === 'probe_in_flight') return reject('probe_in_flight', 'another request is probing the backend', { retry_at: admission.retryAt });
         const probe = ProbeStarted({ backend, probe_id: command.probeId, expires_at: later(at, command.probeLeaseMs), at });
-        if (state.breaker === 'closed') return reject('breaker_closed', 'the breaker is closed: no probe is needed');
-        if (state.breaker === 'open') {
-          if (state.retryAt !== null && !reached(at, state.retryAt)) return reject('circuit_open', 'the breaker is open', { retry_at: state.retryAt });
-          return [BreakerHalfOpened({ backend, at }), probe];
-        }
-        if (state.probe !== null && !reached(at, state.probe.expiresAt)) return reject('probe_in_flight', 'another request is probing the backend', { retry_at: state.probe.expiresAt });
-        return probe;
+        return state.breaker === 'open' ? [BreakerHalfOpened({ backend, at }), probe] : probe;
       }
       case 'PublishBootStage':
         if (state.boot?.stage === command.stage) return [];

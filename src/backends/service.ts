@@ -7,7 +7,7 @@
  * failure, or a success after failures, or a probe's end); the decider appends nothing otherwise.
  */
 import { randomUUID } from 'node:crypto';
-import { backendDecider, halfOpenBreakers, type BackendCommand, type BackendRejection, type BackendState } from '../../commands/backend.ts';
+import { backendDecider, breakerAdmission, failureCounts, halfOpenBreakers, successCounts, type BackendCommand, type BackendRejection, type BackendState } from '../../commands/backend.ts';
 import { backendStream, type BackendEvent, type BackendKind, type BootStage } from '../../events/backend.ts';
 import type { CommandHandler, Outcome } from '../command-handler/index.ts';
 import { backendOutcomeOf } from '../engine-client/index.ts';
@@ -103,15 +103,11 @@ export class BackendService {
     const entry = (backend === 'completion' ? this.#completion : this.#activation).get(modelId);
     if (entry === undefined) return noBreaker;
     if (entry.state.breaker === 'closed') return entry.closedCall;
-    return this.#admitWhileOpen(entry);
-  }
-
-  #admitWhileOpen(entry: Entry): BackendCall | Promise<BackendCall> {
     const now = this.#now();
-    const { breaker, retryAt, probe } = entry.state;
-    if (breaker === 'open' && retryAt !== null && now < Date.parse(retryAt)) throw this.#circuitOpen(entry, Date.parse(retryAt) - now);
-    if (breaker === 'half_open' && probe !== null && now < Date.parse(probe.expiresAt)) throw this.#circuitOpen(entry, Date.parse(probe.expiresAt) - now);
-    return this.#startProbe(entry);
+    const admission = breakerAdmission(entry.state, new Date(now).toISOString());
+    if (admission.verdict === 'flow') return entry.closedCall;
+    if (admission.verdict === 'probe') return this.#startProbe(entry);
+    throw this.#circuitOpen(entry, Date.parse(admission.retryAt) - now);
   }
 
   async #startProbe(entry: Entry): Promise<BackendCall> {
@@ -145,17 +141,17 @@ export class BackendService {
     };
   }
 
+  /** A request's outcome while closed: sent as a command only when the decider's rule says it changes something. */
   #closedCall(entry: Entry): BackendCall {
     const succeeded = () => {
-      if (entry.state.breaker !== 'closed' || entry.state.consecutiveFailures === 0) return;
-      this.#record(entry, { type: 'RecordSuccess', backend: entry.backend, now: this.#iso(), probeId: null });
+      if (successCounts(entry.state, null)) this.#record(entry, { type: 'RecordSuccess', backend: entry.backend, now: this.#iso(), probeId: null });
     };
     return {
       succeeded,
       failed: (error) => {
         const outcome = backendOutcomeOf(error);
         if (outcome === 'answered') succeeded();
-        else if (outcome !== null && entry.state.breaker === 'closed') this.#record(entry, this.#failure(entry, outcome, null));
+        else if (outcome !== null && failureCounts(entry.state, null)) this.#record(entry, this.#failure(entry, outcome, null));
       },
     };
   }

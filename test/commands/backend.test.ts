@@ -1,7 +1,7 @@
 /** The backend decider, given / when / then: every breaker transition, and boot stages published once each. */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { backendDecider, halfOpenBreakers, type BackendCommand, type BackendState } from '../../commands/backend.ts';
+import { backendDecider, breakerAdmission, failureCounts, halfOpenBreakers, successCounts, type BackendCommand, type BackendState } from '../../commands/backend.ts';
 import {
   BackendFailed,
   BackendFailuresCleared,
@@ -13,8 +13,9 @@ import {
   BreakerHalfOpened,
   BreakerOpened,
   ProbeStarted,
+  type BackendEvent,
 } from '../../events/backend.ts';
-import { foldEvents } from '../../src/event-sourcing/index.ts';
+import { decisionEvents, foldEvents } from '../../src/event-sourcing/index.ts';
 import { deciderSpecification } from '../support/decider-specification.ts';
 
 const it = suite('backend decider');
@@ -153,6 +154,44 @@ it('stream ids: the completion engine on backend-<model>, a separate activation 
   assert.equal(backendStreamParts('backend-ref-byte:activation'), { modelId: 'ref-byte', backend: 'activation' });
   assert.is(backendStreamParts('meter-x-2026-11-26'), null);
   assert.ok(backendEvents.has('BootStagePublished'));
+});
+
+// The rules the backends service asks on its hot path are the decider's own: given the same events,
+// each says what the decider would do with the command it stands for.
+const stateOf = (events: readonly BackendEvent[]) => foldEvents(backendDecider, backendDecider.initialState(), events);
+
+it('breaker admission: closed flows; open refuses until the cooldown, then one may probe; half-open refuses while a probe holds its lease', () => {
+  assert.equal(breakerAdmission(stateOf([]), at(1)), { verdict: 'flow' });
+  assert.equal(breakerAdmission(stateOf(openAt3), at(62)), { verdict: 'circuit_open', retryAt: at(63) });
+  assert.equal(breakerAdmission(stateOf(openAt3), at(63)), { verdict: 'probe' });
+  const probingAt63 = [...openAt3, BreakerHalfOpened({ backend, at: at(63) }), probing('p', 63)];
+  assert.equal(breakerAdmission(stateOf(probingAt63), at(92)), { verdict: 'probe_in_flight', retryAt: at(93) });
+  assert.equal(breakerAdmission(stateOf(probingAt63), at(93)), { verdict: 'probe' }, 'the probe\'s lease ran out');
+  assert.equal(breakerAdmission(stateOf([...openAt3, BreakerHalfOpened({ backend, at: at(63) })]), at(64)), { verdict: 'probe' });
+  // and StartProbe is decided by the same rule
+  spec.given(openAt3).when(startProbe(62, 'p')).thenRejects('circuit_open');
+  spec.given(probingAt63).when(startProbe(92, 'q')).thenRejects('probe_in_flight');
+  spec.given(probingAt63).when(startProbe(93, 'q')).then([probing('q', 93)]);
+});
+
+it('what counts: every failure while closed, a success only after failures; open or half-open, only the probe\'s outcome', () => {
+  const probingAt63 = [...openAt3, BreakerHalfOpened({ backend, at: at(63) }), probing('p', 63)];
+  for (const [events, probeId, failure, success] of [
+    [[], null, true, false],
+    [[failed(1, 1)], null, true, true],
+    [openAt3, null, false, false],
+    [probingAt63, null, false, false],
+    [probingAt63, 'other', false, false],
+    [probingAt63, 'p', true, true],
+  ] as const) {
+    const state = stateOf([...events]);
+    assert.is(failureCounts(state, probeId), failure, `failure, ${events.length} events, probe ${probeId}`);
+    assert.is(successCounts(state, probeId), success, `success, ${events.length} events, probe ${probeId}`);
+    // the decider appends exactly when the rule says the outcome counts
+    const appended = (command: BackendCommand) => (decisionEvents(backendDecider.decide(command, state)) as readonly unknown[]).length > 0;
+    assert.is(appended({ type: 'RecordFailure', backend, kind: 'timeout', now: at(70), failureThreshold: threshold, cooldownMs, probeId }), failure);
+    assert.is(appended({ type: 'RecordSuccess', backend, now: at(70), probeId }), success);
+  }
 });
 
 it.run();
