@@ -342,7 +342,10 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
         // The client left (the engine call was cancelled) or the engine's connection broke: settled as cut short.
         settle(cutShort(), 502, completion);
         if (clientLeft()) return reply;
-        throw apiError('upstream_unreachable', 'the model server connection broke while sending the completion', { headers: engines.upstreamHeaders(model.id) });
+        const broke = apiError('upstream_unreachable', 'the model server connection broke while sending the completion', { headers: engines.upstreamHeaders(model.id) });
+        // After a cold boot's commit the 200 went out with the keepalives: the error goes in the body, and they stop.
+        if (coldBoot?.committed) return coldBoot.fail(broke);
+        throw broke;
       }
       const body = bodyWithByteOffsets(Buffer.from(whole), completion);
       relayed = { usage: usageFrom(body.subarray(Math.max(0, body.length - 4096))), contentFrames: 0, relayedFrames: 0, completed: true };
