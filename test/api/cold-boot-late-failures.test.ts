@@ -7,10 +7,11 @@
  */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { startTestGateway, type TestGateway } from '../support/gateway.ts';
+import { json, startTestGateway, type TestGateway } from '../support/gateway.ts';
 import { until } from '../support/until.ts';
 import { loadSettings } from '../../src/config/index.ts';
 import type { EngineBootKnobs, LocalProcessPlatform } from '../../src/platforms/index.ts';
+import { backendEvents, backendStream } from '../../events/backend.ts';
 
 const knobs: EngineBootKnobs = {};
 const it = suite<{ gw: TestGateway }>('cold boots: late failures, the request window and the boot deadline');
@@ -45,6 +46,11 @@ async function complete(gw: TestGateway): Promise<{ res: Response; text: string 
   return { res, text: await res.text() };
 }
 
+async function backendLog(gw: TestGateway) {
+  await gw.commands.settled();
+  return (await gw.store.readStream(backendStream('ref-byte'))).events.map((e) => backendEvents.parse(e));
+}
+
 it('an engine whose small body breaks off after the commit: a top-level error in the 200 body, and the keepalives stop', async ({ gw }) => {
   // The new engine's first completion sends its headers and a few bytes of its body, then the process dies.
   await coldModel(gw, { delayMs: 1_000, chaosMode: 'tear' });
@@ -57,6 +63,31 @@ it('an engine whose small body breaks off after the commit: a top-level error in
   assert.is(body.error.code, 'upstream_unreachable');
   assert.is(body.request_id, res.headers.get('x-request-id'));
   assert.is(body.choices, undefined);
+});
+
+it('a boot longer than the request window but within the deadline: served, the window counts only the generation', async ({ gw }) => {
+  // The process waits 4 s before listening: the boot outlasts the 2 s window, whatever the machine's speed.
+  await coldModel(gw, { delayMs: 4_000 });
+  const { res, text } = await complete(gw);
+  assert.is(res.status, 200);
+  const body = JSON.parse(text);
+  assert.is(body.error, undefined, `served, not ${JSON.stringify(body.error)}`);
+  assert.is(body.object, 'text_completion');
+});
+
+it('a boot that outlasts the safety deadline: platform_cold_boot in the 200 body, and no breaker failure', async ({ gw }) => {
+  await coldModel(gw, { delayMs: 60_000 });
+  const failuresBefore = (await backendLog(gw)).filter((e) => e.type === 'BackendFailed').length;
+  const { res, text } = await complete(gw);
+  assert.is(res.status, 200);
+  const body = JSON.parse(text);
+  assert.is(body.error.code, 'platform_cold_boot', JSON.stringify(body.error));
+  assert.match(body.error.message, /safety deadline/);
+  // A boot that never finished is no fault of the engine's: nothing is counted against its breaker.
+  const health = await json(await fetch(`${gw.url}/health`));
+  const backend = health.backends.find((b: { model_id: string }) => b.model_id === 'ref-byte');
+  assert.is(backend.breaker_consecutive_failures, 0);
+  assert.is((await backendLog(gw)).filter((e) => e.type === 'BackendFailed').length, failuresBefore);
 });
 
 it.run();
