@@ -17,6 +17,7 @@ import { harvestDecider, harvestQuotaDecider, type HarvestCommand, type HarvestR
 import { listHarvestJobs } from '../../projections/index.ts';
 import { HarvestStorageError, type HarvestStorage } from './storage.ts';
 import { LongPolls } from './long-poll.ts';
+import { estimateTokens } from './estimate.ts';
 import { harvestWorkKind, type HarvestCaller, type HarvestJobView, type HarvestRequest, type HarvestShardView, type HarvestStatus } from './types.ts';
 
 export interface HarvestServiceOptions {
@@ -94,9 +95,7 @@ export class HarvestService {
     if (request.prompts.length > settings.maxPrompts) {
       throw invalid('prompts', `prompts: ${request.prompts.length} prompts exceed the cap of ${settings.maxPrompts} per job`);
     }
-    let characters = 0;
-    for (const prompt of request.prompts) characters += prompt.length;
-    const estimatedTokens = Math.ceil(characters / 4);
+    const estimatedTokens = estimateTokens(request.prompts);
     if (estimatedTokens > settings.maxEstimatedTokens) {
       throw invalid('prompts', `prompts: about ${estimatedTokens} tokens (characters / 4) exceed the cap of ${settings.maxEstimatedTokens} per job`);
     }

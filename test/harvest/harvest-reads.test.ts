@@ -89,4 +89,17 @@ it('a declined long-poll reconciles its job too, and serves the outcome', async 
   assert.is((await json(await holder)).status, 'cancelled');
 });
 
+it('the estimated tokens count characters (code points): an emoji is one character, not two UTF-16 units', async () => {
+  // 8,000 emoji: 8,000 characters, 2,000 estimated tokens, at the cap (16,000 UTF-16 units would be 4,000).
+  const atCap = await submit({ model: 'ref-byte', prompts: ['🙂'.repeat(8_000)], layers: [0] });
+  assert.is(atCap.status, 202, JSON.stringify(await json(atCap.clone())));
+  const id = (await json(atCap)).id;
+  await fetch(`${gw.url}/v1/harvest/${id}`, { method: 'DELETE', headers: gw.authHeaders() }).then((r) => r.arrayBuffer());
+  const over = await submit({ model: 'ref-byte', prompts: ['🙂'.repeat(4_000), '🙂'.repeat(4_001)], layers: [0] });
+  const body = await json(over);
+  assert.is(over.status, 400);
+  assert.is(body.error.code, 'invalid_request');
+  assert.match(body.error.message, /about 2001 tokens/);
+});
+
 it.run();
