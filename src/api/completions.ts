@@ -191,10 +191,13 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     const engineCall = { gatewayMs: 0, postedAt: 0, answeredAt: 0 };
     /** `posted`: called once the engine call is on its way (its write queued), before it is answered. */
     const dispatch = async (completion: PreparedCompletion, signal: AbortSignal, posted?: () => void): Promise<EngineResponse> => {
-      const deadline = completion.stream ? null : setTimeout(() => controller.abort(deadlineReason), requestWindowMs);
+      let deadline: NodeJS.Timeout | null = null;
       try {
         const entered = performance.now();
+        // A cold boot is bounded by its own safety deadline (a boot that never finishes is platform_cold_boot,
+        // no fault of the engine's); the request window times the generation, from the engine call on.
         await coldBoot?.waitOut(signal, admission?.durable ?? Promise.resolve(), completion.maxTokensClamped);
+        if (!completion.stream) deadline = setTimeout(() => controller.abort(deadlineReason), requestWindowMs);
         const call = engines.post(model.id, '/v1/completions', JSON.stringify(completion.engineBody), signal);
         const postedAt = performance.now();
         posted?.();
@@ -342,7 +345,10 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
         // The client left (the engine call was cancelled) or the engine's connection broke: settled as cut short.
         settle(cutShort(), 502, completion);
         if (clientLeft()) return reply;
-        throw apiError('upstream_unreachable', 'the model server connection broke while sending the completion', { headers: engines.upstreamHeaders(model.id) });
+        const broke = apiError('upstream_unreachable', 'the model server connection broke while sending the completion', { headers: engines.upstreamHeaders(model.id) });
+        // After a cold boot's commit the 200 went out with the keepalives: the error goes in the body, and they stop.
+        if (coldBoot?.committed) return coldBoot.fail(broke);
+        throw broke;
       }
       const body = bodyWithByteOffsets(Buffer.from(whole), completion);
       relayed = { usage: usageFrom(body.subarray(Math.max(0, body.length - 4096))), contentFrames: 0, relayedFrames: 0, completed: true };

@@ -3,7 +3,7 @@ import pino, { type DestinationStream, type Logger } from 'pino';
 export type { Logger };
 
 /**
- * JSON-lines logger. Only metadata is ever logged (request id, route, status, latency, key prefix):
+ * JSON-lines logger. Only metadata is ever logged (request id, route, status, latency, key prefix, e-mail, client IP):
  * request and response bodies, prompts, completions and keys never reach it.
  */
 export function createLogger(level: string, destination?: DestinationStream): Logger {

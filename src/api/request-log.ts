@@ -1,7 +1,8 @@
 /**
  * One log line per request, written when it ends: when its response has gone out whole, or when the
  * connection closed before that (status 499, nginx's "client closed request"). So a stream's line
- * carries its whole duration and its tokens, and a client that left mid-way shows. Metadata only:
+ * carries its whole duration and its tokens, and a client that left mid-way shows. Metadata only
+ * (the contract's key prefix, user e-mail, IP, endpoint, model, token counts, status, latency):
  * never a body, a prompt, a completion or a key.
  */
 import type { FastifyReply, FastifyRequest } from 'fastify';
@@ -51,6 +52,9 @@ export function logWhenEnded(request: FastifyRequest, reply: FastifyReply): void
         route: request.routeOptions.url ?? 'unmatched',
         model: request.served?.model,
         key_prefix: request.keyPrefix,
+        // The contract's logged metadata: the key's owner (once a key authenticated the request) and the client's address.
+        email: request.apiKey?.email,
+        client_ip: request.ip,
         status: reply.raw.writableFinished ? reply.statusCode : clientClosedRequest,
         duration_ms: Math.round((performance.now() - started) * 100) / 100,
         prompt_tokens: tokens?.prompt_tokens,

@@ -1,8 +1,10 @@
-// `svc engine [--model ID] [--port N] [--host H] [--chaos] [--boot-delay-ms N] [--boot-fail] [--start-stall-ms N]`:
+// `svc engine [--model ID] [--port N] [--host H] [--chaos] [--boot-delay-ms N] [--boot-fail] [--start-stall-ms N]
+// [--chaos-mode MODE]`:
 // one reference engine, in the foreground, until SIGTERM/SIGINT. Prints one JSON line {"event":"listening","url",...}
 // on stdout when ready, after a line {"event":"stage","stage":...} per boot stage (src/platforms reads them).
 import { defaultModel, type Settings } from '../config/index.ts';
 import { startReferenceEngine } from '../reference-engine/index.ts';
+import { chaosModes, type ChaosMode } from '../reference-engine/chaos.ts';
 
 export async function engineCommand(args: string[], settings: Settings): Promise<number> {
   const flags: Record<string, string | true> = {};
@@ -14,7 +16,7 @@ export async function engineCommand(args: string[], settings: Settings): Promise
     }
     const [name, inline] = a.slice(2).split('=', 2);
     if (name === 'chaos' || name === 'boot-fail') flags[name] = true;
-    else if (['model', 'port', 'host', 'boot-delay-ms', 'start-stall-ms'].includes(name)) {
+    else if (['model', 'port', 'host', 'boot-delay-ms', 'start-stall-ms', 'chaos-mode'].includes(name)) {
       const value = inline ?? args[++i];
       if (value === undefined) {
         process.stderr.write(`svc engine: --${name} needs a value\n`);
@@ -48,6 +50,12 @@ export async function engineCommand(args: string[], settings: Settings): Promise
     process.stderr.write('svc engine: --port must be 0..65535 and --boot-delay-ms a non-negative number\n');
     return 2;
   }
+  // The first completion fails this way (a failure right after a boot: the cold-boot tests).
+  const chaosMode = flags['chaos-mode'];
+  if (chaosMode !== undefined && (flags.chaos !== true || !chaosModes.includes(chaosMode as ChaosMode))) {
+    process.stderr.write(`svc engine: --chaos-mode needs --chaos and one of ${chaosModes.join(', ')}\n`);
+    return 2;
+  }
   const engine = await startReferenceEngine(model, {
     host: typeof flags.host === 'string' ? flags.host : '127.0.0.1',
     port,
@@ -55,6 +63,7 @@ export async function engineCommand(args: string[], settings: Settings): Promise
     bootDelayMs: bootDelay,
     exitOnCrash: true,
     bootFail: flags['boot-fail'] === true,
+    chaosMode: chaosMode as ChaosMode | undefined,
     onStage: stage,
   });
   process.stdout.write(`${JSON.stringify({ event: 'listening', url: engine.url, model: model.id, checkpoint: model.checkpoint, pid: process.pid })}\n`);

@@ -270,7 +270,9 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
       upstreamHeaders: (modelId) => engines?.upstreamHeaders(modelId) ?? {},
       onError: (error, what) => logger.error({ err: (error as Error)?.message }, `backend breaker: ${what} failed`),
     });
-    await backendService.start(settings.models.map((m) => ({ id: m.id })));
+    // A model's activation engine has a backend of its own where it runs apart (not the reference engine's
+    // one process): its stages, logged by whatever boots it, are read from its stream for the status route.
+    await backendService.start(settings.models.map((m) => ({ id: m.id, activation: Boolean(m.activations) && platforms.get(m.id)?.kind !== 'local-process' })));
     stoppers.push(() => backendService.stop());
     // Boot stages are events on the backend streams from here on; a stage reached before (a warm start) goes first.
     publishStage = (modelId, backend, stage, reason) =>

@@ -17,6 +17,7 @@ import { harvestDecider, harvestQuotaDecider, type HarvestCommand, type HarvestR
 import { listHarvestJobs } from '../../projections/index.ts';
 import { HarvestStorageError, type HarvestStorage } from './storage.ts';
 import { LongPolls } from './long-poll.ts';
+import { estimateTokens } from './estimate.ts';
 import { harvestWorkKind, type HarvestCaller, type HarvestJobView, type HarvestRequest, type HarvestShardView, type HarvestStatus } from './types.ts';
 
 export interface HarvestServiceOptions {
@@ -55,8 +56,8 @@ export class HarvestService {
   #unfollow: (() => void) | null = null;
   /** Workers of this process watching their jobs (a cancel reaches them at once). */
   readonly #watchers = new Map<string, Set<(state: HarvestState) => void>>();
-  /** Reconciles under way, one per job: a burst of polls starts one. */
-  readonly #reconciling = new Set<string>();
+  /** Reconciles under way, one per job: a burst of polls shares one (each serves what it found). */
+  readonly #reconciling = new Map<string, Promise<HarvestState | null>>();
 
   constructor(options: HarvestServiceOptions) {
     this.#handler = options.handler;
@@ -94,9 +95,7 @@ export class HarvestService {
     if (request.prompts.length > settings.maxPrompts) {
       throw invalid('prompts', `prompts: ${request.prompts.length} prompts exceed the cap of ${settings.maxPrompts} per job`);
     }
-    let characters = 0;
-    for (const prompt of request.prompts) characters += prompt.length;
-    const estimatedTokens = Math.ceil(characters / 4);
+    const estimatedTokens = estimateTokens(request.prompts);
     if (estimatedTokens > settings.maxEstimatedTokens) {
       throw invalid('prompts', `prompts: about ${estimatedTokens} tokens (characters / 4) exceed the cap of ${settings.maxEstimatedTokens} per job`);
     }
@@ -191,9 +190,7 @@ export class HarvestService {
 
   /** The job as stored, for its owner or another key of the same user; anyone else gets the 404 of a job that does not exist. */
   async get(caller: HarvestCaller, jobId: string): Promise<HarvestJobView> {
-    const state = await this.#owned(caller, jobId);
-    if (state.status === 'running' || state.status === 'pending') this.#reconcile(jobId, state);
-    return this.#view(state);
+    return this.#view(await this.#reconciled(jobId, await this.#owned(caller, jobId)));
   }
 
   /**
@@ -202,19 +199,20 @@ export class HarvestService {
    */
   async wait(caller: HarvestCaller, jobId: string, seconds: number, signal: AbortSignal): Promise<{ view: HarvestJobView; declined: boolean }> {
     let state: HarvestState = await this.#owned(caller, jobId);
-    if (seconds === 0 || isTerminal(state.status)) return { view: await this.get(caller, jobId), declined: false };
+    if (seconds === 0 || isTerminal(state.status)) return { view: await this.#view(await this.#reconciled(jobId, state)), declined: false };
     const seen = progressOf(state);
-    const waiting = this.#polls.enter(caller.keyId, jobId);
-    if (!waiting) return { view: await this.#view(state), declined: true };
-    if (state.status === 'running' || state.status === 'pending') this.#reconcile(jobId, state);
     const deadline = Date.now() + seconds * 1000;
+    // Entered before the reconcile, so a change meanwhile wakes it; a declined one is a read all the same.
+    const waiting = this.#polls.enter(caller.keyId, jobId);
+    state = await this.#reconciled(jobId, state);
+    if (!waiting) return { view: await this.#view(state), declined: true };
     try {
-      while (!signal.aborted) {
+      // An outcome the reconcile recorded ends the wait at once.
+      while (!signal.aborted && progressOf(state) === seen) {
         const left = deadline - Date.now();
         if (left <= 0) break;
         await waiting.next(left, signal);
         state = await this.#load(jobId, true);
-        if (progressOf(state) !== seen) break;
       }
     } finally {
       waiting.leave();
@@ -304,27 +302,39 @@ export class HarvestService {
   /**
    * One non-blocking look at a running job's compute: a manifest written whole whose success was never
    * recorded (the worker died in between) is recorded now; a claim whose lease lapsed is dispatched
-   * again. Failures are logged; the poll serves the stored state either way.
+   * again. Every read of a pending or running job makes one (a burst of reads shares it) and serves
+   * what it found: the terminal state it recorded, else the state read (also when it failed, which is
+   * logged, never a 500). It does not wait for the compute, only looks at it.
    */
-  #reconcile(jobId: string, state: HarvestState): void {
-    if (this.#reconciling.has(jobId)) return;
-    this.#reconciling.add(jobId);
-    void this.#reconcileOnce(jobId, state)
-      .catch((error) => this.#logger.warn({ job_id: jobId, err: (error as Error)?.message }, 'harvest reconcile failed; serving the stored state'))
-      .finally(() => this.#reconciling.delete(jobId));
+  async #reconciled(jobId: string, state: HarvestState): Promise<HarvestState> {
+    if (state.status !== 'running' && state.status !== 'pending') return state;
+    let underway = this.#reconciling.get(jobId);
+    if (!underway) {
+      underway = this.#reconcileOnce(jobId, state)
+        .catch((error) => {
+          this.#logger.warn({ job_id: jobId, err: (error as Error)?.message }, 'harvest reconcile failed; serving the stored state');
+          return null;
+        })
+        .finally(() => this.#reconciling.delete(jobId));
+      this.#reconciling.set(jobId, underway);
+    }
+    return (await underway) ?? state;
   }
 
-  async #reconcileOnce(jobId: string, state: HarvestState): Promise<void> {
+  /** The terminal state an outcome found now was recorded as (its update applies only to a running job), or null. */
+  async #reconcileOnce(jobId: string, state: HarvestState): Promise<HarvestState | null> {
     const job = state.job;
-    if (!job || state.status !== 'running') return;
+    if (!job || state.status !== 'running') return null;
     if (state.shards.length === job.shard_count) {
       const manifest = await this.#storage.readManifest(jobId);
       if (manifest) {
-        await this.command(jobId, { type: 'Succeed', claimId: null, manifestSha256: manifest.sha256, manifestBytes: manifest.bytes, now: this.#now().toISOString() });
-        return;
+        const outcome = await this.command(jobId, { type: 'Succeed', claimId: null, manifestSha256: manifest.sha256, manifestBytes: manifest.bytes, now: this.#now().toISOString() });
+        // Refused because the job ended otherwise meanwhile (cancelled, say), that end is what is served.
+        return isTerminal(outcome.state.status) ? outcome.state : null;
       }
     }
     await this.redispatch(jobId, 'a poll found its worker gone');
+    return null;
   }
 
   /**

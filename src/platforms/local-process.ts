@@ -3,7 +3,7 @@
 // started again with backoff, and requests meanwhile wait out that boot as they would a cold one.
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
-import { spawnReferenceEngine, type SpawnedEngine } from '../reference-engine/index.ts';
+import { spawnReferenceEngine, type ChaosMode, type SpawnedEngine } from '../reference-engine/index.ts';
 import { BootFailed, BootStalled, type Boot, type BootStage, type BootStageListener, type Platform, type PublishedStage } from './types.ts';
 
 /** Knobs of the engine's boot, read at every spawn (tests change them between boots). */
@@ -14,6 +14,8 @@ export interface EngineBootKnobs {
   fail?: boolean;
   /** The engine process waits this long before it reports that it started. */
   startStallMs?: number;
+  /** The engine's first completion fails this way (`--chaos-mode`; needs chaos engines): a failure right after a boot. */
+  chaosMode?: ChaosMode;
 }
 
 export interface LocalProcessOptions {
@@ -163,6 +165,7 @@ export class LocalProcessPlatform implements Platform {
           bootDelayMs: knobs.delayMs,
           bootFail: knobs.fail,
           startStallMs: knobs.startStallMs,
+          chaosMode: knobs.chaosMode,
           signal: abandon.signal,
           onStage: (stage) => {
             if (stage === 'container_started') {

@@ -1,9 +1,10 @@
 // Failure modes on demand (only when the engine runs with --chaos): the next N completions fail in a chosen way.
 import { badRequest } from './errors.ts';
 
-// `crash` dies after the first token; `tear` too, but a stream first gets half of its next SSE frame.
+// `crash` dies after the first token; `tear` too, but a stream first gets half of its next SSE frame, and a
+// non-streaming body its headers and first bytes (before any token).
 export type ChaosMode = 'none' | 'error500' | 'oom' | 'dead' | 'hang' | 'delay' | 'crash' | 'tear';
-const MODES: ChaosMode[] = ['none', 'error500', 'oom', 'dead', 'hang', 'delay', 'crash', 'tear'];
+export const chaosModes: readonly ChaosMode[] = ['none', 'error500', 'oom', 'dead', 'hang', 'delay', 'crash', 'tear'];
 
 export class Chaos {
   mode: ChaosMode = 'none';
@@ -12,7 +13,7 @@ export class Chaos {
 
   configure(body: Record<string, unknown>): { mode: ChaosMode; count: number; delay_ms: number } {
     const mode = body.mode as ChaosMode;
-    if (!MODES.includes(mode)) throw badRequest(`mode must be one of ${MODES.join(', ')}`, 'mode');
+    if (!chaosModes.includes(mode)) throw badRequest(`mode must be one of ${chaosModes.join(', ')}`, 'mode');
     const count = body.count ?? (mode === 'dead' ? 1_000_000_000 : 1);
     if (typeof count !== 'number' || !Number.isInteger(count) || count < 0) throw badRequest('count must be a non-negative integer', 'count');
     const delay = body.delay_ms ?? 50;

@@ -7,6 +7,9 @@ import { loadTokenizer } from '../tokenizer/index.ts';
 import { Model } from './model.ts';
 import { Generator } from './generate.ts';
 import { createEngineServer } from './server.ts';
+import type { ChaosMode } from './chaos.ts';
+
+export type { ChaosMode } from './chaos.ts';
 
 export interface ReferenceEngineOptions {
   host?: string;
@@ -18,6 +21,8 @@ export interface ReferenceEngineOptions {
   exitOnCrash?: boolean;
   /** Failed boot: throw after the boot delay instead of listening (the platforms' boot-failure tests). */
   bootFail?: boolean;
+  /** With `chaos`: the first completion fails this way (as if `POST /_chaos {mode}` came before it). */
+  chaosMode?: ChaosMode;
   /** Told when the weights start and finish loading (the boot delay counts as loading), for a platform's boot stages. */
   onStage?: (stage: 'weights_loading' | 'weights_loaded') => void;
 }
@@ -51,6 +56,7 @@ export async function startReferenceEngine(model: ModelConfig, opts: ReferenceEn
     checkpoint: model.checkpoint,
     limits: { maxModelLen, maxLogprobs: model.capabilities.max_logprobs, nLayers: arch.n_layers, dModel: arch.d_model },
     chaos: opts.chaos === true,
+    chaosMode: opts.chaosMode,
     onCrash: opts.exitOnCrash ? () => process.exit(70) : undefined,
   });
   const envDelay = Number(process.env.SVC_ENGINE_BOOT_DELAY_MS ?? 0);
@@ -91,6 +97,8 @@ export function spawnReferenceEngine(
     bootFail?: boolean;
     /** The process waits this long before it reports `container_started` (a boot that stalls before the platform acknowledges it). */
     startStallMs?: number;
+    /** With `chaos`: the engine's first completion fails this way (`--chaos-mode`). */
+    chaosMode?: ChaosMode;
     /** Each boot stage the process reports on stdout before it listens. */
     onStage?: (stage: 'container_started' | 'weights_loading' | 'weights_loaded') => void;
     /** Aborted before the process listens: it is killed (a platform gave up on a stalled boot). */
@@ -102,6 +110,7 @@ export function spawnReferenceEngine(
   if (opts.bootDelayMs) args.push('--boot-delay-ms', String(opts.bootDelayMs));
   if (opts.bootFail) args.push('--boot-fail');
   if (opts.startStallMs) args.push('--start-stall-ms', String(opts.startStallMs));
+  if (opts.chaosMode) args.push('--chaos-mode', opts.chaosMode);
   const env = { ...process.env, ...opts.env };
   if (opts.configPath) env.SVC_CONFIG = opts.configPath;
   const child = spawn(process.execPath, args, { env, stdio: ['ignore', 'pipe', 'pipe'] });

@@ -5,7 +5,7 @@ import { randomBytes } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Generator } from './generate.ts';
 import { parseCompletionRequest, type EngineLimits } from './request.ts';
-import { Chaos } from './chaos.ts';
+import { Chaos, type ChaosMode } from './chaos.ts';
 import { fullCompletion, streamCompletion } from './completions.ts';
 import { VocabJson } from './logprobs-json.ts';
 import { EngineHttpError, badRequest, notFound, internalError, outOfMemory, engineDead } from './errors.ts';
@@ -17,6 +17,8 @@ export interface EngineServerOptions {
   checkpoint: string;
   limits: EngineLimits;
   chaos: boolean;
+  /** With `chaos`: armed at start for the first completion (the boot knob `--chaos-mode`). */
+  chaosMode?: ChaosMode;
   /** What a `crash` chaos does: the CLI exits the process; in-process engines drop every connection. */
   onCrash?: () => void;
 }
@@ -30,6 +32,7 @@ export function createEngineServer(opts: EngineServerOptions): EngineServer {
   const { generator, checkpoint, limits } = opts;
   const tokenizer = generator.tokenizer;
   const chaos = opts.chaos ? new Chaos() : null;
+  if (chaos && opts.chaosMode) chaos.configure({ mode: opts.chaosMode });
   const created = Math.floor(Date.now() / 1000);
   const sockets = new Set<Socket>();
   const inflight = new Set<AbortController>();
@@ -149,6 +152,11 @@ export function createEngineServer(opts: EngineServerOptions): EngineServer {
     if (mode === 'oom') throw outOfMemory();
     if (mode === 'dead') throw engineDead();
     if (mode === 'hang') return; // never answered; the socket closes with the server
+    if (mode === 'tear' && !req.stream) {
+      // A body whose headers (and Content-Length) went out, then its first bytes, then the engine dies.
+      res.writeHead(200, { 'content-type': 'application/json', 'content-length': 4096 });
+      return new Promise<void>((r) => res.write('{"id":"cmpl-torn","object":"text_completion","choi', () => r(crash())));
+    }
     const abort = new AbortController();
     inflight.add(abort);
     inflightPeak = Math.max(inflightPeak, inflight.size);
@@ -165,7 +173,7 @@ export function createEngineServer(opts: EngineServerOptions): EngineServer {
       mode === 'delay'
         ? // A sleep, not work: a generation cancelled meanwhile (its client went away) ends at once, not a delay later.
           () => sleep(chaos!.delayMs, undefined, { signal: abort.signal }).catch(() => {})
-        : mode === 'crash' || (mode === 'tear' && !req.stream)
+        : mode === 'crash'
           ? () => crash()
           : mode === 'tear'
             ? tear

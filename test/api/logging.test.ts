@@ -65,6 +65,15 @@ logging('requests of every kind leave only metadata behind', async () => {
   assert.ok(served.completion_tokens === 1 || served.completion_tokens === 2, `the tokens generated: ${served.completion_tokens}`);
   assert.ok(served.prompt_tokens > 0);
   assert.ok(served.duration_ms >= 0);
+  // The contract's logged metadata includes the user's e-mail and the client's IP (as usage_ledger has them).
+  assert.is(served.email, 'tests@example.org', "the key's owner");
+  assert.is(served.client_ip, '127.0.0.1', "the client's address");
+  const refused = requestLines.map((l) => JSON.parse(l)).filter((l) => l.status === 401);
+  assert.is(refused.length, 2);
+  for (const l of refused) {
+    assert.is(l.email, undefined, 'no key authenticated: no owner');
+    assert.is(l.client_ip, '127.0.0.1');
+  }
   assert.is(line('logging-test-1').workload, 'batch', 'X-Svc-Workload is recorded as telemetry');
   assert.is(line('logging-test-2').workload, undefined, 'an unrecognised workload is ignored');
   assert.not.ok(logs.includes(marker), 'the prompt, a field name made of it, or the key never reaches the logs');

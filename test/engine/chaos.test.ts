@@ -156,6 +156,30 @@ tear('a stream gets its first frame, then half a frame, then the connection drop
     await engine.close();
   }
 });
+tear('a non-streaming body gets its headers and first bytes, then the connection drops', async () => {
+  const engine = await startReferenceEngine(model, { chaos: true });
+  try {
+    await post(`${engine.url}/_chaos`, { mode: 'tear' });
+    const res = await fetch(`${engine.url}/v1/completions`, { method: 'POST', body: JSON.stringify(body) });
+    assert.is(res.status, 200, 'the status line went out');
+    assert.ok(Number(res.headers.get('content-length')) > 0);
+    let broke = false;
+    await res.arrayBuffer().catch(() => (broke = true));
+    assert.ok(broke, 'the body broke off before its Content-Length');
+  } finally {
+    await engine.close();
+  }
+});
+
+tear('chaosMode arms a mode at start: the first completion fails, the next is served', async () => {
+  const engine = await startReferenceEngine(model, { chaos: true, chaosMode: 'error500' });
+  try {
+    assert.is((await post(`${engine.url}/v1/completions`, body)).status, 500);
+    assert.is((await post(`${engine.url}/v1/completions`, body)).status, 200);
+  } finally {
+    await engine.close();
+  }
+});
 tear.run();
 
 const boot = suite('slow boot');
