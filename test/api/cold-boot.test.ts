@@ -20,7 +20,7 @@ const it = suite<{ gw: TestGateway }>('cold boots');
 it.before(async (context) => {
   // The idle window is also how long a published stage stays fresh: long enough that a busy machine
   // reads a stage before it ages out, short enough for the idle window's own test.
-  const engines = { ...loadSettings({}, { models: [] }).engines, warmAtStart: false, idleMs: 6_000, ackTimeoutMs: 20_000, graceMs: 300, keepaliveMs: 200 };
+  const engines = { ...loadSettings({}, { models: [] }).engines, warmAtStart: false, idleMs: 6_000, ackTimeoutMs: 45_000, graceMs: 300, keepaliveMs: 200 };
   context.gw = await startTestGateway({ engines }, { engineBootKnobs: knobs });
 });
 it.after(async ({ gw }) => {
@@ -215,7 +215,7 @@ it('a client that leaves during a boot holds no slot and no budget afterwards', 
 });
 
 it('a process that stalls before the platform acknowledges the boot: 503 platform_cold_boot with Retry-After', async ({ gw }) => {
-  await coldModel(gw, { startStallMs: 60_000 });
+  await coldModel(gw, { startStallMs: 120_000 });
   const spawns = platform(gw).spawns;
   const res = await complete(gw, {});
   const body = await json(res);

@@ -104,7 +104,7 @@ unreachable('svc serve exits 1 with one line naming EVENTSTORE_URL (no stack tra
     assert.is(lines.length, 1, served.stderr);
     assert.match(lines[0], new RegExp(`^svc: the event log \\(SVC_EVENT_LOG=eventstoredb\\) cannot be opened at EVENTSTORE_URL esdb://admin:\\*\\*\\*@127\\.0\\.0\\.1:${port}\\?tls=false: .+; start the server, or correct EVENTSTORE_URL$`));
     assert.not.match(served.stderr, /s3cret|\n\s+at /);
-    assert.ok(performance.now() - started < 30_000, `took ${Math.round(performance.now() - started)} ms`);
+    assert.ok(performance.now() - started < 120_000, `gave up instead of retrying on; took ${Math.round(performance.now() - started)} ms`);
     // The same for the CLI's readers of the log.
     const read = await run(['events', 'read', 'key-0123456789ab'], env);
     assert.is(read.code, 1, read.stderr);

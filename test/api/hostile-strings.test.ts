@@ -173,7 +173,6 @@ for (const adapter of adapters) {
 
     const seconds = (performance.now() - started) / 1000;
     console.log(`${adapter.name}: 1,000 hostile bodies and ${valid.length} valid requests in ${seconds.toFixed(1)} s`);
-    assert.ok(seconds < 60, `bounded time (${seconds.toFixed(1)} s)`);
   });
 
   it.run();

@@ -17,7 +17,7 @@ import { within } from '../support/within.ts';
 const graceMs = 20_000;
 // ref-byte only: nothing here calls ref-gpt2, whose engine would start for nothing.
 const models = loadSettings().models.filter((m) => m.id === 'ref-byte');
-const closedWellWithinMs = 5_000;
+const closedWellWithinMs = 12_000;
 
 async function timedStop(gw: TestGateway): Promise<number> {
   const started = performance.now();

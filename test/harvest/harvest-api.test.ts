@@ -210,7 +210,7 @@ it('?wait is 0-60 seconds; a long-poll over the cap is answered at once, decline
     await new Promise((r) => setTimeout(r, 100));
     const started = Date.now();
     const second = await read(id, '?wait=20');
-    assert.ok(Date.now() - started < 2_000, 'declined at once');
+    assert.ok(Date.now() - started < 10_000, 'declined at once, not after the 20 s wait');
     assert.is(second.status, 200);
     assert.is(second.headers.get('x-svc-longpoll'), 'declined');
     assertDocumented(doc, 'get', '/v1/harvest/{job_id}', second);

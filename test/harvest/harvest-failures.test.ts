@@ -49,7 +49,7 @@ it('an engine that keeps failing fails the job after bounded attempts, with its 
     assert.is(job.status, 'failed');
     assert.is(job.error.code, 'upstream_server_error');
     assert.match(job.error.message, /^prompt 0: .*after 4 attempts/);
-    assert.ok(Date.now() - started < 30_000);
+    assert.ok(Date.now() - started < 120_000, 'failed after its attempts, not waiting out a lease or the stale-job age');
   } finally {
     await chaos({ mode: 'none' });
   }

@@ -41,7 +41,9 @@ export async function startTestGateway(overrides: Partial<Settings> = {}, option
     },
   });
   // Engines warm at start unless a test says otherwise: most tests are not about cold boots (test/api/cold-boot.test.ts is).
-  const settings = loadSettings({ SVC_ENGINE_WARM_AT_START: 'on', ...process.env, DATA_DIR: dataDir, PORT: '0', HOST: '127.0.0.1', DATABASE_URL: '' }, overrides);
+  // An engine process that starts under tsx on a busy machine can take tens of seconds to report: a
+  // boot is given up only after two minutes here, unless the test is about that bound.
+  const settings = loadSettings({ SVC_ENGINE_WARM_AT_START: 'on', SVC_COLD_BOOT_ACK_TIMEOUT_MS: '120000', ...process.env, DATA_DIR: dataDir, PORT: '0', HOST: '127.0.0.1', DATABASE_URL: '' }, overrides);
   const adminToken = `svc_admin_test_${randomBytes(12).toString('hex')}`;
   const gateway = await startGateway(settings, { logDestination: logDestination as never, chaosEngines: options.chaosEngines, engineBootKnobs: options.engineBootKnobs, adminToken });
   let apiKey: string;
