@@ -1,9 +1,10 @@
 /**
  * The metering service's sweep, on a timer: it renews the holds of requests still running in this
- * process and its slot leases on their keys (their liveness is this process's to tell), and ticks the timed workflows of
- * commands/timed-workflows.ts: the reaper (holds past their expiry or whose slot lease lapsed, from the
- * meter_holds projection, expired on their own day's stream) and the spend watcher (the day's spend, from the daily_spend
- * projection, reported to the spend decider, whose rule reaches the cap). Their commands carry ids
+ * process and its slot leases on their keys (their liveness is this process's to tell), and ticks
+ * the timed workflows of commands/timed-workflows.ts: the reaper (holds past their expiry or whose
+ * slot lease lapsed, from the meter_holds projection, expired on their own day's stream) and the
+ * spend watcher (the day's spend, from the daily_spend projection, reported to the spend decider,
+ * whose rule reaches the cap). Their commands carry ids
  * derived from what they act on, so a sweep that died half-way is simply done again at the next tick.
  */
 import type { Logger } from 'pino';
