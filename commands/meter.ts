@@ -108,6 +108,12 @@ export type MeterCommand =
       now: string;
     }
   | { type: 'Renew'; requestId: string; expiresAt: string; now: string }
+  /**
+   * The holder still runs requests under its slot lease: the lease stands another TTL once less than
+   * half of it would be left at the holder's next check (`nextCheckMs` from now); lapsed, it is taken
+   * again at the size of what runs under it. Nothing runs under it: nothing (it lapses, or shrinks).
+   */
+  | { type: 'RenewLease'; holder: string; ttlMs: number; nextCheckMs: number; now: string }
   | {
       type: 'Settle';
       facts: RequestFactsData;
@@ -264,9 +270,22 @@ export const meterDecider: Decider<MeterState, MeterCommand, MeterEvent, MeterRe
         const ended = endedAfterClose(state, command.facts.request_id, command.inputTokens, command.outputTokens, command.now);
         return shrunk || ended ? [settled, ...(shrunk ? [shrunk] : []), ...(ended ? [ended] : [])] : settled;
       }
+      case 'RenewLease': {
+        if (!state.opened || state.closed) return [];
+        const now = Date.parse(command.now);
+        const mine = holdsUnder(state, command.holder);
+        if (mine === 0) return [];
+        const lease = standingLease(state, command.holder, now);
+        const until = new Date(now + command.ttlMs).toISOString();
+        if (lease) return Date.parse(lease.expiresAt) - now - command.nextCheckMs >= command.ttlMs / 2 ? [] : SlotLeaseRenewed({ holder: command.holder, expires_at: until, at: command.now });
+        // Lapsed: its holds take a slot each already, so taking it again at their number takes nothing more.
+        return SlotsLeased({ holder: command.holder, slots: mine, expires_at: until, at: command.now });
+      }
       case 'Expire': {
         const hold = state.holds.get(command.requestId);
-        if (!hold || hold.day !== state.day || Date.parse(hold.expiresAt) > Date.parse(command.now)) return [];
+        if (!hold || hold.day !== state.day) return [];
+        const now = Date.parse(command.now);
+        if (Date.parse(hold.expiresAt) > now && !leaseLapsed(state, hold, now)) return [];
         const expired = ReservationExpired({ request_id: command.requestId, input_tokens: hold.input, output_tokens: hold.output, at: command.now });
         const ended = endedAfterClose(state, command.requestId, hold.input, hold.output, command.now);
         return ended ? [expired, ended] : expired;
@@ -408,6 +427,16 @@ export function activeSlots(state: MeterState, now: number): number {
   }
   for (const [holder, slots] of standing) taken += Math.max(slots, under.get(holder) ?? 0);
   return taken;
+}
+
+/**
+ * Whether the slot lease a hold was made under has lapsed: its process stopped renewing it (it died,
+ * or stalled for more than half a lease), so nobody will settle the hold. Judged only on the day the
+ * lease is kept on, an open one: once the day closed, the lease is renewed on the next day's stream
+ * and the hold waits for its own expiry.
+ */
+export function leaseLapsed(state: MeterState, hold: Hold, now: number): boolean {
+  return hold.lease !== null && !state.closed && hold.day === state.day && standingLease(state, hold.lease, now) === null;
 }
 
 /** Holds running under the holder's lease (standing or not). */

@@ -21,16 +21,26 @@ export interface ExpiringHold {
   readonly requestId: string;
   readonly streamId: string;
   readonly expiresAt: Date;
+  /** When it was made (absent: only its expiry counts). */
+  readonly reservedAt?: Date;
 }
 
 /**
- * The reaper: a hold past its expiry whose request no longer runs here is expired on its own day's
- * stream (the meter decider charges it whole, and expires nothing a renewal moved on meanwhile). A
- * hold of a request still running in this process is left alone: this process renews it.
+ * The reaper: a hold whose request no longer runs here is sent to expiry on its own day's stream when
+ * it is past its expiry, or (given `leaseTtlMs`) older than a slot lease, so that the process it was
+ * made in may have stopped renewing that lease (it died). The meter decider judges either on the
+ * stream: it expires a hold past its expiry, or one whose lease has lapsed, charging it whole, and
+ * nothing else (a renewal moved it on, its process still renews its lease). A hold of a request still
+ * running in this process is left alone: this process renews it, and its lease.
  */
-export function reapHolds(tick: Tick, view: { expired: readonly ExpiringHold[]; runningHere: ReadonlySet<string> }): WorkflowCommand<Extract<MeterCommand, { type: 'Expire' }>>[] {
+export function reapHolds(
+  tick: Tick,
+  view: { expired: readonly ExpiringHold[]; runningHere: ReadonlySet<string>; leaseTtlMs?: number },
+): WorkflowCommand<Extract<MeterCommand, { type: 'Expire' }>>[] {
+  const now = Date.parse(tick.now);
+  const leaseMayHaveLapsed = (hold: ExpiringHold) => view.leaseTtlMs !== undefined && hold.reservedAt !== undefined && hold.reservedAt.getTime() + view.leaseTtlMs <= now;
   return view.expired
-    .filter((hold) => !view.runningHere.has(hold.requestId) && hold.expiresAt.getTime() <= Date.parse(tick.now))
+    .filter((hold) => !view.runningHere.has(hold.requestId) && (hold.expiresAt.getTime() <= now || leaseMayHaveLapsed(hold)))
     .map((hold) => ({ stream: hold.streamId, commandId: `expire:${hold.requestId}`, command: { type: 'Expire', requestId: hold.requestId, now: tick.now } }));
 }
 

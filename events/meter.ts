@@ -126,7 +126,7 @@ export const BudgetReserved = defineEvent(
       clamped_by: Nullable(Type.String()),
       at: Instant,
       expires_at: Instant,
-      /** The gateway process whose slot lease the request runs under (null: it takes a slot of its own). */
+      /** The gateway process whose slot lease the request runs under (null: it takes a slot of its own); once that lease lapses, the hold may be expired. */
       lease_holder: Nullable(Type.String()),
       /** The key's token budgets the reservation was decided under (a null budget: unlimited; null: unknown, written before they were recorded). */
       budgets: Nullable(DecidedBudgets),
@@ -151,11 +151,13 @@ export const BudgetReserved = defineEvent(
  * call; while it stands, the holder's later reservations that fit in it start their engine
  * call at once, their append alongside: no other process can take those slots meanwhile, so the
  * key's active cap holds at the engine across processes. Shrunk by the holder's settlements to what
- * it runs and has waiting (at least one slot); a lease nobody renews lapses at `expires_at`.
+ * it runs and has waiting (at least one slot); renewed by the holder's sweep while requests run
+ * under it. A lease nobody renews lapses at `expires_at`: its slots are free, and the holds made
+ * under it (its process died) may be expired from then on (ReservationExpired).
  */
 export const SlotsLeased = defineEvent('SlotsLeased', Type.Object({ ...SlotLease.properties, at: Instant }, { additionalProperties: false }));
 
-/** The holder's standing lease was renewed, its size unchanged, by a reservation made in it while it still had a quarter or more of its time. */
+/** The holder's standing lease was renewed, its size unchanged: by a reservation made in it while it still had a quarter or more of its time, or by the holder's sweep while requests run under it. */
 export const SlotLeaseRenewed = defineEvent('SlotLeaseRenewed', Type.Object({ holder: Type.String(), expires_at: Instant, at: Instant }, { additionalProperties: false }));
 
 export const ReservationRenewed = defineEvent(

@@ -1,6 +1,6 @@
 /**
  * `meter_holds`: reservations still open, one row each, for the reaper (which expires those past
- * `expires_at` on their `stream_id`). Inserted by BudgetReserved, moved by ReservationRenewed, deleted
+ * `expires_at`, or whose process's slot lease lapsed, on their `stream_id`). Inserted by BudgetReserved, moved by ReservationRenewed, deleted
  * by the UsageSettled or ReservationExpired on the reservation's own stream. A hold carried over
  * midnight stays one row, under its own day's stream: MeterOpened's carried holds and
  * CarriedHoldReleased change nothing here.
@@ -112,12 +112,16 @@ export const meterHoldsProjection = defineBatchProjection<MeterEvent>({
   },
 });
 
-/** Holds whose TTL has passed at `now`, oldest first: what the reaper expires. */
-export async function expiredHolds(db: Queryable, now: Date, limit = 1000): Promise<OpenHold[]> {
+/**
+ * What the reaper looks at, oldest expiry first: holds whose TTL has passed at `now`, and with
+ * `madeBefore`, holds made before it, whose process's slot lease may have lapsed (the meter decider
+ * judges that on the hold's stream).
+ */
+export async function expiredHolds(db: Queryable, now: Date, limit = 1000, madeBefore: Date | null = null): Promise<OpenHold[]> {
   const { rows } = await db.query<Record<string, unknown>>(
     `SELECT request_id, key_id, stream_id, to_char(day, 'YYYY-MM-DD') AS day, input_tokens, output_tokens, reserved_at, expires_at
-     FROM meter_holds WHERE expires_at <= $1::timestamptz ORDER BY expires_at LIMIT $2`,
-    [now.toISOString(), limit],
+     FROM meter_holds WHERE expires_at <= $1::timestamptz OR reserved_at <= $3::timestamptz ORDER BY expires_at LIMIT $2`,
+    [now.toISOString(), limit, madeBefore?.toISOString() ?? '-infinity'],
   );
   return rows.map((r) => ({
     requestId: String(r.request_id),

@@ -43,6 +43,8 @@ export interface Settings {
   processorLeaseMs: number;
   /** A hold whose request died (its process was killed) is expired this long after it was made or renewed. */
   reservationTtlMs: number;
+  /** A process's slot lease on a key lapses this long after it was last taken or renewed; then its idle slots are free, and the holds made under it are expired (metering). */
+  slotLeaseTtlMs: number;
   /** Daily GPU spend (in the configuration's cost units) past which the service answers 429 spend_cap; null: none. */
   dailySpendCap: number | null;
   /** Reference engines (src/platforms): started on the first request unless warm at start, stopped after the idle window, waited out by requests. */
@@ -276,6 +278,7 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env, overrides: Pa
     projections: switchFromEnv(env, 'SVC_PROJECTIONS', true),
     processorLeaseMs: intFromEnv(env, 'SVC_PROCESSOR_LEASE_MS', 3000, 300, 600_000),
     reservationTtlMs: intFromEnv(env, 'SVC_RESERVATION_TTL_MS', 20 * 60 * 1000, 100, 7 * 24 * 3600 * 1000),
+    slotLeaseTtlMs: intFromEnv(env, 'SVC_SLOT_LEASE_MS', 60_000, 100, 3600_000),
     dailySpendCap: numberFromEnv(env, 'SVC_DAILY_SPEND_CAP'),
     engines: {
       warmAtStart: switchFromEnv(env, 'SVC_ENGINE_WARM_AT_START', false),

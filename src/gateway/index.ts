@@ -284,7 +284,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     const adminToken = options.adminToken ?? resolveAdminToken(process.env, settings.dataDir).token;
     const authenticate = requireApiKey(keys);
     const metering = settings.metering
-      ? new Metering({ handler: commands, log, db: store, logger, reservationTtlMs: settings.reservationTtlMs, dailySpendCap: settings.dailySpendCap })
+      ? new Metering({ handler: commands, log, db: store, logger, reservationTtlMs: settings.reservationTtlMs, slotLeaseTtlMs: Math.min(settings.slotLeaseTtlMs, settings.reservationTtlMs), dailySpendCap: settings.dailySpendCap })
       : null;
     if (metering) {
       metering.start();

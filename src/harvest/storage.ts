@@ -82,9 +82,14 @@ const DIR_MODE = 0o700;
  */
 export function shardFileName(shard: number, claimId: string): string {
   if (!Number.isSafeInteger(shard) || shard < 0) throw new HarvestStorageError(`shard ${shard} is not a shard number`);
+  return `shard-${String(shard).padStart(5, '0')}-${claimTag(claimId)}.safetensors`;
+}
+
+/** A claim id's last 12 letters and digits, lowercased: how shard files and batch request ids name the claim. */
+export function claimTag(claimId: string): string {
   const suffix = claimId.replace(/[^A-Za-z0-9]/g, '').slice(-12).toLowerCase();
   if (suffix.length === 0) throw new HarvestStorageError('the claim id holds no letter or digit to name its shards by');
-  return `shard-${String(shard).padStart(5, '0')}-${suffix}.safetensors`;
+  return suffix;
 }
 
 export function fileHarvestStorage(root: string): HarvestStorage {

@@ -24,7 +24,7 @@ import type { HarvestState } from '../../commands/index.ts';
 import type { RequestFactsData } from '../../events/index.ts';
 import type { HarvestService } from './service.ts';
 import { isTerminal } from './service.ts';
-import { shardFileName, type HarvestStorage } from './storage.ts';
+import { claimTag, shardFileName, type HarvestStorage } from './storage.ts';
 import { CaptureBuffers, decodeCapture, type CapturedPrompt } from './capture-decode.ts';
 import { runShardPipeline } from './shard-pipeline.ts';
 import { buildManifest } from './manifest.ts';
@@ -167,7 +167,7 @@ export class HarvestWorker {
           buffers,
           fileNameFor: (shard) => shardFileName(shard, claimId),
           captureBatch: (first, count, batchSignal) =>
-            this.#captureBatch(job, first, prompts.slice(first, first + count).map((p) => tokenizer.encode(p, true)), batchSignal, buffers),
+            this.#captureBatch(job, claimId, first, prompts.slice(first, first + count).map((p) => tokenizer.encode(p, true)), batchSignal, buffers),
           onShardWritten: async (record) => {
             const outcome = await service.command(jobId, {
               type: 'RecordShard',
@@ -198,12 +198,17 @@ export class HarvestWorker {
     }
   }
 
-  /** One batch: its tokens reserved on the key, its prompts captured at once, the reservation settled with what was captured. */
-  async #captureBatch(job: NonNullable<HarvestState['job']>, first: number, tokens: number[][], signal: AbortSignal, buffers: CaptureBuffers): Promise<CapturedPrompt[]> {
+  /**
+   * One batch: its tokens reserved on the key, its prompts captured at once, the reservation settled
+   * with what was captured. The request id names the claim (batchRequestId): a claim that resumes the
+   * job after its worker died reserves its batches anew and never meets the dead worker's holds or
+   * queue entries under the same id (the reaper expires those once that process's slot lease lapses).
+   */
+  async #captureBatch(job: NonNullable<HarvestState['job']>, claimId: string, first: number, tokens: number[][], signal: AbortSignal, buffers: CaptureBuffers): Promise<CapturedPrompt[]> {
     const metering = this.#options.metering;
     const inputTokens = tokens.reduce((n, t) => n + t.length, 0);
     const facts: RequestFactsData = {
-      request_id: `${job.job_id}:${first}`,
+      request_id: batchRequestId(job.job_id, claimId, first),
       key_prefix: job.key_prefix,
       email: '',
       client_ip: null,
@@ -332,6 +337,11 @@ export class HarvestWorker {
       }
     }
   }
+}
+
+/** A batch's request id on the key's meter: `<jobId>:<first prompt>@<claim>`, the claim as its shard files name it (storage.ts, shardFileName). */
+export function batchRequestId(jobId: string, claimId: string, first: number): string {
+  return `${jobId}:${first}@${claimTag(claimId)}`;
 }
 
 function sleep(ms: number, signal: AbortSignal): Promise<void> {

@@ -52,7 +52,7 @@ export interface MeteringSettings {
   reservationTtlMs: number;
   /** Past this day's GPU spend the whole service answers 429 spend_cap until the next UTC day; null: no cap. */
   dailySpendCap: number | null;
-  /** How often the reaper and the spend check run (default: a quarter of the TTL, at most 15 s). */
+  /** How often the renewals, the reaper and the spend check run (default: a quarter of the TTL or of the slot lease, whichever is shorter, at most 15 s). */
   sweepIntervalMs?: number;
   /**
    * How long a settlement's (or a refused request's record's) append may wait for later decisions on
@@ -61,9 +61,10 @@ export interface MeteringSettings {
    */
   settleLingerMs?: number;
   /**
-   * How long a slot lease stands without a reservation renewing it (default: 60 s, or the TTL when
-   * shorter): the longest a process keeps an idle slot of a key (or, if it died, the idle slots of
-   * its lease) from the other processes. Its holds last the reservation TTL either way.
+   * How long a slot lease stands without a renewal (default: 60 s, or the TTL when shorter): the
+   * longest a process keeps an idle slot of a key from the other processes, and, if it died, the
+   * longest its lease's slots and its holds stay taken (the reaper expires a hold whose lease lapsed).
+   * The sweep renews it while requests under it run.
    */
   slotLeaseTtlMs?: number;
   now?: () => Date;
@@ -97,9 +98,10 @@ export class Metering {
     this.#handler = options.handler;
     this.#logger = options.logger;
     this.#ttlMs = options.reservationTtlMs;
-    this.#sweepMs = options.sweepIntervalMs ?? Math.min(15_000, Math.max(50, Math.floor(options.reservationTtlMs / 4)));
-    this.#lingerMs = options.settleLingerMs ?? 5;
     this.#leaseTtlMs = options.slotLeaseTtlMs ?? Math.min(60_000, options.reservationTtlMs);
+    // Often enough to renew the holds in time, and the slot leases of the requests running here.
+    this.#sweepMs = options.sweepIntervalMs ?? Math.min(15_000, Math.max(50, Math.floor(Math.min(options.reservationTtlMs, this.#leaseTtlMs) / 4)));
+    this.#lingerMs = options.settleLingerMs ?? 5;
     this.#now = options.now ?? (() => new Date());
     this.#rollover = new DayRollover(options.handler, 'store' in options ? options.store : options.log);
     this.#sweeper = new Sweeper({
@@ -107,6 +109,9 @@ export class Metering {
       db: 'store' in options ? options.store : options.db,
       logger: options.logger,
       ttlMs: this.#ttlMs,
+      holder: this.#holder,
+      leaseTtlMs: this.#leaseTtlMs,
+      sweepMs: this.#sweepMs,
       spendCap: options.dailySpendCap,
       running: this.#running,
       now: this.#now,

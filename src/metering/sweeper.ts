@@ -1,9 +1,10 @@
 /**
  * The metering service's sweep, on a timer: it renews the holds of requests still running in this
- * process (their liveness is this process's to tell), and ticks the timed workflows of
- * commands/timed-workflows.ts: the reaper (holds past their expiry, from the meter_holds projection,
- * expired on their own day's stream) and the spend watcher (the day's spend, from the daily_spend
- * projection, reported to the spend decider, whose rule reaches the cap). Their commands carry ids
+ * process and its slot leases on their keys (their liveness is this process's to tell), and ticks
+ * the timed workflows of commands/timed-workflows.ts: the reaper (holds past their expiry or whose
+ * slot lease lapsed, from the meter_holds projection, expired on their own day's stream) and the
+ * spend watcher (the day's spend, from the daily_spend projection, reported to the spend decider,
+ * whose rule reaches the cap). Their commands carry ids
  * derived from what they act on, so a sweep that died half-way is simply done again at the next tick.
  */
 import type { Logger } from 'pino';
@@ -21,6 +22,10 @@ export interface SweeperOptions {
   db: Queryable;
   logger: Logger;
   ttlMs: number;
+  /** This process's name on its slot leases, their TTL, and how often the sweep runs (the lease is renewed in time for the next). */
+  holder: string;
+  leaseTtlMs: number;
+  sweepMs: number;
   spendCap: number | null;
   /** Holds of requests running in this process, with when each expires as last renewed. */
   running: Map<string, Reservation & { expiresAt: number }>;
@@ -45,6 +50,7 @@ export class Sweeper {
     const { logger } = this.#o;
     const now = this.#o.now();
     await this.#renew(now);
+    await this.#renewLeases(now);
     await this.#reap(now).catch((error) => logger.error({ err: String(error) }, 'reaper pass failed'));
     await this.checkSpendSoon();
   }
@@ -86,14 +92,33 @@ export class Sweeper {
     }
   }
 
+  /**
+   * The slot lease of each key this process still runs requests of, kept standing while they run (the
+   * meter decider renews it once less than half would be left at the next sweep): a lease that lapses
+   * lets any process's reaper expire the holds made under it, which is how the holds of a process that
+   * died are freed within a lease rather than a reservation TTL.
+   */
+  async #renewLeases(now: Date): Promise<void> {
+    const { handler, running, logger, holder, leaseTtlMs, sweepMs } = this.#o;
+    const streams = new Set<string>();
+    for (const hold of running.values()) streams.add(hold.stream);
+    for (const stream of streams) {
+      try {
+        await handler.handle(stream, { type: 'RenewLease', holder, ttlMs: leaseTtlMs, nextCheckMs: sweepMs, now: now.toISOString() }, meterDecider);
+      } catch (error) {
+        logger.error({ err: String(error), stream }, 'renewing a slot lease failed');
+      }
+    }
+  }
+
   async #reap(now: Date): Promise<void> {
-    const { handler, db, running, logger } = this.#o;
-    const expired = await expiredHolds(db, now, 500);
-    for (const { stream, command, commandId } of reapHolds({ now: now.toISOString() }, { expired, runningHere: new Set(running.keys()) })) {
+    const { handler, db, running, logger, leaseTtlMs } = this.#o;
+    const expired = await expiredHolds(db, now, 500, new Date(now.getTime() - leaseTtlMs));
+    for (const { stream, command, commandId } of reapHolds({ now: now.toISOString() }, { expired, runningHere: new Set(running.keys()), leaseTtlMs })) {
       const outcome = await handler.handle(stream, command, meterDecider, { commandId });
       if (outcome.accepted && outcome.newEvents.length > 0) {
         const keyId = meterStreamParts(stream)!.keyId;
-        logger.warn({ request_id: command.requestId, key_id: keyId }, 'reservation expired: its request died with its process');
+        logger.warn({ request_id: command.requestId, key_id: keyId }, 'reservation expired: its request died with its process (its slot lease lapsed, or its TTL passed)');
         this.#o.freed(keyId);
       }
     }

@@ -668,6 +668,43 @@ leasing('leases standing at midnight are carried into the next day, and their sl
   spec.given(given).when(reserve({ id: 'r2' })).thenRejects('at_capacity');
   spec.given(given).when(reserve({ id: 'r2', lease: asA })).then([reserved({ id: 'r2', holder: 'gw-a' })]);
 });
+leasing("a hold whose lease lapsed is expired (charged whole, like any expiry): a dead process's holds free the key's slots within a lease, not a TTL", () => {
+  const given = [opened(), leased(2), underA('x'), underA('y')];
+  const lapsedAt = iso(ms(noon) + leaseTtl);
+  const expire = (requestId: string, now: string): MeterCommand => ({ type: 'Expire', requestId, now });
+  // The lease stands: its holds wait for their own expiry.
+  spec.given(given).when(expire('x', iso(ms(lapsedAt) - 1))).thenNothing();
+  spec.given(given).when(expire('x', lapsedAt)).then([ReservationExpired({ request_id: 'x', input_tokens: 10, output_tokens: 100, at: lapsedAt })]);
+  spec.given([...given, ReservationExpired({ request_id: 'x', input_tokens: 10, output_tokens: 100, at: lapsedAt })])
+    .when(expire('y', lapsedAt))
+    .thenState((state) => {
+      assert.is(state.holds.size, 0);
+      assert.equal([state.monthInput, state.monthOutput], [20, 200]);
+    });
+  // Renewed (the sweep of a living holder, or its next reservation), or taken again: it stands, its holds stay.
+  const renewed = SlotLeaseRenewed({ holder: 'gw-a', expires_at: iso(ms(noon) + 2 * leaseTtl), at: iso(ms(noon) + leaseTtl / 2) });
+  spec.given([...given, renewed]).when(expire('x', lapsedAt)).thenNothing();
+  spec.given([...given, leased(2, { now: iso(ms(lapsedAt) + 5) })]).when(expire('x', iso(ms(lapsedAt) + 10))).thenNothing();
+  // A hold made without a lease waits for its own expiry; so does one on a closed day (its lease is renewed on the next day's stream).
+  spec.given([opened(), r1]).when(expire('r1', lapsedAt)).thenNothing();
+  const closed = MeterClosed({ day, next_day: '2026-11-25', at: at('12:05:00.000') });
+  spec.given([...given, closed]).when(expire('x', at('12:05:00.100'))).thenNothing();
+});
+leasing('a holder renews its lease while requests run under it: once less than half would be left at its next check; lapsed, taken again at their number', () => {
+  const renewLease = (now: string, holder = 'gw-a'): MeterCommand => ({ type: 'RenewLease', holder, ttlMs: leaseTtl, nextCheckMs: 1_000, now });
+  const given = [opened(), leased(4), underA('x'), underA('y')];
+  // Half the TTL still in hand at the next check: nothing.
+  spec.given(given).when(renewLease(iso(ms(noon) + leaseTtl / 2 - 1_000))).thenNothing();
+  const at6 = iso(ms(noon) + leaseTtl / 2 - 999);
+  spec.given(given).when(renewLease(at6)).then([SlotLeaseRenewed({ holder: 'gw-a', expires_at: iso(ms(at6) + leaseTtl), at: at6 })]);
+  const after = iso(ms(noon) + leaseTtl + 1);
+  spec.given(given).when(renewLease(after)).then([leased(2, { now: after })]);
+  // Nothing runs under it (or another holder asks), or the day is closed or not opened: nothing.
+  spec.given([opened(), leased(4)]).when(renewLease(at6)).thenNothing();
+  spec.given(given).when(renewLease(at6, 'gw-b')).thenNothing();
+  spec.given([...given, MeterClosed({ day, next_day: '2026-11-25', at: at6 })]).when(renewLease(at6)).thenNothing();
+  spec.given([]).when(renewLease(at6)).thenNothing();
+});
 leasing('events written before leases existed (version 1) read as holds that take a slot each', () => {
   const v1Reserved = { ...r1.data } as Record<string, unknown>;
   delete v1Reserved.lease_holder;

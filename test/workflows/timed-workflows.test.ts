@@ -19,6 +19,16 @@ it('the reaper leaves a hold whose request still runs in this process (it renews
   assert.equal(reapHolds({ now }, { expired: [hold('a', '2026-11-26T11:00:00Z'), hold('c', '2026-11-26T12:00:01Z')], runningHere: new Set(['a']) }), []);
 });
 
+it("the reaper also sends a hold made more than a slot lease ago to expiry (its process's lease may have lapsed: the meter decider judges), unless it runs here", () => {
+  const made = (requestId: string, reservedAt: string) => ({ ...hold(requestId, '2026-11-26T12:20:00Z'), reservedAt: new Date(reservedAt) });
+  const expired = [made('old', '2026-11-26T11:59:00Z'), made('young', '2026-11-26T11:59:00.001Z'), made('mine', '2026-11-26T11:00:00Z')];
+  assert.equal(reapHolds({ now }, { expired, runningHere: new Set(['mine']), leaseTtlMs: 60_000 }), [
+    { stream: 'meter-k-2026-11-26', commandId: 'expire:old', command: { type: 'Expire', requestId: 'old', now } },
+  ]);
+  // Without a lease TTL only the expiry counts.
+  assert.equal(reapHolds({ now }, { expired, runningHere: new Set() }), []);
+});
+
 it('the same tick decided twice (a reaper that died half-way) sends the same commands, which their ids make harmless', () => {
   const view = { expired: [hold('a', '2026-11-26T11:59:00Z')], runningHere: new Set<string>() };
   assert.equal(reapHolds({ now }, view), reapHolds({ now }, view));
