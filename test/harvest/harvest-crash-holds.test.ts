@@ -40,7 +40,7 @@ for (const variant of variants) {
     stack = await startHarvestStack({
       name: 'harvest-crash',
       postgres: variant.postgres,
-      env: { SVC_HARVEST_LEASE_MS: '1500', SVC_SLOT_LEASE_MS: '3000' },
+      env: { SVC_HARVEST_LEASE_MS: '5000', SVC_SLOT_LEASE_MS: '3000' },
     });
   });
   it.after(async () => {

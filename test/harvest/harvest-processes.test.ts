@@ -20,7 +20,7 @@ let stack: HarvestStack;
 
 if (!unavailable) {
   it.before(async () => {
-    stack = await startHarvestStack({ name: 'harvest-procs', postgres: databaseUrl!, env: { SVC_HARVEST_LEASE_MS: '2000' } });
+    stack = await startHarvestStack({ name: 'harvest-procs', postgres: databaseUrl!, env: { SVC_HARVEST_LEASE_MS: '5000' } });
   });
   it.after(async () => {
     await stack?.stop();
