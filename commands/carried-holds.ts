@@ -10,7 +10,7 @@
  * the log is read: a settlement on an open day is not carried anywhere.
  */
 import type { Workflow, WorkflowCommand, WorkflowInput } from '../src/event-sourcing/index.ts';
-import { meterEvents, meterStream, meterStreamParts, type MeterEvent } from '../events/meter.ts';
+import { dayAfter, meterEvents, meterStream, meterStreamParts, type MeterEvent } from '../events/meter.ts';
 import { meterDecider, type MeterCommand } from './meter.ts';
 
 type Input = Extract<MeterEvent, { type: 'MeterOpened' | 'CarriedHoldEnded' }>;
@@ -69,7 +69,7 @@ export const carriedHoldsWorkflow: Workflow<Input, CarriedHoldsState, Release> =
       const known = carried[h.request_id];
       carried[h.request_id] = { day: h.day, into: known ? [...known.into.filter((d) => d !== opened), opened] : [opened] };
     }
-    const forgetBefore = new Date(Date.parse(`${opened}T00:00:00Z`) - rememberDays * 86_400_000).toISOString().slice(0, 10);
+    const forgetBefore = dayAfter(opened, -rememberDays);
     const ended = Object.fromEntries(Object.entries(state.ended).filter(([, e]) => e.day >= forgetBefore));
     return { carried, ended };
   },

@@ -27,6 +27,7 @@ import {
   type MeterEvent,
   type MeterOpening,
   type RequestFactsData,
+  dayAfter,
   utcDay,
 } from '../events/meter.ts';
 import type { KeyStatus } from './key.ts';
@@ -158,6 +159,17 @@ export type MeterCommand =
   | { type: 'LeaveQueue'; requestId: string; now: string };
 
 export type MeterRejection = Rejection<'meter_not_opened' | 'meter_closed' | 'key_inactive' | 'duplicate_request' | 'rate_limited' | 'at_capacity' | 'budget_exceeded' | 'queue_full'>;
+
+/**
+ * Where a command refused for its meter day goes instead: a closed day's work goes on on the next day
+ * (the day that closed it carried its holds and its queue); a day not opened yet is carried by the
+ * previous one. Null: the refusal is final. Metering and its queue both follow it.
+ */
+export function meterDayAfterRefusal(rejection: MeterRejection, day: string): string | null {
+  if (rejection.rejected === 'meter_closed') return dayAfter(day, 1);
+  if (rejection.rejected === 'meter_not_opened') return dayAfter(day, -1);
+  return null;
+}
 
 const minuteMs = 60_000;
 const budgetNames: readonly BudgetName[] = ['monthly_token_budget', 'daily_token_budget', 'monthly_input_token_budget', 'monthly_output_token_budget'];

@@ -360,6 +360,11 @@ export function meterStreamParts(streamId: string): { keyId: string; day: string
   const match = /^meter-(.+)-(\d{4}-\d{2}-\d{2})$/.exec(streamId);
   return match ? { keyId: match[1], day: match[2] } : null;
 }
+/** The UTC day `days` days after `day` (before it, for a negative count), both as YYYY-MM-DD. */
+export function dayAfter(day: string, days = 1): string {
+  return new Date(Date.parse(`${day}T00:00:00Z`) + days * 86_400_000).toISOString().slice(0, 10);
+}
+
 /** The last UTC day asked for by instant, and the span of milliseconds it covers: most calls are of today. */
 let lastDay = { from: 0, to: 0, day: '' };
 

@@ -20,7 +20,7 @@ import type { Logger } from 'pino';
 import { apiError } from '../errors/index.ts';
 import type { CommandHandler } from '../command-handler/index.ts';
 import type { EventLog, EventStore, Queryable } from '../store/index.ts';
-import { meterDecider, secondsUntilUtcTurn } from '../../commands/index.ts';
+import { meterDayAfterRefusal, meterDecider, secondsUntilUtcTurn } from '../../commands/index.ts';
 import { meterStream, meterStreamParts, utcDay, type RequestFactsData } from '../../events/index.ts';
 import { RequestQueue } from './queue.ts';
 import { Sweeper } from './sweeper.ts';
@@ -233,12 +233,13 @@ export class Metering {
   // --- admission ------------------------------------------------------------------------------
 
   /**
-   * One reservation attempt: an Admission, or null when the key's active slots are all taken. `day`
-   * is today's, unless today's meter was already closed by a process whose clock passed midnight first.
+   * One reservation attempt: an Admission, or null when the key's active slots are all taken. `onDay`
+   * is today's unless the meter refused today's (closed by a process whose clock passed midnight
+   * first): then the day the decider's rule sends it to.
    */
-  async #tryReserve(request: AdmitRequest, nextDayOf?: string): Promise<Admission | null> {
+  async #tryReserve(request: AdmitRequest, onDay?: string): Promise<Admission | null> {
     const now = this.#now();
-    const day = nextDayOf ? nextDay(nextDayOf) : utcDay(now);
+    const day = onDay ?? utcDay(now);
     const keyId = request.keyId;
     const stream = meterStream(keyId, day);
     await this.#rollover.ensureOpened(keyId, day, now);
@@ -274,7 +275,7 @@ export class Metering {
     }
     if (!outcome.accepted) {
       if (outcome.rejection.rejected === 'at_capacity') return null;
-      if (outcome.rejection.rejected === 'meter_closed') return this.#tryReserve(request, day);
+      if (outcome.rejection.rejected === 'meter_closed') return this.#tryReserve(request, meterDayAfterRefusal(outcome.rejection, day)!);
       throw rejectionToApiError(outcome.rejection);
     }
     const reservation = reservationFrom(keyId, day, stream, outcome.newEvents);
@@ -295,7 +296,7 @@ export class Metering {
         // Decided again on fresh state and refused: wait for a slot like any other request, or fail.
         if (final.rejection.rejected === 'at_capacity') return (await this.#enqueue(request)).durable;
         if (final.rejection.rejected === 'meter_closed') {
-          const onNextDay = await this.#tryReserve(request, day);
+          const onNextDay = await this.#tryReserve(request, meterDayAfterRefusal(final.rejection, day)!);
           return (onNextDay ?? (await this.#enqueue(request))).durable;
         }
         throw rejectionToApiError(final.rejection);
@@ -365,8 +366,4 @@ export class Metering {
 function reservationFrom(keyId: string, day: string, stream: string, events: readonly { type: string; data: unknown }[]): Reservation {
   const reserved = events.find((e) => e.type === 'BudgetReserved')!.data as { request_id: string; max_tokens_applied: number; clamped_by: string | null };
   return { requestId: reserved.request_id, keyId, day, stream, maxTokens: reserved.max_tokens_applied, clampedBy: reserved.clamped_by };
-}
-
-function nextDay(day: string): string {
-  return new Date(Date.parse(`${day}T00:00:00Z`) + 86_400_000).toISOString().slice(0, 10);
 }

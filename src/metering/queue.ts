@@ -10,7 +10,7 @@
 import type { Logger } from 'pino';
 import { apiError } from '../errors/index.ts';
 import type { CommandHandler, PendingDecision } from '../command-handler/index.ts';
-import { meterDecider, type MeterCommand, type MeterRejection, type MeterState } from '../../commands/index.ts';
+import { meterDayAfterRefusal, meterDecider, type MeterCommand, type MeterRejection, type MeterState } from '../../commands/index.ts';
 import { meterStream, utcDay, type MeterEvent } from '../../events/index.ts';
 
 /** What the queue needs of a request (src/metering/index.ts, AdmitRequest). */
@@ -66,7 +66,6 @@ interface Line<Request, Admitted> {
 
 type Decision = PendingDecision<MeterState, MeterEvent, MeterRejection>;
 
-const dayAfter = (day: string, days: number) => new Date(Date.parse(`${day}T00:00:00Z`) + days * 86_400_000).toISOString().slice(0, 10);
 const leftQueue = () => new DOMException('the client left the queue', 'AbortError');
 
 export class RequestQueue<Request extends QueueableRequest, Admitted> {
@@ -295,13 +294,11 @@ export class RequestQueue<Request extends QueueableRequest, Admitted> {
       const decision = await this.#options.handler.decide(meterStream(keyId, day), command, meterDecider);
       // A refusal is final once the decisions it was made on top of are stored (see Metering's reservations).
       const outcome = decision.outcome.accepted ? decision.outcome : await decision.durable;
-      if (!outcome.accepted && tries < 2) {
-        if (outcome.rejection.rejected === 'meter_closed') {
-          day = dayAfter(day, 1);
-          continue;
-        }
-        if (outcome.rejection.rejected === 'meter_not_opened' && tries === 0) {
-          day = dayAfter(day, -1);
+      // (a day not opened yet is tried only first: the previous day it then goes to is opened)
+      if (!outcome.accepted && tries < 2 && (tries === 0 || outcome.rejection.rejected !== 'meter_not_opened')) {
+        const elsewhere = meterDayAfterRefusal(outcome.rejection, day);
+        if (elsewhere !== null) {
+          day = elsewhere;
           continue;
         }
       }

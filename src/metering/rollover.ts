@@ -11,7 +11,7 @@
 import type { CommandHandler } from '../command-handler/index.ts';
 import type { EventLog } from '../store/index.ts';
 import { balanceFrom, meterDecider } from '../../commands/index.ts';
-import { meterStream, type MeterOpening } from '../../events/index.ts';
+import { dayAfter, meterStream, type MeterOpening } from '../../events/index.ts';
 
 const opened = Promise.resolve();
 
@@ -61,8 +61,7 @@ export class DayRollover {
    * days have a meter is one read; only those are loaded, latest first.
    */
   async #openingBalance(keyId: string, day: string, now: Date): Promise<MeterOpening> {
-    const date = Date.parse(`${day}T00:00:00Z`);
-    const earlierDays = Array.from({ length: 31 }, (_, i) => new Date(date - (i + 1) * 86_400_000).toISOString().slice(0, 10));
+    const earlierDays = Array.from({ length: 31 }, (_, i) => dayAfter(day, -(i + 1)));
     const versions = await this.#log.streamVersions(earlierDays.map((d) => meterStream(keyId, d)));
     for (const earlier of earlierDays) {
       const stream = meterStream(keyId, earlier);

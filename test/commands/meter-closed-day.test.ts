@@ -4,8 +4,9 @@
  * On an open day nothing is added.
  */
 import { suite } from 'uvu';
-import { meterDecider } from '../../commands/meter.ts';
-import { BudgetReserved, CarriedHoldEnded, MeterClosed, MeterOpened, ReservationExpired, UsageSettled, type RequestFactsData } from '../../events/meter.ts';
+import * as assert from 'uvu/assert';
+import { meterDayAfterRefusal, meterDecider } from '../../commands/meter.ts';
+import { BudgetReserved, CarriedHoldEnded, dayAfter, MeterClosed, MeterOpened, ReservationExpired, UsageSettled, type RequestFactsData } from '../../events/meter.ts';
 import { deciderSpecification } from '../support/decider-specification.ts';
 
 const it = suite('meter decider: holds ending on a closed day');
@@ -50,6 +51,17 @@ it('a settlement on an open day adds nothing', () => {
 
 it('a settlement sent again after the hold ended appends nothing, on a closed day too', () => {
   spec.given([opened, reserved, closed, settled, CarriedHoldEnded({ request_id: 'x', day, input_tokens: 5, output_tokens: 9, at: settle.now })]).when(settle).thenNothing();
+});
+
+it('a command refused on a closed day goes to the next day, one refused on a day not opened to the day before; other refusals are final', () => {
+  const reserve = { type: 'Reserve' as const, facts: { ...facts, request_id: 'y' }, inputTokens: 1, maxTokens: 1, maxTokensRequested: 1, choices: 1, budgets: { monthly_token_budget: null, daily_token_budget: null, monthly_input_token_budget: null, monthly_output_token_budget: null, monthly_harvest_jobs: null }, keyStatus: 'active' as const, limits: { maxActive: 16, perMinute: 600 }, ttlMs: 60_000, now: settle.now };
+  const onClosed = spec.given([opened, closed]).when(reserve).thenRejects('meter_closed');
+  assert.is(meterDayAfterRefusal(onClosed, day), next);
+  const notOpened = spec.given([]).when(reserve).thenRejects('meter_not_opened');
+  assert.is(meterDayAfterRefusal(notOpened, next), day);
+  assert.is(meterDayAfterRefusal({ rejected: 'budget_exceeded', message: 'spent' }, day), null);
+  assert.is(dayAfter('2026-12-31'), '2027-01-01');
+  assert.is(dayAfter('2028-03-01', -1), '2028-02-29');
 });
 
 it.run();
