@@ -1,4 +1,5 @@
 import { ConfigError, loadSettings, resolveAdminToken, type Settings } from '../config/index.ts';
+import { OWNER_ONLY_UMASK, tightenDataDir, tightenedLine } from '../config/data-dir-mode.ts';
 
 const usage = `usage: svc <command> [options]
 
@@ -64,6 +65,11 @@ async function serve(settings: Settings, args: string[], role: 'serve' | 'worker
     wake();
   };
   for (const signal of ['SIGTERM', 'SIGINT', 'SIGHUP'] as const) process.on(signal, onSignal);
+  // DATA_DIR is owner-only: everything this process, PGlite and the engines create is born 0700/0600,
+  // and what an earlier release (or a copy) left wider is tightened, said in one line.
+  process.umask(OWNER_ONLY_UMASK);
+  const tightened = tightenedLine(tightenDataDir(settings.dataDir));
+  if (tightened) process.stderr.write(tightened);
   // Before anything starts, or even loads: a held data directory or a taken port is one line, not a stack
   // trace later, and the check imports only what it reads (the gateway's modules take seconds on a busy machine).
   if (role === 'serve') await (await import('../gateway/preflight.ts')).checkServeCanStart(settings, sqlPort);
