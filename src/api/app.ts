@@ -28,6 +28,16 @@ export interface AppOptions {
   health: HealthSources;
   /** Registers the feature routes (completions, models, ...) on the app. */
   routes?: (app: FastifyInstance) => void | Promise<void>;
+  /** Bounds on receiving a request (Settings.http); without them, 30 s for the headers and 5 minutes in all. */
+  timeouts?: { headersTimeoutMs: number; requestTimeoutMs: number };
+}
+
+/**
+ * Node's server checks its connections against the bounds on a timer (30 s by default): a fraction of
+ * the smaller bound, so a request past it is answered within about a quarter of that bound more.
+ */
+function connectionsCheckingInterval(timeouts: { headersTimeoutMs: number; requestTimeoutMs: number }): number {
+  return Math.min(30_000, Math.max(50, Math.floor(Math.min(timeouts.headersTimeoutMs, timeouts.requestTimeoutMs) / 4)));
 }
 
 /** Fastify's own request lines are off: request-log.ts writes one per request when it ends. */
@@ -48,7 +58,12 @@ class MetadataLogController extends LogController {
  * schemas (validation and the generated OpenAPI document at /openapi.json, UI at /swagger).
  */
 export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
+  const timeouts = options.timeouts ?? { headersTimeoutMs: 30_000, requestTimeoutMs: 300_000 };
   const app = Fastify({
+    // A client that sends its headers or body too slowly (one byte of an announced 8 MB) is answered 408
+    // and its connection closed (answerClientError), rather than holding it open for ever.
+    requestTimeout: timeouts.requestTimeoutMs,
+    http: { headersTimeout: timeouts.headersTimeoutMs, requestTimeout: timeouts.requestTimeoutMs, connectionsCheckingInterval: connectionsCheckingInterval(timeouts) },
     loggerInstance: options.logger,
     logController: new MetadataLogController(),
     genReqId: requestIdFor,

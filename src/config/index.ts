@@ -32,6 +32,12 @@ export interface Settings {
   breaker: { failureThreshold: number; cooldownMs: number; probeLeaseMs: number };
   /** How long a shutdown waits for in-flight requests before closing their connections. */
   shutdownGraceMs: number;
+  /**
+   * How long a client may take to send a request: its headers (SVC_HTTP_HEADERS_TIMEOUT_MS) and the
+   * whole request, body included (SVC_HTTP_REQUEST_TIMEOUT_MS); past either it is answered 408 and its
+   * connection closed. The response is not bounded by these.
+   */
+  http: { headersTimeoutMs: number; requestTimeoutMs: number };
   /** Budget reservations, rate and concurrency limits per key. Off only to measure the gateway without them. */
   metering: boolean;
   /**
@@ -272,6 +278,7 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env, overrides: Pa
       probeLeaseMs: intFromEnv(env, 'SVC_BREAKER_PROBE_LEASE_MS', 30_000, 1, 24 * 3600 * 1000),
     },
     shutdownGraceMs: intFromEnv(env, 'SVC_SHUTDOWN_GRACE_MS', 60_000, 0, 3600_000),
+    http: httpTimeoutsFromEnv(env),
     metering: switchFromEnv(env, 'SVC_METERING', true),
     projections: switchFromEnv(env, 'SVC_PROJECTIONS', true),
     processorLeaseMs: intFromEnv(env, 'SVC_PROCESSOR_LEASE_MS', 3000, 300, 600_000),
@@ -305,6 +312,16 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env, overrides: Pa
     configPath,
     models,
   };
+}
+
+/** SVC_HTTP_HEADERS_TIMEOUT_MS and SVC_HTTP_REQUEST_TIMEOUT_MS; the headers' bound may not exceed the request's. */
+function httpTimeoutsFromEnv(env: NodeJS.ProcessEnv): Settings['http'] {
+  const requestTimeoutMs = intFromEnv(env, 'SVC_HTTP_REQUEST_TIMEOUT_MS', 300_000, 100, 3600_000);
+  const headersTimeoutMs = intFromEnv(env, 'SVC_HTTP_HEADERS_TIMEOUT_MS', Math.min(30_000, requestTimeoutMs), 100, 3600_000);
+  if (headersTimeoutMs > requestTimeoutMs) {
+    throw new ConfigError(`SVC_HTTP_HEADERS_TIMEOUT_MS (${headersTimeoutMs}) must not exceed SVC_HTTP_REQUEST_TIMEOUT_MS (${requestTimeoutMs})`);
+  }
+  return { headersTimeoutMs, requestTimeoutMs };
 }
 
 /**

@@ -367,6 +367,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
 
     const app = await buildApp({
       logger,
+      timeouts: settings.http,
       // The database's round trip, and EventStoreDB's beside it: /health's `database` is down when either is.
       health: { pingStore: (timeoutMs) => pingBoth(store, esdb, timeoutMs), backends },
       routes: async (scope) => {
