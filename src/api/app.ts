@@ -32,6 +32,9 @@ export interface AppOptions {
   timeouts?: { headersTimeoutMs: number; requestTimeoutMs: number };
 }
 
+/** The longest path parameter the router takes; longer ones are 400 before any route sees them. */
+const maxParamLength = 2048;
+
 /**
  * Node's server checks its connections against the bounds on a timer (30 s by default): a fraction of
  * the smaller bound, so a request past it is answered within about a quarter of that bound more.
@@ -72,12 +75,19 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     return503OnClosing: false,
     forceCloseConnections: 'idle',
     // Long path parameters reach our own validation (400) instead of the router's limit.
-    routerOptions: { ignoreTrailingSlash: true, maxParamLength: 2048 },
+    routerOptions: { ignoreTrailingSlash: true, maxParamLength },
     clientErrorHandler: answerClientError,
     frameworkErrors: (err, request, reply) => {
       reply.header('x-request-id', request.id);
       logWhenEnded(request, reply);
-      const error = err.code === 'FST_ERR_BAD_URL' ? apiError('invalid_request', 'malformed URL') : toApiError(err);
+      // A malformed path parameter is 400 invalid_request (the contract), a path parameter longer than the
+      // router takes (find-my-way's 414) included.
+      const error =
+        err.code === 'FST_ERR_BAD_URL'
+          ? apiError('invalid_request', 'malformed URL')
+          : err.code === 'FST_ERR_MAX_PARAM_LENGTH'
+            ? apiError('invalid_request', `a path parameter is longer than ${maxParamLength} characters`)
+            : toApiError(err);
       return sendApiError(request, reply, error);
     },
   }) as unknown as FastifyInstance;
