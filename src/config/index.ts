@@ -69,6 +69,8 @@ export interface HarvestSettings {
   maxRunningPerKey: number;
   /** A pending or running job without progress this long is aged out (failed) at the next submit of its key. */
   staleAfterMs: number;
+  /** A failed or cancelled job's files (shards, prompts) are removed this long after it ended (SVC_HARVEST_FAILED_RETENTION_HOURS). */
+  failedRetentionMs: number;
   /** batch_size when the request leaves it null. */
   defaultBatchSize: number;
   /** `inprocess` (default), `postgres` (the store's database) or `kafka` (KAFKA_BROKERS): the last two for separate `svc worker` processes. */
@@ -299,6 +301,7 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env, overrides: Pa
       maxEstimatedTokens: intFromEnv(env, 'SVC_HARVEST_MAX_ESTIMATED_TOKENS', 2_000_000, 1, 2 ** 31 - 1),
       maxRunningPerKey: intFromEnv(env, 'SVC_HARVEST_MAX_RUNNING_PER_KEY', 3, 1, 1_000_000),
       staleAfterMs: intFromEnv(env, 'SVC_HARVEST_STALE_MINUTES', 180, 1, 7 * 24 * 60) * 60_000,
+      failedRetentionMs: intFromEnv(env, 'SVC_HARVEST_FAILED_RETENTION_HOURS', 72, 0, 24 * 365) * 3_600_000,
       defaultBatchSize: intFromEnv(env, 'SVC_HARVEST_DEFAULT_BATCH_SIZE', 8, 1, 64),
       transport: harvestTransportFromEnv(env),
       kafka: kafkaFromEnv(env),

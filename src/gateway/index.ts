@@ -333,7 +333,14 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
       worker.start();
       stoppers.push(() => worker.stop());
     }
-    const resumer = new HarvestResumer({ service: harvests, db: store, leaseMs: settings.harvest.leaseMs, maxRedispatches: settings.harvest.maxRedispatches, logger });
+    const resumer = new HarvestResumer({
+      service: harvests,
+      db: store,
+      leaseMs: settings.harvest.leaseMs,
+      maxRedispatches: settings.harvest.maxRedispatches,
+      retention: { storage: harvestStorage, failedRetentionMs: settings.harvest.failedRetentionMs },
+      logger,
+    });
     resumer.start();
     stoppers.push(() => resumer.stop());
 
