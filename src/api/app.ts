@@ -30,6 +30,8 @@ export interface AppOptions {
   routes?: (app: FastifyInstance) => void | Promise<void>;
   /** Bounds on receiving a request (Settings.http); without them, 30 s for the headers and 5 minutes in all. */
   timeouts?: { headersTimeoutMs: number; requestTimeoutMs: number };
+  /** Proxies whose X-Forwarded-For names the client (request.ip); none: the peer is the client. */
+  trustedProxies?: string[];
 }
 
 /** The longest path parameter the router takes; longer ones are 400 before any route sees them. */
@@ -66,6 +68,8 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     // A client that sends its headers or body too slowly (one byte of an announced 8 MB) is answered 408
     // and its connection closed (answerClientError), rather than holding it open for ever.
     requestTimeout: timeouts.requestTimeoutMs,
+    // request.ip (the client the failed-authentication limit counts) is X-Forwarded-For's only behind these.
+    trustProxy: options.trustedProxies && options.trustedProxies.length > 0 ? options.trustedProxies.join(',') : false,
     http: { headersTimeout: timeouts.headersTimeoutMs, requestTimeout: timeouts.requestTimeoutMs, connectionsCheckingInterval: connectionsCheckingInterval(timeouts) },
     loggerInstance: options.logger,
     logController: new MetadataLogController(),

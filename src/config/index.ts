@@ -38,6 +38,16 @@ export interface Settings {
    * connection closed. The response is not bounded by these.
    */
   http: { headersTimeoutMs: number; requestTimeoutMs: number };
+  /**
+   * Failed authentications (API key or admin token) per client address before it is refused 429 for
+   * the rest of the window (SVC_AUTH_FAILURE_LIMIT, 0: no limit; SVC_AUTH_FAILURE_WINDOW_MS).
+   */
+  authFailures: { limit: number; windowMs: number };
+  /**
+   * Addresses (IPs or CIDRs) of proxies whose X-Forwarded-For names the client (SVC_TRUSTED_PROXIES);
+   * empty: the client is the connection's peer.
+   */
+  trustedProxies: string[];
   /** Budget reservations, rate and concurrency limits per key. Off only to measure the gateway without them. */
   metering: boolean;
   /**
@@ -281,6 +291,11 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env, overrides: Pa
     },
     shutdownGraceMs: intFromEnv(env, 'SVC_SHUTDOWN_GRACE_MS', 60_000, 0, 3600_000),
     http: httpTimeoutsFromEnv(env),
+    authFailures: {
+      limit: intFromEnv(env, 'SVC_AUTH_FAILURE_LIMIT', 30, 0, 1_000_000),
+      windowMs: intFromEnv(env, 'SVC_AUTH_FAILURE_WINDOW_MS', 60_000, 1000, 24 * 3600 * 1000),
+    },
+    trustedProxies: (env.SVC_TRUSTED_PROXIES ?? '').split(',').map((s) => s.trim()).filter((s) => s.length > 0),
     metering: switchFromEnv(env, 'SVC_METERING', true),
     projections: switchFromEnv(env, 'SVC_PROJECTIONS', true),
     processorLeaseMs: intFromEnv(env, 'SVC_PROCESSOR_LEASE_MS', 3000, 300, 600_000),

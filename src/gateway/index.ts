@@ -18,6 +18,7 @@ import {
   modelStatusSource,
   harvestRoutes,
   requireApiKey,
+  AuthFailureLimiter,
   type BackendHealth,
   type Logger,
   type RequestKey,
@@ -280,7 +281,9 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
       if (latest) publishStage(platform.modelId, 'completion', latest.stage, latest.reason);
     }
     const adminToken = options.adminToken ?? resolveAdminToken(process.env, settings.dataDir).token;
-    const authenticate = requireApiKey(keys);
+    // Failed authentications per client address, across the key and admin routes of this process.
+    const authFailures = new AuthFailureLimiter(settings.authFailures);
+    const authenticate = requireApiKey(keys, authFailures);
     const metering = settings.metering
       ? new Metering({ handler: commands, log, db: store, logger, reservationTtlMs: settings.reservationTtlMs, dailySpendCap: settings.dailySpendCap })
       : null;
@@ -375,6 +378,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     const app = await buildApp({
       logger,
       timeouts: settings.http,
+      trustedProxies: settings.trustedProxies,
       // The database's round trip, and EventStoreDB's beside it: /health's `database` is down when either is.
       health: { pingStore: (timeoutMs) => pingBoth(store, esdb, timeoutMs), backends },
       routes: async (scope) => {
@@ -398,10 +402,10 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
         });
         modelRoutes(scope, registry, authenticate);
         modelStatusRoutes(scope, registry, modelStatusSource({ platforms, warm, freshMs, loggedStage: (id, backend) => backendService.snapshot(id, backend)?.boot ?? null }), authenticate);
-        adminKeyRoutes(scope, { keys, adminToken, db: store, projectionsCaughtUp });
+        adminKeyRoutes(scope, { keys, adminToken, authFailures, db: store, projectionsCaughtUp });
         harvestRoutes(scope, { service: harvests, authenticate });
         // Prometheus metrics for operators, behind the admin token.
-        metricsRoutes(scope, { adminToken, backends: () => backendService.snapshots(), projectionLag: () => runner.status(), requests: metering ? () => metering.counts() : undefined, observed });
+        metricsRoutes(scope, { adminToken, authFailures, backends: () => backendService.snapshots(), projectionLag: () => runner.status(), requests: metering ? () => metering.counts() : undefined, observed });
       },
     });
     const connections = trackConnections(app.server);
