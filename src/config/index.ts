@@ -356,3 +356,20 @@ export function resolveAdminToken(env: NodeJS.ProcessEnv, dataDir: string): { to
   chmodSync(file, 0o600);
   return { token, created: true };
 }
+
+/**
+ * The embedded store's SQL port password: SVC_SQL_PASSWORD when set; otherwise DATA_DIR/sql-password,
+ * generated (owner-only) when `create` and missing. `created` tells `svc serve` to print it (once); null
+ * when there is none and none was to be made.
+ */
+export function resolveSqlPassword(env: NodeJS.ProcessEnv, dataDir: string, create: boolean): { password: string; created: boolean } | null {
+  if (env.SVC_SQL_PASSWORD) return { password: env.SVC_SQL_PASSWORD, created: false };
+  const file = join(dataDir, 'sql-password');
+  if (existsSync(file)) return { password: readFileSync(file, 'utf8').trim(), created: false };
+  if (!create) return null;
+  mkdirSync(dataDir, { recursive: true, mode: 0o700 });
+  const password = randomBytes(24).toString('base64url');
+  writeFileSync(file, `${password}\n`, { mode: 0o600, flag: 'wx' });
+  chmodSync(file, 0o600);
+  return { password, created: true };
+}

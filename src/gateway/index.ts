@@ -24,7 +24,7 @@ import {
   type RequestKey,
 } from '../api/index.ts';
 import { Metering } from '../metering/index.ts';
-import { resolveAdminToken, type ModelConfig, type Settings } from '../config/index.ts';
+import { resolveAdminToken, resolveSqlPassword, type ModelConfig, type Settings } from '../config/index.ts';
 import { CommandHandler } from '../command-handler/index.ts';
 import { KeyService } from '../keys/index.ts';
 import { BackendService } from '../backends/index.ts';
@@ -57,6 +57,8 @@ export interface GatewayOptions {
   storeNestedCallCheck?: boolean;
   /** Serve the embedded store read-only over the PostgreSQL wire protocol on this loopback port (0: any free one); off by default. */
   sqlPort?: number | null;
+  /** The SQL port's password (default: SVC_SQL_PASSWORD, else DATA_DIR/sql-password, created if missing). */
+  sqlPassword?: string;
   /** `worker` (`svc worker`): everything but the HTTP API, for a process that only works on harvest jobs. */
   role?: 'serve' | 'worker';
 }
@@ -228,7 +230,10 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     if (failed) throw failed.reason;
     const store = await storeOpening;
     const log: EventLog = esdb ?? store;
-    const sqlPort = options.sqlPort == null ? null : await serveReadOnlySql(store, { port: options.sqlPort });
+    const sqlPort =
+      options.sqlPort == null
+        ? null
+        : await serveReadOnlySql(store, { port: options.sqlPort, password: options.sqlPassword ?? resolveSqlPassword(process.env, settings.dataDir, true)!.password });
     if (sqlPort) stoppers.push(() => sqlPort.close());
 
     // Read models follow the log from their checkpoints (catch-up, then live), each in the one process holding its lease; stopped before the store.

@@ -12,20 +12,27 @@
  * that wrap reads in a transaction work). The client's startup parameters are not applied to the
  * shared session.
  *
+ * Clients authenticate with a password (AuthenticationCleartextPassword, on loopback): the one the
+ * port was opened with (`svc serve` keeps it in DATA_DIR/sql-password, or takes SVC_SQL_PASSWORD);
+ * any user name. A wrong or missing password is 28P01 and the connection closed, before any statement.
+ *
  * Written on PGlite's `execProtocolRawStream` rather than `@electric-sql/pglite-socket`: every
  * release of that package pins an exact PGlite peer version (none the one installed) and seven
  * extension packages as peers, and its queue takes PGlite's query lock per message, which is not the
  * lock `query`/`transaction` take, so a client's statement could run inside one of the gateway's
  * transactions.
  */
+import { createHash, timingSafeEqual } from 'node:crypto';
 import { createServer, type Server, type Socket } from 'node:net';
 import type { PGlite } from '@electric-sql/pglite';
 
 export interface SqlPortOptions {
   /** 0: any free port. */
   port: number;
-  /** Loopback by default; the port has no authentication. */
+  /** Loopback by default. */
   host?: string;
+  /** What clients must send as their password. */
+  password: string;
 }
 
 export interface SqlPort {
@@ -148,14 +155,23 @@ interface Session {
   socket: Socket;
   buffer: Buffer;
   started: boolean;
+  /** The startup message came; its password has not yet. */
+  authenticating: boolean;
   /** Extended-protocol messages up to the next Sync. */
   batch: Buffer[];
   /** Messages are handled one at a time, in order. */
   work: Promise<void>;
 }
 
+/** Both sides hashed, then compared in constant time: neither length nor content leaks through timing. */
+function passwordsMatch(given: Buffer, expected: string): boolean {
+  const digest = (b: Buffer | string) => createHash('sha256').update(b).digest();
+  return timingSafeEqual(digest(given), digest(expected));
+}
+
 export async function serveSqlPort(db: PGlite, options: SqlPortOptions): Promise<SqlPort> {
   const host = options.host ?? '127.0.0.1';
+  if (!options.password) throw new Error('the SQL port needs a password');
   const { rows } = await db.query<{ server_version: string; timezone: string }>(`SELECT current_setting('server_version') AS server_version, current_setting('TimeZone') AS timezone`);
   const parameters: [string, string][] = [
     ['server_version', rows[0].server_version],
@@ -264,7 +280,8 @@ export async function serveSqlPort(db: PGlite, options: SqlPortOptions): Promise
         else if (code === cancelRequest) session.socket.end();
         else if (code === protocol3) {
           session.started = true;
-          session.socket.write(greeting);
+          session.authenticating = true;
+          session.socket.write(message('R', int32(3))); // AuthenticationCleartextPassword
         } else {
           session.socket.end(errorResponse('08P01', 'unsupported frontend protocol'));
           return;
@@ -277,6 +294,18 @@ export async function serveSqlPort(db: PGlite, options: SqlPortOptions): Promise
       const whole = Buffer.from(b.subarray(0, length));
       session.buffer = b.subarray(length);
       const type = String.fromCharCode(whole[0]);
+      if (session.authenticating) {
+        // The password message: the password and its terminating zero.
+        const given = whole.subarray(5, Math.max(5, whole.length - 1));
+        if (type !== 'p' || !passwordsMatch(given, options.password)) {
+          session.socket.end(errorResponse('28P01', 'password authentication failed: the SQL port\'s password is in DATA_DIR/sql-password (or SVC_SQL_PASSWORD)'));
+          session.buffer = Buffer.alloc(0);
+          return;
+        }
+        session.authenticating = false;
+        session.socket.write(greeting);
+        continue;
+      }
       session.work = session.work
         .then(() => handle(session, type, whole))
         .catch((error: unknown) => refuse(session, (error as Error).message));
@@ -284,7 +313,7 @@ export async function serveSqlPort(db: PGlite, options: SqlPortOptions): Promise
   }
 
   const server: Server = createServer((socket) => {
-    const session: Session = { socket, buffer: Buffer.alloc(0), started: false, batch: [], work: Promise.resolve() };
+    const session: Session = { socket, buffer: Buffer.alloc(0), started: false, authenticating: false, batch: [], work: Promise.resolve() };
     sessions.add(session);
     socket.setNoDelay(true);
     socket.on('data', (data) => {

@@ -7,7 +7,8 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
-import { rmSync } from 'node:fs';
+import { readFileSync, rmSync, statSync } from 'node:fs';
+import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { svcCommand, packageRoot } from '../../src/config/index.ts';
 import { firstKeywords } from '../../src/store/sql-port.ts';
@@ -34,9 +35,15 @@ async function svc(args: string[]): Promise<{ code: number; stdout: string; stde
   }
 }
 
-async function psql(port: number, sql: string): Promise<{ ok: boolean; out: string }> {
+/** The port's password, as `svc serve` keeps it (printed once, on the start that made it). */
+const sqlPassword = () => readFileSync(join(dataDir, 'sql-password'), 'utf8').trim();
+
+async function psql(port: number, sql: string, password: string | null = sqlPassword()): Promise<{ ok: boolean; out: string }> {
   try {
-    const { stdout } = await run('psql', ['-X', '-h', '127.0.0.1', '-p', String(port), '-U', 'analyst', '-d', 'svc', '-v', 'ON_ERROR_STOP=1', '-tA', '-c', sql], { env: { ...process.env, PGCONNECT_TIMEOUT: '5' } });
+    const env: NodeJS.ProcessEnv = { ...process.env, PGCONNECT_TIMEOUT: '5' };
+    if (password === null) delete env.PGPASSWORD;
+    else env.PGPASSWORD = password;
+    const { stdout } = await run('psql', ['-X', '-w', '-h', '127.0.0.1', '-p', String(port), '-U', 'analyst', '-d', 'svc', '-v', 'ON_ERROR_STOP=1', '-tA', '-c', sql], { env });
     return { ok: true, out: stdout.trim() };
   } catch (error) {
     return { ok: false, out: (error as { stderr: string }).stderr.trim() };
@@ -44,14 +51,14 @@ async function psql(port: number, sql: string): Promise<{ ok: boolean; out: stri
 }
 
 /** Starts `svc serve` and resolves once it prints its listening line. */
-function serve(args: string[]): Promise<{ child: ChildProcess; url: string; sqlPort: number | null }> {
+function serve(args: string[]): Promise<{ child: ChildProcess; url: string; sqlPort: number | null; stderr: () => string }> {
   return new Promise((resolve, reject) => {
     const child = spawn(process.execPath, [...svcCommand(), 'serve', ...args], { cwd: packageRoot, env: env(), stdio: ['ignore', 'ignore', 'pipe'] });
     let stderr = '';
     child.stderr!.on('data', (d) => {
       stderr += d;
       const m = /svc gateway listening on (\S+?)(?:, SQL \(read-only\) on 127\.0\.0\.1:(\d+))?\n/.exec(stderr);
-      if (m) resolve({ child, url: m[1], sqlPort: m[2] ? Number(m[2]) : null });
+      if (m) resolve({ child, url: m[1], sqlPort: m[2] ? Number(m[2]) : null, stderr: () => stderr });
     });
     child.once('exit', (code) => reject(new Error(`svc serve exited (${code}): ${stderr}`)));
   });
@@ -75,6 +82,15 @@ test('svc serve --sql-port: psql reads the tables while the gateway runs, writes
   const gateway = await serve(['--sql-port', '0']);
   try {
     assert.ok(gateway.sqlPort, 'the listening line names the SQL port');
+    // The port needs its password: printed once, kept owner-only in DATA_DIR; none or a wrong one is refused.
+    assert.match(gateway.stderr(), new RegExp(`SQL port password \\(shown once, stored in .*sql-password\\): ${sqlPassword()}`));
+    assert.is(statSync(join(dataDir, 'sql-password')).mode & 0o777, 0o600);
+    for (const password of [null, 'wrong', '']) {
+      const refused = await psql(gateway.sqlPort!, 'SELECT 1', password);
+      assert.not.ok(refused.ok, `password ${password}`);
+      assert.match(refused.out, /password/, refused.out);
+    }
+    assert.equal(await psql(gateway.sqlPort!, 'SELECT 1'), { ok: true, out: '1' });
     const issued = await fetch(`${gateway.url}/admin/keys`, {
       method: 'POST',
       headers: { authorization: `Bearer ${adminToken}`, 'content-type': 'application/json' },
