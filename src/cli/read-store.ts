@@ -3,7 +3,7 @@
  * they read through its SQL port instead of refusing; without a port they say, in one line, how to get one.
  * The log is the store's, or EventStoreDB's when SVC_EVENT_LOG=eventstoredb (opened beside it).
  */
-import { resolveSqlPassword, type Settings } from '../config/index.ts';
+import { resolveSqlPasswords, type Settings } from '../config/index.ts';
 import { DataDirLocked, openStoreThroughSqlPort, readDataDirLock, type EventLog, type EventStore } from '../store/index.ts';
 import { openConfiguredEventLog } from '../gateway/event-log.ts';
 
@@ -21,9 +21,9 @@ export function runningSqlPort(settings: Settings, command: string): number | nu
   );
 }
 
-/** The running gateway's SQL port password: SVC_SQL_PASSWORD, or the one it keeps in DATA_DIR. */
+/** The running gateway's SQL port password for its owner (user `svc`), kept in DATA_DIR. */
 export function sqlPortPassword(settings: Settings): string {
-  return resolveSqlPassword(process.env, settings.dataDir, false)?.password ?? '';
+  return resolveSqlPasswords(process.env, settings.dataDir, false)?.owner ?? '';
 }
 
 /** Runs `use` with the configured event log: `store` itself, or EventStoreDB's, opened for it and closed after. */

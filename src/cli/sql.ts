@@ -84,7 +84,7 @@ export async function sqlCommand(args: string[], settings: Settings): Promise<nu
         const store = await openEventStore({ dataDir: settings.dataDir, purpose: 'svc sql' });
         try {
           const password = randomBytes(24).toString('base64url'); // this command's own port, for itself only
-          const own = await serveReadOnlySql(store, { port: 0, password });
+          const own = await serveReadOnlySql(store, { port: 0, passwords: { owner: password, analyst: randomBytes(24).toString('base64url') } });
           try {
             result = await onPort(own.port, password, sql);
           } finally {

@@ -357,14 +357,9 @@ export function resolveAdminToken(env: NodeJS.ProcessEnv, dataDir: string): { to
   return { token, created: true };
 }
 
-/**
- * The embedded store's SQL port password: SVC_SQL_PASSWORD when set; otherwise DATA_DIR/sql-password,
- * generated (owner-only) when `create` and missing. `created` tells `svc serve` to print it (once); null
- * when there is none and none was to be made.
- */
-export function resolveSqlPassword(env: NodeJS.ProcessEnv, dataDir: string, create: boolean): { password: string; created: boolean } | null {
-  if (env.SVC_SQL_PASSWORD) return { password: env.SVC_SQL_PASSWORD, created: false };
-  const file = join(dataDir, 'sql-password');
+/** A password kept owner-only in `file` under DATA_DIR, generated when `create` and missing; null when none. */
+function keptPassword(dataDir: string, name: string, create: boolean): { password: string; created: boolean } | null {
+  const file = join(dataDir, name);
   if (existsSync(file)) return { password: readFileSync(file, 'utf8').trim(), created: false };
   if (!create) return null;
   mkdirSync(dataDir, { recursive: true, mode: 0o700 });
@@ -372,4 +367,17 @@ export function resolveSqlPassword(env: NodeJS.ProcessEnv, dataDir: string, crea
   writeFileSync(file, `${password}\n`, { mode: 0o600, flag: 'wx' });
   chmodSync(file, 0o600);
   return { password, created: true };
+}
+
+/**
+ * The embedded store's SQL port passwords. Analysts': SVC_SQL_PASSWORD when set, otherwise
+ * DATA_DIR/sql-password; `created` tells `svc serve` to print it (once). The owner's (user `svc`, what
+ * the CLI's read-only commands use, every column): DATA_DIR/sql-owner-password, never printed. Both
+ * generated owner-only when `create` and missing; null when there are none and none were to be made.
+ */
+export function resolveSqlPasswords(env: NodeJS.ProcessEnv, dataDir: string, create: boolean): { analyst: string; owner: string; created: boolean } | null {
+  const analyst = env.SVC_SQL_PASSWORD ? { password: env.SVC_SQL_PASSWORD, created: false } : keptPassword(dataDir, 'sql-password', create);
+  const owner = keptPassword(dataDir, 'sql-owner-password', create);
+  if (!analyst || !owner) return null;
+  return { analyst: analyst.password, owner: owner.password, created: analyst.created };
 }

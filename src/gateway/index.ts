@@ -24,7 +24,7 @@ import {
   type RequestKey,
 } from '../api/index.ts';
 import { Metering } from '../metering/index.ts';
-import { resolveAdminToken, resolveSqlPassword, type ModelConfig, type Settings } from '../config/index.ts';
+import { resolveAdminToken, resolveSqlPasswords, type ModelConfig, type Settings } from '../config/index.ts';
 import { CommandHandler } from '../command-handler/index.ts';
 import { KeyService } from '../keys/index.ts';
 import { BackendService } from '../backends/index.ts';
@@ -57,8 +57,8 @@ export interface GatewayOptions {
   storeNestedCallCheck?: boolean;
   /** Serve the embedded store read-only over the PostgreSQL wire protocol on this loopback port (0: any free one); off by default. */
   sqlPort?: number | null;
-  /** The SQL port's password (default: SVC_SQL_PASSWORD, else DATA_DIR/sql-password, created if missing). */
-  sqlPassword?: string;
+  /** The SQL port's passwords (default: resolveSqlPasswords, created if missing). */
+  sqlPasswords?: { analyst: string; owner: string };
   /** `worker` (`svc worker`): everything but the HTTP API, for a process that only works on harvest jobs. */
   role?: 'serve' | 'worker';
 }
@@ -233,7 +233,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     const sqlPort =
       options.sqlPort == null
         ? null
-        : await serveReadOnlySql(store, { port: options.sqlPort, password: options.sqlPassword ?? resolveSqlPassword(process.env, settings.dataDir, true)!.password });
+        : await serveReadOnlySql(store, { port: options.sqlPort, passwords: options.sqlPasswords ?? resolveSqlPasswords(process.env, settings.dataDir, true)! });
     if (sqlPort) stoppers.push(() => sqlPort.close());
 
     // Read models follow the log from their checkpoints (catch-up, then live), each in the one process holding its lease; stopped before the store.

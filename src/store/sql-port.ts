@@ -25,14 +25,15 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
 import { createServer, type Server, type Socket } from 'node:net';
 import type { PGlite } from '@electric-sql/pglite';
+import { ANALYST_ROLE, ANALYST_SCHEMA, refreshAnalystViews } from './analyst-views.ts';
 
 export interface SqlPortOptions {
   /** 0: any free port. */
   port: number;
   /** Loopback by default. */
   host?: string;
-  /** What clients must send as their password. */
-  password: string;
+  /** What clients must send as their password: user `svc` the owner's (every table), any other user the analysts'. */
+  passwords: { owner: string; analyst: string };
 }
 
 export interface SqlPort {
@@ -157,6 +158,8 @@ interface Session {
   started: boolean;
   /** The startup message came; its password has not yet. */
   authenticating: boolean;
+  /** An analyst (any user but `svc`): reads the `analyst` views only, as role svc_analyst. */
+  analyst: boolean;
   /** Extended-protocol messages up to the next Sync. */
   batch: Buffer[];
   /** Messages are handled one at a time, in order. */
@@ -171,7 +174,7 @@ function passwordsMatch(given: Buffer, expected: string): boolean {
 
 export async function serveSqlPort(db: PGlite, options: SqlPortOptions): Promise<SqlPort> {
   const host = options.host ?? '127.0.0.1';
-  if (!options.password) throw new Error('the SQL port needs a password');
+  if (!options.passwords.owner || !options.passwords.analyst) throw new Error('the SQL port needs its passwords');
   const { rows } = await db.query<{ server_version: string; timezone: string }>(`SELECT current_setting('server_version') AS server_version, current_setting('TimeZone') AS timezone`);
   const parameters: [string, string][] = [
     ['server_version', rows[0].server_version],
@@ -199,7 +202,11 @@ export async function serveSqlPort(db: PGlite, options: SqlPortOptions): Promise
   const runReading = (session: Session, messages: Buffer[]) =>
     db._runExclusiveTransaction(async () => {
       const opened: Buffer[] = [];
-      await db.execProtocolRawStream(simpleQuery('BEGIN READ ONLY; SELECT 1'), { onRawData: (d) => opened.push(Buffer.from(d)), syncToFs: false });
+      // An analyst reads as svc_analyst, through the analyst schema's views only (analyst-views.ts).
+      const open = session.analyst
+        ? `BEGIN READ ONLY; SET LOCAL ROLE ${ANALYST_ROLE}; SET LOCAL search_path = ${ANALYST_SCHEMA}, pg_catalog; SELECT 1`
+        : 'BEGIN READ ONLY; SELECT 1';
+      await db.execProtocolRawStream(simpleQuery(open), { onRawData: (d) => opened.push(Buffer.from(d)), syncToFs: false });
       try {
         // `SELECT 1` took the snapshot: from here SET TRANSACTION READ WRITE is refused too.
         if (replyTypes(Buffer.concat(opened)).includes('E')) throw new Error('the SQL port could not open its read-only transaction');
@@ -281,6 +288,10 @@ export async function serveSqlPort(db: PGlite, options: SqlPortOptions): Promise
         else if (code === protocol3) {
           session.started = true;
           session.authenticating = true;
+          // Startup parameters: name\0value\0 pairs after the protocol version.
+          const fields = b.subarray(8, length).toString('utf8').split('\0');
+          const userAt = fields.findIndex((f, i) => i % 2 === 0 && f === 'user');
+          session.analyst = userAt < 0 || fields[userAt + 1] !== 'svc';
           session.socket.write(message('R', int32(3))); // AuthenticationCleartextPassword
         } else {
           session.socket.end(errorResponse('08P01', 'unsupported frontend protocol'));
@@ -297,13 +308,21 @@ export async function serveSqlPort(db: PGlite, options: SqlPortOptions): Promise
       if (session.authenticating) {
         // The password message: the password and its terminating zero.
         const given = whole.subarray(5, Math.max(5, whole.length - 1));
-        if (type !== 'p' || !passwordsMatch(given, options.password)) {
+        if (type !== 'p' || !passwordsMatch(given, session.analyst ? options.passwords.analyst : options.passwords.owner)) {
           session.socket.end(errorResponse('28P01', 'password authentication failed: the SQL port\'s password is in DATA_DIR/sql-password (or SVC_SQL_PASSWORD)'));
           session.buffer = Buffer.alloc(0);
           return;
         }
         session.authenticating = false;
-        session.socket.write(greeting);
+        if (session.analyst) {
+          // The views follow the tables: any added since the last analyst connected get theirs.
+          session.work = session.work
+            .then(() => refreshAnalystViews(db))
+            .then(
+              () => void session.socket.write(greeting),
+              (error: unknown) => void session.socket.end(errorResponse('XX000', `the analysts' views could not be prepared: ${(error as Error).message}`)),
+            );
+        } else session.socket.write(greeting);
         continue;
       }
       session.work = session.work
@@ -313,7 +332,7 @@ export async function serveSqlPort(db: PGlite, options: SqlPortOptions): Promise
   }
 
   const server: Server = createServer((socket) => {
-    const session: Session = { socket, buffer: Buffer.alloc(0), started: false, authenticating: false, batch: [], work: Promise.resolve() };
+    const session: Session = { socket, buffer: Buffer.alloc(0), started: false, authenticating: false, analyst: true, batch: [], work: Promise.resolve() };
     sessions.add(session);
     socket.setNoDelay(true);
     socket.on('data', (data) => {
