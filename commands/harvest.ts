@@ -6,6 +6,9 @@
  *                       +--FailStart--> failed (not counted)      Fail, AgeOut, Redispatch (worker_lost) --> failed
  *                       +--Cancel, Fail, AgeOut------------------> cancelled / failed
  *
+ * A failed job's files can then be removed (RemoveFiles: by its owner, or by the retention, which also
+ * removes a cancelled job's); the status stays.
+ *
  * While running, a worker claims the job (a fencing token: a later claim supersedes it, and the
  * superseded worker's records are refused), renews its lease, and records shards one by one in
  * plan order. The resumer redispatches a job whose claim's lease lapsed (its worker died), and fails
@@ -20,6 +23,7 @@ import {
   HarvestClaimRenewed,
   harvestEvents,
   HarvestFailed,
+  HarvestFilesRemoved,
   harvestMessageMax,
   HarvestRedispatched,
   HarvestShardWritten,
@@ -64,6 +68,8 @@ export interface HarvestState {
   readonly error: { readonly code: string; readonly message: string } | null;
   /** Whether the job counts against its month's quota: every job but one whose start failed. */
   readonly counted: boolean;
+  /** When a failed or cancelled job's files were removed (by its owner, or aged out); null while they are kept. */
+  readonly filesRemovedAt: string | null;
 }
 
 type Now = { now: string };
@@ -78,11 +84,12 @@ export type HarvestCommand =
   | ({ type: 'Succeed'; claimId: string | null; manifestSha256: string; manifestBytes: number } & Now)
   | ({ type: 'Fail'; code: string; message: string; claimId: string | null } & Now)
   | ({ type: 'Cancel'; byKeyPrefix: string } & Now)
+  | ({ type: 'RemoveFiles'; reason: 'owner' | 'retention'; byKeyPrefix: string | null } & Now)
   | ({ type: 'AgeOut'; staleAfterMs: number } & Now)
   | ({ type: 'Redispatch'; leaseMs: number; maxRedispatches: number; reason: string } & Now);
 
 export type HarvestRejection = Rejection<
-  'job_exists' | 'job_finished' | 'not_pending' | 'not_started' | 'claim_superseded' | 'shard_out_of_order' | 'shards_missing' | 'not_cancellable' | 'no_such_job'
+  'job_exists' | 'job_finished' | 'not_pending' | 'not_started' | 'claim_superseded' | 'shard_out_of_order' | 'shards_missing' | 'not_cancellable' | 'files_kept' | 'no_such_job'
 >;
 
 const initialState: HarvestState = {
@@ -98,6 +105,7 @@ const initialState: HarvestState = {
   finishedAt: null,
   error: null,
   counted: false,
+  filesRemovedAt: null,
 };
 
 const later = (now: string, ms: number): string => new Date(Date.parse(now) + ms).toISOString();
@@ -154,6 +162,8 @@ export const harvestDecider: Decider<HarvestState, HarvestCommand, HarvestEvent,
         return { ...state, status: 'failed', finishedAt: event.data.at, error: { code: event.data.code, message: event.data.message }, claim: null };
       case 'HarvestCancelled':
         return { ...state, status: 'cancelled', finishedAt: event.data.at, claim: null };
+      case 'HarvestFilesRemoved':
+        return { ...state, filesRemovedAt: state.filesRemovedAt ?? event.data.at };
       default: {
         const unhandled: never = event;
         throw new Error(`unknown harvest event ${JSON.stringify(unhandled)}`);
@@ -250,6 +260,13 @@ export const harvestDecider: Decider<HarvestState, HarvestCommand, HarvestEvent,
       case 'Cancel':
         if (terminal) return reject('not_cancellable', `the harvest job has already ${state.status === 'cancelled' ? 'been cancelled' : state.status}`, { status: state.status });
         return HarvestCancelled({ job_id, key_id, by_key_prefix: command.byKeyPrefix, at });
+      case 'RemoveFiles':
+        // A failed job's files only by its owner; a failed or cancelled job's by the retention. Once is enough.
+        if (state.filesRemovedAt !== null) return [];
+        if (state.status !== 'failed' && !(command.reason === 'retention' && state.status === 'cancelled')) {
+          return reject('files_kept', `the harvest job is ${state.status}: only a failed job's files can be removed`, { status: state.status });
+        }
+        return HarvestFilesRemoved({ job_id, key_id, reason: command.reason, by_key_prefix: command.byKeyPrefix, at });
       case 'AgeOut': {
         if (terminal || state.lastProgressAt === null) return [];
         const idle = elapsed(state.lastProgressAt, at);

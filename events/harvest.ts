@@ -144,6 +144,25 @@ export const HarvestCancelled = defineEvent(
   Type.Object({ job_id: JobId, key_id: Type.String({ minLength: 1 }), by_key_prefix: Type.String({ minLength: 1 }), at: Instant }, { additionalProperties: false }),
 );
 
+/**
+ * A failed or cancelled job's files (shards, prompts) were removed from the harvest storage: by a key of
+ * the owning user (`DELETE /v1/harvest/{id}` of a failed job, `by_key_prefix`), or aged out after the
+ * retention (`reason` `retention`, `by_key_prefix` null). The job's record stays; its shards are no longer served.
+ */
+export const HarvestFilesRemoved = defineEvent(
+  'HarvestFilesRemoved',
+  Type.Object(
+    {
+      job_id: JobId,
+      key_id: Type.String({ minLength: 1 }),
+      reason: Type.Union([Type.Literal('owner'), Type.Literal('retention')]),
+      by_key_prefix: Nullable(Type.String({ minLength: 1 })),
+      at: Instant,
+    },
+    { additionalProperties: false },
+  ),
+);
+
 export const harvestEvents = eventCatalogue('harvest', [
   HarvestSubmitted,
   HarvestStarted,
@@ -155,6 +174,7 @@ export const harvestEvents = eventCatalogue('harvest', [
   HarvestSucceeded,
   HarvestFailed,
   HarvestCancelled,
+  HarvestFilesRemoved,
 ]);
 export type HarvestEvent =
   | EventOf<typeof HarvestSubmitted>
@@ -166,7 +186,8 @@ export type HarvestEvent =
   | EventOf<typeof HarvestRedispatched>
   | EventOf<typeof HarvestSucceeded>
   | EventOf<typeof HarvestFailed>
-  | EventOf<typeof HarvestCancelled>;
+  | EventOf<typeof HarvestCancelled>
+  | EventOf<typeof HarvestFilesRemoved>;
 export type HarvestSubmittedData = EventOf<typeof HarvestSubmitted>['data'];
 export type HarvestShardWrittenData = EventOf<typeof HarvestShardWritten>['data'];
 

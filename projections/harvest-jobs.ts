@@ -351,6 +351,19 @@ export async function resumableHarvestJobs(db: Queryable, limit = 10_000): Promi
   }));
 }
 
+/**
+ * Of `jobIds` (the jobs that still have files), those that failed or were cancelled before `endedBefore`
+ * (ISO): the retention removes their files.
+ */
+export async function expiredHarvestJobs(db: Queryable, jobIds: readonly string[], endedBefore: string): Promise<string[]> {
+  if (jobIds.length === 0) return [];
+  const { rows } = await db.query<{ job_id: string }>(
+    `SELECT job_id FROM harvest_jobs WHERE job_id = ANY($1::text[]) AND status IN ('failed', 'cancelled') AND finished_at < $2::timestamptz ORDER BY finished_at, job_id`,
+    [jobIds, endedBefore],
+  );
+  return rows.map((r) => String(r.job_id));
+}
+
 /** A job's recorded shards, in order. */
 export async function harvestShardRows(db: Queryable, jobId: string): Promise<HarvestShardRow[]> {
   const { rows } = await db.query<Record<string, unknown>>(

@@ -20,6 +20,7 @@ export {
   harvestJobsProjection,
   harvestJobRow,
   harvestShardRows,
+  expiredHarvestJobs,
   listHarvestJobs,
   resumableHarvestJobs,
   type HarvestJobRow,

@@ -10,12 +10,15 @@ import { apiError, type ApiError } from '../errors/index.ts';
 import type { KeyService, KeyView } from '../keys/index.ts';
 import type { Queryable } from '../store/index.ts';
 import { requireAdminToken } from './auth.ts';
+import type { AuthFailureLimiter } from './auth-failures.ts';
 import { AdminKey as AdminKeySchema, AdminKeyList, AdminKeyWithUsage, budgetFields, ChangeBudgetsRequest, CreateKeyRequest, IssuedKey, PrefixParams, type AdminKey } from './admin-schemas.ts';
 import { adminSecurity, adminTag, errorResponses, okResponse } from './route-schema.ts';
 
 export interface AdminKeyRouteOptions {
   keys: KeyService;
   adminToken: string;
+  /** Failed authentications per address (shared with the other authenticated routes). */
+  authFailures?: AuthFailureLimiter;
   /** Where the projection tables live (the store). */
   db: Queryable;
   /** Resolves once the projections have applied every event committed before the call. */
@@ -125,7 +128,7 @@ export function adminKeyRoutes(app: FastifyInstance, options: AdminKeyRouteOptio
   const metadata = (request: FastifyRequest) => ({ request_id: request.id, actor: 'admin' });
 
   app.register(async (admin) => {
-    admin.addHook('onRequest', requireAdminToken(options.adminToken));
+    admin.addHook('onRequest', requireAdminToken(options.adminToken, options.authFailures));
 
     admin.post('/admin/keys', { schema: doc('Issue a key (the full key is shown only in this answer)', { 201: okResponse('The new key', IssuedKey), ...errorResponses(400, 401, 500, 503) }) }, async (request, reply) => {
       const body = request.body;

@@ -28,6 +28,21 @@ export interface AppOptions {
   health: HealthSources;
   /** Registers the feature routes (completions, models, ...) on the app. */
   routes?: (app: FastifyInstance) => void | Promise<void>;
+  /** Bounds on receiving a request (Settings.http); without them, 30 s for the headers and 5 minutes in all. */
+  timeouts?: { headersTimeoutMs: number; requestTimeoutMs: number };
+  /** Proxies whose X-Forwarded-For names the client (request.ip); none: the peer is the client. */
+  trustedProxies?: string[];
+}
+
+/** The longest path parameter the router takes; longer ones are 400 before any route sees them. */
+const maxParamLength = 2048;
+
+/**
+ * Node's server checks its connections against the bounds on a timer (30 s by default): a fraction of
+ * the smaller bound, so a request past it is answered within about a quarter of that bound more.
+ */
+function connectionsCheckingInterval(timeouts: { headersTimeoutMs: number; requestTimeoutMs: number }): number {
+  return Math.min(30_000, Math.max(50, Math.floor(Math.min(timeouts.headersTimeoutMs, timeouts.requestTimeoutMs) / 4)));
 }
 
 /** Fastify's own request lines are off: request-log.ts writes one per request when it ends. */
@@ -48,7 +63,14 @@ class MetadataLogController extends LogController {
  * schemas (validation and the generated OpenAPI document at /openapi.json, UI at /swagger).
  */
 export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
+  const timeouts = options.timeouts ?? { headersTimeoutMs: 30_000, requestTimeoutMs: 300_000 };
   const app = Fastify({
+    // A client that sends its headers or body too slowly (one byte of an announced 8 MB) is answered 408
+    // and its connection closed (answerClientError), rather than holding it open for ever.
+    requestTimeout: timeouts.requestTimeoutMs,
+    // request.ip (the client the failed-authentication limit counts) is X-Forwarded-For's only behind these.
+    trustProxy: options.trustedProxies && options.trustedProxies.length > 0 ? options.trustedProxies.join(',') : false,
+    http: { headersTimeout: timeouts.headersTimeoutMs, requestTimeout: timeouts.requestTimeoutMs, connectionsCheckingInterval: connectionsCheckingInterval(timeouts) },
     loggerInstance: options.logger,
     logController: new MetadataLogController(),
     genReqId: requestIdFor,
@@ -57,12 +79,19 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     return503OnClosing: false,
     forceCloseConnections: 'idle',
     // Long path parameters reach our own validation (400) instead of the router's limit.
-    routerOptions: { ignoreTrailingSlash: true, maxParamLength: 2048 },
+    routerOptions: { ignoreTrailingSlash: true, maxParamLength },
     clientErrorHandler: answerClientError,
     frameworkErrors: (err, request, reply) => {
       reply.header('x-request-id', request.id);
       logWhenEnded(request, reply);
-      const error = err.code === 'FST_ERR_BAD_URL' ? apiError('invalid_request', 'malformed URL') : toApiError(err);
+      // A malformed path parameter is 400 invalid_request (the contract), a path parameter longer than the
+      // router takes (find-my-way's 414) included.
+      const error =
+        err.code === 'FST_ERR_BAD_URL'
+          ? apiError('invalid_request', 'malformed URL')
+          : err.code === 'FST_ERR_MAX_PARAM_LENGTH'
+            ? apiError('invalid_request', `a path parameter is longer than ${maxParamLength} characters`)
+            : toApiError(err);
       return sendApiError(request, reply, error);
     },
   }) as unknown as FastifyInstance;

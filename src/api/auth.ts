@@ -5,6 +5,7 @@
 import type { FastifyInstance, FastifyRequest, onRequestAsyncHookHandler } from 'fastify';
 import { apiError } from '../errors/index.ts';
 import { bearerToken, tokensMatch, type KeyService, type KeyView } from '../keys/index.ts';
+import type { AuthFailureLimiter } from './auth-failures.ts';
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -25,21 +26,36 @@ export function decorateAuthenticatedRequest(app: FastifyInstance): void {
  * The hook for routes that need a key: sets `request.keyPrefix` and `request.apiKey`, or answers 401
  * `invalid_api_key` for a missing, malformed, unknown, wrong, paused or revoked key.
  */
-export function requireApiKey(keys: KeyService): onRequestAsyncHookHandler {
+export function requireApiKey(keys: KeyService, failures?: AuthFailureLimiter): onRequestAsyncHookHandler {
   return async function authenticate(request: FastifyRequest) {
+    const refused = failures?.refusal(request.ip);
+    if (refused) throw refused;
     const result = await keys.authenticate(request.headers.authorization);
     if (result.prefix) request.keyPrefix = result.prefix;
-    if (!result.ok) throw result.error;
+    if (!result.ok) {
+      failures?.failed(request.ip);
+      throw result.error;
+    }
     request.apiKey = result.key;
   };
 }
 
 /** The hook for the admin API: `Authorization: Bearer <SVC_ADMIN_TOKEN>`, compared in constant time. */
-export function requireAdminToken(adminToken: string): onRequestAsyncHookHandler {
+export function requireAdminToken(adminToken: string, failures?: AuthFailureLimiter): onRequestAsyncHookHandler {
   if (adminToken === '') throw new Error('the admin token must not be empty');
   return async function authenticateAdmin(request: FastifyRequest) {
+    const refused = failures?.refusal(request.ip);
+    if (refused) throw refused;
     const token = bearerToken(request.headers.authorization);
-    if (token === null) throw apiError('invalid_api_key', 'missing admin token: send Authorization: Bearer <SVC_ADMIN_TOKEN>');
-    if (!tokensMatch(token, adminToken)) throw apiError('invalid_api_key', 'invalid admin token');
+    const error =
+      token === null
+        ? apiError('invalid_api_key', 'missing admin token: send Authorization: Bearer <SVC_ADMIN_TOKEN>')
+        : !tokensMatch(token, adminToken)
+          ? apiError('invalid_api_key', 'invalid admin token')
+          : null;
+    if (error) {
+      failures?.failed(request.ip);
+      throw error;
+    }
   };
 }

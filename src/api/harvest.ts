@@ -61,6 +61,9 @@ export const HarvestJob = Type.Object(
       bytes_done: Type.Integer(),
     }),
     error: Type.Union([Type.Object({ code: Type.String(), message: Type.String() }), Type.Null()]),
+    files_removed_at: Type.Union([Type.String({ format: 'date-time' }), Type.Null()], {
+      description: "When a failed (or cancelled) job's files were removed: by DELETE of a failed job, or after the retention. Its shards are no longer served.",
+    }),
     result: Type.Union([Type.Object({ manifest: Type.Unknown(), manifest_sha256: Type.String(), shards: Type.Array(ShardEntry) }), Type.Null()], {
       description: 'On success: the manifest (manifest.json) and each shard with its download path and hash.',
     }),
@@ -175,10 +178,10 @@ export function harvestRoutes(app: FastifyInstance, options: HarvestRouteOptions
     {
       onRequest: authenticate,
       schema: {
-        summary: 'Cancel a pending or running harvest job (409 once it has ended)',
+        summary: "Cancel a pending or running harvest job, or remove a failed job's files (409 for a succeeded or cancelled job)",
         security: apiKeySecurity,
         params: JobParams,
-        response: { 200: okResponse('The cancelled job', HarvestJob), ...errorResponses(400, 401, 404, 409, 500, 503) },
+        response: { 200: okResponse("The cancelled job, or the failed job whose files were removed", HarvestJob), ...errorResponses(400, 401, 404, 409, 500, 503) },
       },
     },
     async (request) => service.cancel(callerOf(request), request.params.job_id),

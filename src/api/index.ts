@@ -7,6 +7,7 @@ export { completionRoutes, type CompletionRouteOptions, type RequestKey } from '
 export { adminKeyRoutes } from './admin-keys.ts';
 export { metricsRoutes, Observed, type MetricsSources } from './metrics.ts';
 export { decorateAuthenticatedRequest, requireApiKey, requireAdminToken } from './auth.ts';
+export { AuthFailureLimiter, type AuthFailureLimits } from './auth-failures.ts';
 export { modelRoutes } from './models.ts';
 export { modelStatusRoutes, modelStatusSource, type ModelStatusSource } from './model-status.ts';
 export { adminTag, adminSecurity, apiKeySecurity, errorResponses, okResponse } from './route-schema.ts';

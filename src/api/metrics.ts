@@ -10,12 +10,15 @@
 import type { FastifyInstance } from 'fastify';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { requireAdminToken } from './auth.ts';
+import type { AuthFailureLimiter } from './auth-failures.ts';
 import { adminSecurity, adminTag, errorResponses } from './route-schema.ts';
 import type { BackendSnapshot } from '../backends/index.ts';
 
 export interface MetricsSources {
   /** The operators' token (the admin API's). */
   adminToken: string;
+  /** Failed authentications per address (shared with the other authenticated routes). */
+  authFailures?: AuthFailureLimiter;
   /** Every backend's breaker and boot stage, from memory (src/backends). */
   backends(): BackendSnapshot[];
   /** Each projection's lag behind the log, in events (the projection runner's status). */
@@ -159,7 +162,7 @@ export function metricsRoutes(app: FastifyInstance, sources: MetricsSources): Re
     hide: true,
     response: errorResponses(401),
   };
-  app.get('/metrics', { schema, onRequest: requireAdminToken(sources.adminToken) }, async (_request, reply) => {
+  app.get('/metrics', { schema, onRequest: requireAdminToken(sources.adminToken, sources.authFailures) }, async (_request, reply) => {
     const text = await registry.metrics();
     return reply.header('content-type', registry.contentType).send(text);
   });

@@ -16,7 +16,7 @@ const info = {
 const adminInfo = {
   title: 'Base-Model Text Completion Service: admin API',
   version: interfaceVersion,
-  description: 'Operators only: every route needs the admin token (Authorization: Bearer <SVC_ADMIN_TOKEN>).',
+  description: 'Operators only: every operation needs the admin token (Authorization: Bearer <SVC_ADMIN_TOKEN>); this description itself is public.',
 };
 
 type Operation = { tags?: string[] };

@@ -123,7 +123,9 @@ const beforeRouting = [400, 408, 431];
  */
 export function errorResponses(...statuses: number[]): Record<number, unknown> {
   const out: Record<number, unknown> = {};
-  for (const status of new Set([...statuses, ...beforeRouting])) {
+  // A route that authenticates may refuse an address with too many failed authentications (429 rate_limited).
+  const authenticated = statuses.includes(401) ? [429] : [];
+  for (const status of new Set([...statuses, ...authenticated, ...beforeRouting])) {
     const codes = codesAnsweredWith(status);
     out[status] = {
       description: `Error envelope; error.code one of: ${codes.join(', ')}`,

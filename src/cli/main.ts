@@ -1,4 +1,5 @@
-import { ConfigError, loadSettings, resolveAdminToken, type Settings } from '../config/index.ts';
+import { ConfigError, loadSettings, resolveAdminToken, resolveSqlPasswords, type Settings } from '../config/index.ts';
+import { OWNER_ONLY_UMASK, tightenDataDir, tightenedLine } from '../config/data-dir-mode.ts';
 
 const usage = `usage: svc <command> [options]
 
@@ -64,19 +65,26 @@ async function serve(settings: Settings, args: string[], role: 'serve' | 'worker
     wake();
   };
   for (const signal of ['SIGTERM', 'SIGINT', 'SIGHUP'] as const) process.on(signal, onSignal);
+  // DATA_DIR is owner-only: everything this process, PGlite and the engines create is born 0700/0600,
+  // and what an earlier release (or a copy) left wider is tightened, said in one line.
+  process.umask(OWNER_ONLY_UMASK);
+  const tightened = tightenedLine(tightenDataDir(settings.dataDir));
+  if (tightened) process.stderr.write(tightened);
   // Before anything starts, or even loads: a held data directory or a taken port is one line, not a stack
   // trace later, and the check imports only what it reads (the gateway's modules take seconds on a busy machine).
   if (role === 'serve') await (await import('../gateway/preflight.ts')).checkServeCanStart(settings, sqlPort);
   const { startGateway } = await import('../gateway/index.ts');
   const admin = resolveAdminToken(process.env, settings.dataDir);
+  const sql = sqlPort === null ? null : resolveSqlPasswords(process.env, settings.dataDir, true);
   // SVC_ENGINE_CHAOS=1 gives reference engines their failure-injection route (for tests of a whole `svc serve`).
   // The store's nested-call check costs promise hooks on every promise (see OpenEventStoreOptions.nestedCallCheck);
   // the in-process gateway of the tests keeps it, so a served gateway goes without.
-  const gateway = await startGateway(settings, { chaosEngines: process.env.SVC_ENGINE_CHAOS === '1', adminToken: admin.token, storeNestedCallCheck: false, sqlPort, role });
+  const gateway = await startGateway(settings, { chaosEngines: process.env.SVC_ENGINE_CHAOS === '1', adminToken: admin.token, storeNestedCallCheck: false, sqlPort, sqlPasswords: sql ?? undefined, role });
   if (admin.created) {
     // Printed once, on the first start; it is kept under DATA_DIR readable by the owner only.
     process.stderr.write(`\nadmin token (shown once, stored in ${settings.dataDir}/admin-token): ${admin.token}\n\n`);
   }
+  if (sql?.created) process.stderr.write(`\nSQL port password for analysts (shown once, stored in ${settings.dataDir}/sql-password): ${sql.analyst}\n\n`);
   if (role === 'worker') process.stderr.write(`svc worker working on harvest jobs (${settings.harvest.workers} at a time)\n`);
   else process.stderr.write(`svc gateway listening on ${gateway.url}${gateway.sqlPort === null ? '' : `, SQL (read-only) on 127.0.0.1:${gateway.sqlPort}`}\n`);
   if (!stopSignal) await new Promise<void>((resolve) => (wake = resolve));

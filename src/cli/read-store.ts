@@ -3,7 +3,7 @@
  * they read through its SQL port instead of refusing; without a port they say, in one line, how to get one.
  * The log is the store's, or EventStoreDB's when SVC_EVENT_LOG=eventstoredb (opened beside it).
  */
-import type { Settings } from '../config/index.ts';
+import { resolveSqlPasswords, type Settings } from '../config/index.ts';
 import { DataDirLocked, openStoreThroughSqlPort, readDataDirLock, type EventLog, type EventStore } from '../store/index.ts';
 import { openConfiguredEventLog } from '../gateway/event-log.ts';
 
@@ -19,6 +19,11 @@ export function runningSqlPort(settings: Settings, command: string): number | nu
     `the embedded store in ${settings.dataDir} is in use by another process (pid ${holder.pid}, ${holder.purpose}, since ${holder.since}), which serves no SQL port: ` +
       `to run \`svc ${command}\` while it runs, start it with \`svc serve --sql-port N\` (or stop it first)`,
   );
+}
+
+/** The running gateway's SQL port password for its owner (user `svc`), kept in DATA_DIR. */
+export function sqlPortPassword(settings: Settings): string {
+  return resolveSqlPasswords(process.env, settings.dataDir, false)?.owner ?? '';
 }
 
 /** Runs `use` with the configured event log: `store` itself, or EventStoreDB's, opened for it and closed after. */
@@ -39,7 +44,7 @@ export async function withEventLog<T>(settings: Settings, store: EventStore, use
 export async function readThroughRunningGateway(settings: Settings, command: string, read: (store: EventStore, log: EventLog) => Promise<number>): Promise<number | null> {
   const port = runningSqlPort(settings, command);
   if (port === null) return null;
-  const store = await openStoreThroughSqlPort(port);
+  const store = await openStoreThroughSqlPort(port, sqlPortPassword(settings));
   try {
     return await withEventLog(settings, store, (log) => read(store, log));
   } finally {

@@ -12,7 +12,7 @@ import pg from 'pg';
 import type { Settings } from '../config/index.ts';
 import { openEventStore, serveReadOnlySql } from '../store/index.ts';
 import { projections } from '../../projections/index.ts';
-import { runningSqlPort } from './read-store.ts';
+import { runningSqlPort, sqlPortPassword } from './read-store.ts';
 
 export const sqlUsage = 'usage: svc sql "SELECT ..." [--json]      one read-only query (--json: one JSON object per row)\n';
 export const sqlRoleUsage = 'usage: svc sql-role NAME                   PostgreSQL: a login role that reads the analysts\' tables and events only\n';
@@ -48,8 +48,8 @@ async function readOnly(client: pg.Client, sql: string): Promise<pg.QueryResult>
   }
 }
 
-async function onPort(port: number, sql: string): Promise<pg.QueryResult> {
-  const client = new pg.Client({ host: '127.0.0.1', port, user: 'svc', database: 'svc' });
+async function onPort(port: number, password: string, sql: string): Promise<pg.QueryResult> {
+  const client = new pg.Client({ host: '127.0.0.1', port, user: 'svc', database: 'svc', password });
   await client.connect();
   try {
     return await readOnly(client, sql);
@@ -78,14 +78,15 @@ export async function sqlCommand(args: string[], settings: Settings): Promise<nu
       }
     } else {
       const port = runningSqlPort(settings, 'sql');
-      if (port !== null) result = await onPort(port, sql);
+      if (port !== null) result = await onPort(port, sqlPortPassword(settings), sql);
       else {
         // No gateway runs: this command opens the store and serves itself a port, so the checks are the gateway's.
         const store = await openEventStore({ dataDir: settings.dataDir, purpose: 'svc sql' });
         try {
-          const own = await serveReadOnlySql(store, { port: 0 });
+          const password = randomBytes(24).toString('base64url'); // this command's own port, for itself only
+          const own = await serveReadOnlySql(store, { port: 0, passwords: { owner: password, analyst: randomBytes(24).toString('base64url') } });
           try {
-            result = await onPort(own.port, sql);
+            result = await onPort(own.port, password, sql);
           } finally {
             await own.close();
           }

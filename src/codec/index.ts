@@ -18,7 +18,9 @@ export {
   tensorByteLength,
   zstdContentSize,
   zstdContentSizeOfBase64,
+  walkZstdFrame,
   type CodecDtype,
+  type ZstdFrameWalk,
 } from './wire.ts';
 export { CodecScanner, Base64Decoder, decodeCodecInto, RESIDUAL_STREAM_PATH, type CodecLocation } from './reader.ts';
 

@@ -97,3 +97,41 @@ export function zstdContentSize(head: Uint8Array): number | null | 'not-zstd' {
 export function zstdContentSizeOfBase64(dataHead: string): number | null | 'not-zstd' {
   return zstdContentSize(Buffer.from(dataHead.slice(0, ZSTD_HEADER_BASE64_CHARS), 'base64'));
 }
+
+/** What a walk over a zstd frame's block headers finds (RFC 8878 3.1.1). */
+export type ZstdFrameWalk =
+  | { ok: true; end: number; contentSize: number | null }
+  | { ok: false; reason: string };
+
+/**
+ * Walks the frame starting at byte 0 from header to end through its block headers, without decoding
+ * anything: where it ends, and the content size its header declares. A frame whose blocks run past the
+ * bytes, or use a reserved block type or descriptor bit, is not a frame.
+ */
+export function walkZstdFrame(bytes: Uint8Array): ZstdFrameWalk {
+  const b = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const contentSize = zstdContentSize(b);
+  if (contentSize === 'not-zstd') return { ok: false, reason: 'not a zstd frame' };
+  const descriptor = b[4];
+  if (descriptor & 0x08) return { ok: false, reason: 'a reserved bit of the zstd frame header is set' };
+  const fcsFlag = descriptor >> 6;
+  const singleSegment = (descriptor >> 5) & 1;
+  const checksum = (descriptor >> 2) & 1;
+  const fcsBytes = fcsFlag === 0 ? (singleSegment ? 1 : 0) : [0, 2, 4, 8][fcsFlag];
+  let at = 5 + (singleSegment ? 0 : 1) + [0, 1, 2, 4][descriptor & 3] + fcsBytes;
+  for (;;) {
+    if (at + 3 > b.length) return { ok: false, reason: 'the zstd frame is cut short' };
+    const header = b[at] | (b[at + 1] << 8) | (b[at + 2] << 16);
+    at += 3;
+    const last = header & 1;
+    const type = (header >> 1) & 3;
+    const size = header >>> 3;
+    if (type === 3) return { ok: false, reason: 'the zstd frame holds a reserved block type' };
+    at += type === 1 ? 1 : size; // an RLE block is one byte repeated `size` times
+    if (at > b.length) return { ok: false, reason: 'the zstd frame is cut short' };
+    if (last) break;
+  }
+  at += checksum ? 4 : 0;
+  if (at > b.length) return { ok: false, reason: 'the zstd frame is cut short' };
+  return { ok: true, end: at, contentSize };
+}

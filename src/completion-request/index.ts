@@ -8,7 +8,7 @@ import type { ModelRegistry } from '../registry/index.ts';
 import { CompletionRequest, MAX_SEED } from './schema.ts';
 import { schemaError, invalid } from './schema-errors.ts';
 import { steeringVectorError } from './steering.ts';
-import { captureBytePositionLimit, capturePositionLimit } from './capture-size.ts';
+import { captureBytePositionLimit, captureDModel, capturePositionLimit } from './capture-size.ts';
 
 export { CompletionRequest, CompletionPrompt, SteeringVector, TensorCodec, StreamOptions } from './schema.ts';
 export { captureBodyBytes, captureBytesPerPosition, largestCaptureBytes, captureDModel, tokenTextJsonBytes } from './capture-size.ts';
@@ -228,8 +228,9 @@ export function prepareValidCompletion(req: CompletionRequest, ctx: CompletionCo
     if (steeringVectors.length > act.max_steering_vectors) {
       throw invalid('apply_steering_vectors', `apply_steering_vectors: at most ${act.max_steering_vectors} steering vectors on model ${model.id} (got ${steeringVectors.length})`);
     }
+    const steered = { id: model.id, nLayers: act.n_layers, dModel: captureDModel(model), maxPositions: caps.max_model_len };
     for (let i = 0; i < steeringVectors.length; i++) {
-      const error = steeringVectorError(steeringVectors[i], i, act.n_layers);
+      const error = steeringVectorError(steeringVectors[i], i, steered);
       if (error) throw error;
     }
   }

@@ -32,6 +32,22 @@ export interface Settings {
   breaker: { failureThreshold: number; cooldownMs: number; probeLeaseMs: number };
   /** How long a shutdown waits for in-flight requests before closing their connections. */
   shutdownGraceMs: number;
+  /**
+   * How long a client may take to send a request: its headers (SVC_HTTP_HEADERS_TIMEOUT_MS) and the
+   * whole request, body included (SVC_HTTP_REQUEST_TIMEOUT_MS); past either it is answered 408 and its
+   * connection closed. The response is not bounded by these.
+   */
+  http: { headersTimeoutMs: number; requestTimeoutMs: number };
+  /**
+   * Failed authentications (API key or admin token) per client address before it is refused 429 for
+   * the rest of the window (SVC_AUTH_FAILURE_LIMIT, 0: no limit; SVC_AUTH_FAILURE_WINDOW_MS).
+   */
+  authFailures: { limit: number; windowMs: number };
+  /**
+   * Addresses (IPs or CIDRs) of proxies whose X-Forwarded-For names the client (SVC_TRUSTED_PROXIES);
+   * empty: the client is the connection's peer.
+   */
+  trustedProxies: string[];
   /** Budget reservations, rate and concurrency limits per key. Off only to measure the gateway without them. */
   metering: boolean;
   /**
@@ -65,6 +81,8 @@ export interface HarvestSettings {
   maxRunningPerKey: number;
   /** A pending or running job without progress this long is aged out (failed) at the next submit of its key. */
   staleAfterMs: number;
+  /** A failed or cancelled job's files (shards, prompts) are removed this long after it ended (SVC_HARVEST_FAILED_RETENTION_HOURS). */
+  failedRetentionMs: number;
   /** batch_size when the request leaves it null. */
   defaultBatchSize: number;
   /** `inprocess` (default), `postgres` (the store's database) or `kafka` (KAFKA_BROKERS): the last two for separate `svc worker` processes. */
@@ -274,6 +292,12 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env, overrides: Pa
       probeLeaseMs: intFromEnv(env, 'SVC_BREAKER_PROBE_LEASE_MS', 30_000, 1, 24 * 3600 * 1000),
     },
     shutdownGraceMs: intFromEnv(env, 'SVC_SHUTDOWN_GRACE_MS', 60_000, 0, 3600_000),
+    http: httpTimeoutsFromEnv(env),
+    authFailures: {
+      limit: intFromEnv(env, 'SVC_AUTH_FAILURE_LIMIT', 30, 0, 1_000_000),
+      windowMs: intFromEnv(env, 'SVC_AUTH_FAILURE_WINDOW_MS', 60_000, 1000, 24 * 3600 * 1000),
+    },
+    trustedProxies: (env.SVC_TRUSTED_PROXIES ?? '').split(',').map((s) => s.trim()).filter((s) => s.length > 0),
     metering: switchFromEnv(env, 'SVC_METERING', true),
     projections: switchFromEnv(env, 'SVC_PROJECTIONS', true),
     processorLeaseMs: intFromEnv(env, 'SVC_PROCESSOR_LEASE_MS', 3000, 300, 600_000),
@@ -295,6 +319,7 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env, overrides: Pa
       maxEstimatedTokens: intFromEnv(env, 'SVC_HARVEST_MAX_ESTIMATED_TOKENS', 2_000_000, 1, 2 ** 31 - 1),
       maxRunningPerKey: intFromEnv(env, 'SVC_HARVEST_MAX_RUNNING_PER_KEY', 3, 1, 1_000_000),
       staleAfterMs: intFromEnv(env, 'SVC_HARVEST_STALE_MINUTES', 180, 1, 7 * 24 * 60) * 60_000,
+      failedRetentionMs: intFromEnv(env, 'SVC_HARVEST_FAILED_RETENTION_HOURS', 72, 0, 24 * 365) * 3_600_000,
       defaultBatchSize: intFromEnv(env, 'SVC_HARVEST_DEFAULT_BATCH_SIZE', 8, 1, 64),
       transport: harvestTransportFromEnv(env),
       kafka: kafkaFromEnv(env),
@@ -310,6 +335,16 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env, overrides: Pa
   };
 }
 
+/** SVC_HTTP_HEADERS_TIMEOUT_MS and SVC_HTTP_REQUEST_TIMEOUT_MS; the headers' bound may not exceed the request's. */
+function httpTimeoutsFromEnv(env: NodeJS.ProcessEnv): Settings['http'] {
+  const requestTimeoutMs = intFromEnv(env, 'SVC_HTTP_REQUEST_TIMEOUT_MS', 300_000, 100, 3600_000);
+  const headersTimeoutMs = intFromEnv(env, 'SVC_HTTP_HEADERS_TIMEOUT_MS', Math.min(30_000, requestTimeoutMs), 100, 3600_000);
+  if (headersTimeoutMs > requestTimeoutMs) {
+    throw new ConfigError(`SVC_HTTP_HEADERS_TIMEOUT_MS (${headersTimeoutMs}) must not exceed SVC_HTTP_REQUEST_TIMEOUT_MS (${requestTimeoutMs})`);
+  }
+  return { headersTimeoutMs, requestTimeoutMs };
+}
+
 /**
  * The admin token: SVC_ADMIN_TOKEN when set; otherwise generated on first start and kept under DATA_DIR
  * readable by the owner only. `created` tells the caller to print it (once).
@@ -323,4 +358,29 @@ export function resolveAdminToken(env: NodeJS.ProcessEnv, dataDir: string): { to
   writeFileSync(file, `${token}\n`, { mode: 0o600, flag: 'wx' });
   chmodSync(file, 0o600);
   return { token, created: true };
+}
+
+/** A password kept owner-only in `file` under DATA_DIR, generated when `create` and missing; null when none. */
+function keptPassword(dataDir: string, name: string, create: boolean): { password: string; created: boolean } | null {
+  const file = join(dataDir, name);
+  if (existsSync(file)) return { password: readFileSync(file, 'utf8').trim(), created: false };
+  if (!create) return null;
+  mkdirSync(dataDir, { recursive: true, mode: 0o700 });
+  const password = randomBytes(24).toString('base64url');
+  writeFileSync(file, `${password}\n`, { mode: 0o600, flag: 'wx' });
+  chmodSync(file, 0o600);
+  return { password, created: true };
+}
+
+/**
+ * The embedded store's SQL port passwords. Analysts': SVC_SQL_PASSWORD when set, otherwise
+ * DATA_DIR/sql-password; `created` tells `svc serve` to print it (once). The owner's (user `svc`, what
+ * the CLI's read-only commands use, every column): DATA_DIR/sql-owner-password, never printed. Both
+ * generated owner-only when `create` and missing; null when there are none and none were to be made.
+ */
+export function resolveSqlPasswords(env: NodeJS.ProcessEnv, dataDir: string, create: boolean): { analyst: string; owner: string; created: boolean } | null {
+  const analyst = env.SVC_SQL_PASSWORD ? { password: env.SVC_SQL_PASSWORD, created: false } : keptPassword(dataDir, 'sql-password', create);
+  const owner = keptPassword(dataDir, 'sql-owner-password', create);
+  if (!analyst || !owner) return null;
+  return { analyst: analyst.password, owner: owner.password, created: analyst.created };
 }

@@ -62,6 +62,8 @@ export const errorCatalogue = {
   circuit_open: { status: 503, type: 'upstream_error', retryAfter: 30, upstream: true },
   tokenizer_unavailable: { status: 503, type: 'server_error', retryAfter: 10 },
   harvest_unavailable: { status: 503, type: 'server_error', retryAfter: 10 },
+  // The harvest storage (SVC_HARVEST_DIR) has no space left: a submit is refused; a running job fails with this code.
+  harvest_storage_full: { status: 503, type: 'server_error', retryAfter: 300 },
   upstream_deadline: { status: 504, type: 'upstream_error', noRetry: true, upstream: true },
   internal_error: { status: 500, type: 'server_error' },
 } as const satisfies Record<string, CatalogueEntry>;

@@ -18,12 +18,13 @@ import {
   modelStatusSource,
   harvestRoutes,
   requireApiKey,
+  AuthFailureLimiter,
   type BackendHealth,
   type Logger,
   type RequestKey,
 } from '../api/index.ts';
 import { Metering } from '../metering/index.ts';
-import { resolveAdminToken, type ModelConfig, type Settings } from '../config/index.ts';
+import { resolveAdminToken, resolveSqlPasswords, type ModelConfig, type Settings } from '../config/index.ts';
 import { CommandHandler } from '../command-handler/index.ts';
 import { KeyService } from '../keys/index.ts';
 import { BackendService } from '../backends/index.ts';
@@ -56,6 +57,8 @@ export interface GatewayOptions {
   storeNestedCallCheck?: boolean;
   /** Serve the embedded store read-only over the PostgreSQL wire protocol on this loopback port (0: any free one); off by default. */
   sqlPort?: number | null;
+  /** The SQL port's passwords (default: resolveSqlPasswords, created if missing). */
+  sqlPasswords?: { analyst: string; owner: string };
   /** `worker` (`svc worker`): everything but the HTTP API, for a process that only works on harvest jobs. */
   role?: 'serve' | 'worker';
 }
@@ -227,7 +230,10 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     if (failed) throw failed.reason;
     const store = await storeOpening;
     const log: EventLog = esdb ?? store;
-    const sqlPort = options.sqlPort == null ? null : await serveReadOnlySql(store, { port: options.sqlPort });
+    const sqlPort =
+      options.sqlPort == null
+        ? null
+        : await serveReadOnlySql(store, { port: options.sqlPort, passwords: options.sqlPasswords ?? resolveSqlPasswords(process.env, settings.dataDir, true)! });
     if (sqlPort) stoppers.push(() => sqlPort.close());
 
     // Read models follow the log from their checkpoints (catch-up, then live), each in the one process holding its lease; stopped before the store.
@@ -282,7 +288,9 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
       if (latest) publishStage(platform.modelId, 'completion', latest.stage, latest.reason);
     }
     const adminToken = options.adminToken ?? resolveAdminToken(process.env, settings.dataDir).token;
-    const authenticate = requireApiKey(keys);
+    // Failed authentications per client address, across the key and admin routes of this process.
+    const authFailures = new AuthFailureLimiter(settings.authFailures);
+    const authenticate = requireApiKey(keys, authFailures);
     const metering = settings.metering
       ? new Metering({ handler: commands, log, db: store, logger, reservationTtlMs: settings.reservationTtlMs, slotLeaseTtlMs: Math.min(settings.slotLeaseTtlMs, settings.reservationTtlMs), dailySpendCap: settings.dailySpendCap })
       : null;
@@ -335,7 +343,14 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
       worker.start();
       stoppers.push(() => worker.stop());
     }
-    const resumer = new HarvestResumer({ service: harvests, db: store, leaseMs: settings.harvest.leaseMs, maxRedispatches: settings.harvest.maxRedispatches, logger });
+    const resumer = new HarvestResumer({
+      service: harvests,
+      db: store,
+      leaseMs: settings.harvest.leaseMs,
+      maxRedispatches: settings.harvest.maxRedispatches,
+      retention: { storage: harvestStorage, failedRetentionMs: settings.harvest.failedRetentionMs },
+      logger,
+    });
     resumer.start();
     stoppers.push(() => resumer.stop());
 
@@ -369,6 +384,8 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
 
     const app = await buildApp({
       logger,
+      timeouts: settings.http,
+      trustedProxies: settings.trustedProxies,
       // The database's round trip, and EventStoreDB's beside it: /health's `database` is down when either is.
       health: { pingStore: (timeoutMs) => pingBoth(store, esdb, timeoutMs), backends },
       routes: async (scope) => {
@@ -392,10 +409,10 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
         });
         modelRoutes(scope, registry, authenticate);
         modelStatusRoutes(scope, registry, modelStatusSource({ platforms, warm, freshMs, loggedStage: (id, backend) => backendService.snapshot(id, backend)?.boot ?? null }), authenticate);
-        adminKeyRoutes(scope, { keys, adminToken, db: store, projectionsCaughtUp });
+        adminKeyRoutes(scope, { keys, adminToken, authFailures, db: store, projectionsCaughtUp });
         harvestRoutes(scope, { service: harvests, authenticate });
         // Prometheus metrics for operators, behind the admin token.
-        metricsRoutes(scope, { adminToken, backends: () => backendService.snapshots(), projectionLag: () => runner.status(), requests: metering ? () => metering.counts() : undefined, observed });
+        metricsRoutes(scope, { adminToken, authFailures, backends: () => backendService.snapshots(), projectionLag: () => runner.status(), requests: metering ? () => metering.counts() : undefined, observed });
       },
     });
     const connections = trackConnections(app.server);

@@ -4,11 +4,17 @@
  * lapsed, a start that never happened), sends each `Redispatch` to its job stream and publishes the
  * job again on the transport. Every gateway and worker process runs one; the decider and the command
  * ids make a lapse handled by two of them dispatch the job once.
+ *
+ * It also applies the retention of failed and cancelled jobs' files: of the jobs that have a folder in
+ * the harvest storage, those that ended (failed or cancelled) more than `failedRetentionMs` ago have
+ * their files removed (`RemoveFiles`, reason `retention`), at most once a minute (each tick when the
+ * retention is shorter than ten ticks).
  */
 import { resumeHarvests } from '../../commands/index.ts';
-import { resumableHarvestJobs } from '../../projections/index.ts';
+import { expiredHarvestJobs, resumableHarvestJobs } from '../../projections/index.ts';
 import type { SqlDatabase } from '../store/index.ts';
 import type { HarvestService } from './service.ts';
+import type { HarvestStorage } from './storage.ts';
 
 export interface HarvestResumerOptions {
   service: HarvestService;
@@ -17,6 +23,8 @@ export interface HarvestResumerOptions {
   maxRedispatches: number;
   /** Between ticks (default: a third of the lease, at most 5 s). */
   intervalMs?: number;
+  /** The retention of failed and cancelled jobs' files, and where they are; none without. */
+  retention?: { storage: HarvestStorage; failedRetentionMs: number };
   logger: { warn(obj: object, msg: string): void };
   now?: () => Date;
 }
@@ -25,6 +33,7 @@ export class HarvestResumer {
   readonly #options: HarvestResumerOptions;
   #timer: NodeJS.Timeout | null = null;
   #ticking: Promise<void> | null = null;
+  #lastSweep = 0;
 
   constructor(options: HarvestResumerOptions) {
     this.#options = options;
@@ -54,5 +63,19 @@ export class HarvestResumer {
     for (const { stream, command, commandId } of resumeHarvests({ now: now.toISOString() }, { jobs, leaseMs, maxRedispatches })) {
       await service.redispatch(stream.slice('harvest-'.length), command.reason, commandId);
     }
+    const retention = this.#options.retention;
+    if (retention && now.getTime() - this.#lastSweep >= Math.min(60_000, retention.failedRetentionMs / 10)) {
+      this.#lastSweep = now.getTime();
+      await this.sweep(now);
+    }
+  }
+
+  /** Removes the files of every job that failed or was cancelled more than the retention ago. */
+  async sweep(now: Date): Promise<string[]> {
+    const retention = this.#options.retention;
+    if (!retention) return [];
+    const expired = await expiredHarvestJobs(this.#options.db, await retention.storage.listJobs(), new Date(now.getTime() - retention.failedRetentionMs).toISOString());
+    for (const jobId of expired) await this.#options.service.removeFiles(jobId, 'retention', null);
+    return expired;
   }
 }

@@ -15,7 +15,7 @@ import type { DispatchTransport } from '../dispatch/index.ts';
 import { harvestStream, harvestQuotaStream, type HarvestEvent, type HarvestQuotaEvent } from '../../events/index.ts';
 import { harvestDecider, harvestQuotaDecider, type HarvestCommand, type HarvestRejection, type HarvestState } from '../../commands/index.ts';
 import { listHarvestJobs } from '../../projections/index.ts';
-import { HarvestStorageError, type HarvestStorage } from './storage.ts';
+import { HarvestStorageError, isStorageFull, type HarvestStorage } from './storage.ts';
 import { LongPolls } from './long-poll.ts';
 import { estimateTokens } from './estimate.ts';
 import { harvestWorkKind, type HarvestCaller, type HarvestJobView, type HarvestRequest, type HarvestShardView, type HarvestStatus } from './types.ts';
@@ -156,6 +156,9 @@ export class HarvestService {
           .catch(() => undefined);
         await this.#storage.removeJob(jobId).catch(() => undefined);
       }
+      if (isStorageFull(error)) {
+        throw apiError('harvest_storage_full', 'the harvest storage is full: the job was not recorded and does not count against your quota; try again once space is freed (the operators, or DELETE of failed jobs)');
+      }
       throw apiError('harvest_unavailable', `the harvest could not be started; it does not count against your quota. ${reason}`);
     }
     const started = await this.command(jobId, { type: 'Start', transport: this.#transport.name, now: this.#now().toISOString() });
@@ -228,13 +231,34 @@ export class HarvestService {
     return views;
   }
 
+  /**
+   * DELETE: a pending or running job is cancelled; a failed one has its files (shards, prompts)
+   * removed, its record kept. A succeeded or cancelled job is 409.
+   */
   async cancel(caller: HarvestCaller, jobId: string): Promise<HarvestJobView> {
-    await this.#owned(caller, jobId);
+    const state = await this.#owned(caller, jobId);
+    if (state.status === 'failed') return this.#view(await this.removeFiles(jobId, 'owner', caller.prefix));
     const outcome = await this.command(jobId, { type: 'Cancel', byKeyPrefix: caller.prefix, now: this.#now().toISOString() });
     if (!outcome.accepted) {
-      throw apiError('harvest_not_cancellable', `job ${jobId} has ended (${outcome.state.status}); only a pending or running job can be cancelled`);
+      // Failed meanwhile (its worker, an age-out): its files go, as they would have.
+      if (outcome.state.status === 'failed') return this.#view(await this.removeFiles(jobId, 'owner', caller.prefix));
+      throw apiError(
+        'harvest_not_cancellable',
+        `job ${jobId} has ended (${outcome.state.status}); only a pending or running job can be cancelled, and only a failed job's files removed`,
+      );
     }
     return this.#view(outcome.state);
+  }
+
+  /**
+   * Removes a failed (or, by the retention, cancelled) job's files: recorded on its stream first, then
+   * the folder removed, so a crash in between leaves files the retention removes later. Idempotent.
+   */
+  async removeFiles(jobId: string, reason: 'owner' | 'retention', byKeyPrefix: string | null): Promise<HarvestState> {
+    const outcome = await this.command(jobId, { type: 'RemoveFiles', reason, byKeyPrefix, now: this.#now().toISOString() }, `remove-files:${jobId}`);
+    if (!outcome.accepted) throw apiError('harvest_not_cancellable', `job ${jobId} is ${outcome.state.status}: only a failed job's files can be removed`);
+    await this.#storage.removeJob(jobId);
+    return outcome.state;
   }
 
   /** A recorded shard's file, streamed with its length and hash. */
@@ -242,6 +266,7 @@ export class HarvestService {
     const state = await this.#owned(caller, jobId);
     const record = state.shards[index];
     if (!record || state.status === 'cancelled') throw apiError('harvest_shard_not_found', `job ${jobId} has no written shard ${index}`);
+    if (state.filesRemovedAt !== null) throw apiError('harvest_shard_not_found', `the files of job ${jobId} were removed at ${state.filesRemovedAt}`);
     const opened = await this.#storage.openShard(jobId, record.file).catch((error) => {
       if (error instanceof HarvestStorageError) return null;
       throw error;
@@ -387,6 +412,7 @@ export class HarvestService {
         bytes_done: shards.reduce((n, s) => n + s.bytes, 0),
       },
       error: state.error,
+      files_removed_at: state.filesRemovedAt,
       result,
     };
   }

@@ -52,6 +52,16 @@ export interface HarvestStorage {
   tidy(jobId: string, keepFiles: readonly string[]): Promise<string[]>;
   /** Removes the job's folder and everything in it. */
   removeJob(jobId: string): Promise<void>;
+  /** The jobs that have a folder (files) here. */
+  listJobs(): Promise<string[]>;
+}
+
+/** Whether an error (or one it wraps) is the file system saying it has no space (or quota) left. */
+export function isStorageFull(error: unknown): boolean {
+  for (let e = error as { code?: unknown; cause?: unknown } | null | undefined, depth = 0; e && depth < 8; e = e.cause as typeof e, depth++) {
+    if (e.code === 'ENOSPC' || e.code === 'EDQUOT') return true;
+  }
+  return false;
 }
 
 export interface StoredManifest extends StoredFile {
@@ -187,6 +197,15 @@ export function fileHarvestStorage(root: string): HarvestStorage {
 
     async removeJob(jobId) {
       await rm(jobDir(jobId), { recursive: true, force: true });
+    },
+
+    async listJobs() {
+      try {
+        return (await readdir(root)).filter((name) => JOB_ID.test(name));
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code === 'ENOENT') return [];
+        throw err;
+      }
     },
   };
 }

@@ -59,6 +59,8 @@ export interface HarvestJobView {
     bytes_done: number;
   };
   error: { code: string; message: string } | null;
+  /** When a failed or cancelled job's files were removed (DELETE, or the retention); null while kept. */
+  files_removed_at: string | null;
   /** On success: the manifest (as stored in `manifest.json`) and a download per shard. */
   result: { manifest: unknown; manifest_sha256: string; shards: HarvestShardView[] } | null;
 }

@@ -24,7 +24,7 @@ import type { HarvestState } from '../../commands/index.ts';
 import type { RequestFactsData } from '../../events/index.ts';
 import type { HarvestService } from './service.ts';
 import { isTerminal } from './service.ts';
-import { claimTag, shardFileName, type HarvestStorage } from './storage.ts';
+import { claimTag, isStorageFull, shardFileName, type HarvestStorage } from './storage.ts';
 import { CaptureBuffers, decodeCapture, type CapturedPrompt } from './capture-decode.ts';
 import { runShardPipeline } from './shard-pipeline.ts';
 import { buildManifest } from './manifest.ts';
@@ -123,7 +123,15 @@ export class HarvestWorker {
       if (signal.aborted && !(stop.signal.reason instanceof StopWork)) throw error; // shutting down: redelivered
       if (error instanceof StopWork || stop.signal.reason instanceof StopWork) return;
       const failure =
-        error instanceof JobFailure ? error : new JobFailure('internal_error', `the harvest stopped on an internal error (${(error as Error)?.message ?? 'unknown'}); submit it again`);
+        error instanceof JobFailure
+          ? error
+          : isStorageFull(error)
+            ? new JobFailure(
+                'harvest_storage_full',
+                `the harvest storage is full: the job stopped after ${(await service.state(jobId).catch(() => null))?.shards.length ?? 0} shard(s), which stay downloadable. ` +
+                  `DELETE /v1/harvest/${jobId} removes this job's files (failed jobs' files are removed after the retention anyway); submit it again once space is freed`,
+              )
+            : new JobFailure('internal_error', `the harvest stopped on an internal error (${(error as Error)?.message ?? 'unknown'}); submit it again`);
       logger.warn({ job_id: jobId, code: failure.code }, 'harvest job failed');
       const failed = await service.command(jobId, { type: 'Fail', code: failure.code, message: failure.message, claimId, now: now() });
       // Tidied only once it has ended here: another worker may be writing the job (this claim was superseded).

@@ -104,8 +104,8 @@ function envMs(name: string): number | undefined {
 }
 
 /** A running gateway's embedded store, read through its SQL port: reads only (writes are refused there). */
-export async function openStoreThroughSqlPort(port: number, options: Pick<OpenEventStoreOptions, 'pollIntervalMs'> = {}): Promise<EventStore> {
-  const driver = await createSqlPortDriver(port);
+export async function openStoreThroughSqlPort(port: number, password: string, options: Pick<OpenEventStoreOptions, 'pollIntervalMs'> = {}): Promise<EventStore> {
+  const driver = await createSqlPortDriver(port, password);
   try {
     return await openSqlEventStore(driver, { pollIntervalMs: options.pollIntervalMs });
   } catch (error) {

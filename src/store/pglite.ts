@@ -1,5 +1,6 @@
 /** PGlite adapter: PostgreSQL compiled to WebAssembly, in this process, data under DATA_DIR. */
-import { PGlite, TransactionAbortedError } from '@electric-sql/pglite';
+import { PGlite, TransactionAbortedError, type postgresMod } from '@electric-sql/pglite';
+import { NodeFS } from '@electric-sql/pglite/nodefs';
 import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { join, resolve } from 'node:path';
@@ -7,6 +8,7 @@ import { createRequire } from 'node:module';
 import { pathToFileURL } from 'node:url';
 import type { DriverTransaction, SqlDriver } from './driver.ts';
 import { TransactionRolledBack } from './errors.ts';
+import { tightenDataDir } from '../config/data-dir-mode.ts';
 
 export interface PgliteDriverOptions {
   /** Directory holding the database files; null keeps the database in memory (tests). */
@@ -31,6 +33,27 @@ async function initDataDir(dir: string): Promise<void> {
   });
 }
 
+/**
+ * PGlite's Node file system, creating files and directories owner-only. Emscripten's FS sets a file's
+ * mode itself once it has created it (a chmod to what postgres asks, 0666 in PGlite's build), so the
+ * process umask does not reach the store's files; the mode of every create and chmod is masked here.
+ */
+type PostgresMod = postgresMod.PostgresMod;
+
+class OwnerOnlyNodeFS extends NodeFS {
+  override async init(pg: PGlite, opts: Partial<PostgresMod>): Promise<{ emscriptenOpts: Partial<PostgresMod> }> {
+    const result = await super.init(pg, opts);
+    const ownerOnly = (mod: PostgresMod) => {
+      const fs = mod.FS as unknown as Record<'chmod' | 'mknod', (path: unknown, mode: number, ...rest: unknown[]) => unknown>;
+      const { chmod, mknod } = fs;
+      fs.chmod = (path, mode, ...rest) => chmod.call(fs, path, mode & ~0o077, ...rest);
+      fs.mknod = (path, mode, ...rest) => mknod.call(fs, path, mode & ~0o077, ...rest);
+    };
+    const preRun = result.emscriptenOpts.preRun ?? [];
+    return { emscriptenOpts: { ...result.emscriptenOpts, preRun: [ownerOnly, ...preRun] } };
+  }
+}
+
 /** The driver, and its PGlite for the read-only SQL port (sql-port.ts), which shares it. */
 export interface PgliteDriver extends SqlDriver {
   readonly database: PGlite;
@@ -41,8 +64,11 @@ export async function createPgliteDriver(options: PgliteDriverOptions): Promise<
   if (options.dataDir === null) db = await PGlite.create();
   else {
     const dir = join(resolve(options.dataDir), 'pglite');
-    if (!existsSync(join(dir, 'PG_VERSION'))) await initDataDir(dir);
-    db = await PGlite.create(dir);
+    if (!existsSync(join(dir, 'PG_VERSION'))) {
+      await initDataDir(dir);
+      tightenDataDir(dir); // initdb's child wrote its files with PGlite's own modes
+    }
+    db = await PGlite.create({ fs: new OwnerOnlyNodeFS(dir) });
   }
   // The store's SQL is written for READ COMMITTED (the append function re-reads after a unique violation).
   await db.exec(`SET default_transaction_isolation TO 'read committed'`);

@@ -5,8 +5,8 @@
 import pg from 'pg';
 import type { DriverTransaction, SqlDriver } from './driver.ts';
 
-export async function createSqlPortDriver(port: number, host = '127.0.0.1'): Promise<SqlDriver> {
-  const client = new pg.Client({ host, port, user: 'svc', database: 'svc', connectionTimeoutMillis: 5_000 });
+export async function createSqlPortDriver(port: number, password: string, host = '127.0.0.1'): Promise<SqlDriver> {
+  const client = new pg.Client({ host, port, user: 'svc', database: 'svc', password, connectionTimeoutMillis: 5_000 });
   await client.connect();
   const query = ((sql: string, params?: unknown[]) => client.query(sql, params)) as SqlDriver['query'];
   const queryPrepared = ((_name: string, sql: string, params: unknown[]) => client.query(sql, params)) as SqlDriver['queryPrepared'];

@@ -12,20 +12,28 @@
  * that wrap reads in a transaction work). The client's startup parameters are not applied to the
  * shared session.
  *
+ * Clients authenticate with a password (AuthenticationCleartextPassword, on loopback): the one the
+ * port was opened with (`svc serve` keeps it in DATA_DIR/sql-password, or takes SVC_SQL_PASSWORD);
+ * any user name. A wrong or missing password is 28P01 and the connection closed, before any statement.
+ *
  * Written on PGlite's `execProtocolRawStream` rather than `@electric-sql/pglite-socket`: every
  * release of that package pins an exact PGlite peer version (none the one installed) and seven
  * extension packages as peers, and its queue takes PGlite's query lock per message, which is not the
  * lock `query`/`transaction` take, so a client's statement could run inside one of the gateway's
  * transactions.
  */
+import { createHash, timingSafeEqual } from 'node:crypto';
 import { createServer, type Server, type Socket } from 'node:net';
 import type { PGlite } from '@electric-sql/pglite';
+import { ANALYST_ROLE, ANALYST_SCHEMA, refreshAnalystViews } from './analyst-views.ts';
 
 export interface SqlPortOptions {
   /** 0: any free port. */
   port: number;
-  /** Loopback by default; the port has no authentication. */
+  /** Loopback by default. */
   host?: string;
+  /** What clients must send as their password: user `svc` the owner's (every table), any other user the analysts'. */
+  passwords: { owner: string; analyst: string };
 }
 
 export interface SqlPort {
@@ -148,14 +156,25 @@ interface Session {
   socket: Socket;
   buffer: Buffer;
   started: boolean;
+  /** The startup message came; its password has not yet. */
+  authenticating: boolean;
+  /** An analyst (any user but `svc`): reads the `analyst` views only, as role svc_analyst. */
+  analyst: boolean;
   /** Extended-protocol messages up to the next Sync. */
   batch: Buffer[];
   /** Messages are handled one at a time, in order. */
   work: Promise<void>;
 }
 
+/** Both sides hashed, then compared in constant time: neither length nor content leaks through timing. */
+function passwordsMatch(given: Buffer, expected: string): boolean {
+  const digest = (b: Buffer | string) => createHash('sha256').update(b).digest();
+  return timingSafeEqual(digest(given), digest(expected));
+}
+
 export async function serveSqlPort(db: PGlite, options: SqlPortOptions): Promise<SqlPort> {
   const host = options.host ?? '127.0.0.1';
+  if (!options.passwords.owner || !options.passwords.analyst) throw new Error('the SQL port needs its passwords');
   const { rows } = await db.query<{ server_version: string; timezone: string }>(`SELECT current_setting('server_version') AS server_version, current_setting('TimeZone') AS timezone`);
   const parameters: [string, string][] = [
     ['server_version', rows[0].server_version],
@@ -183,7 +202,11 @@ export async function serveSqlPort(db: PGlite, options: SqlPortOptions): Promise
   const runReading = (session: Session, messages: Buffer[]) =>
     db._runExclusiveTransaction(async () => {
       const opened: Buffer[] = [];
-      await db.execProtocolRawStream(simpleQuery('BEGIN READ ONLY; SELECT 1'), { onRawData: (d) => opened.push(Buffer.from(d)), syncToFs: false });
+      // An analyst reads as svc_analyst, through the analyst schema's views only (analyst-views.ts).
+      const open = session.analyst
+        ? `BEGIN READ ONLY; SET LOCAL ROLE ${ANALYST_ROLE}; SET LOCAL search_path = ${ANALYST_SCHEMA}, pg_catalog; SELECT 1`
+        : 'BEGIN READ ONLY; SELECT 1';
+      await db.execProtocolRawStream(simpleQuery(open), { onRawData: (d) => opened.push(Buffer.from(d)), syncToFs: false });
       try {
         // `SELECT 1` took the snapshot: from here SET TRANSACTION READ WRITE is refused too.
         if (replyTypes(Buffer.concat(opened)).includes('E')) throw new Error('the SQL port could not open its read-only transaction');
@@ -264,7 +287,12 @@ export async function serveSqlPort(db: PGlite, options: SqlPortOptions): Promise
         else if (code === cancelRequest) session.socket.end();
         else if (code === protocol3) {
           session.started = true;
-          session.socket.write(greeting);
+          session.authenticating = true;
+          // Startup parameters: name\0value\0 pairs after the protocol version.
+          const fields = b.subarray(8, length).toString('utf8').split('\0');
+          const userAt = fields.findIndex((f, i) => i % 2 === 0 && f === 'user');
+          session.analyst = userAt < 0 || fields[userAt + 1] !== 'svc';
+          session.socket.write(message('R', int32(3))); // AuthenticationCleartextPassword
         } else {
           session.socket.end(errorResponse('08P01', 'unsupported frontend protocol'));
           return;
@@ -277,6 +305,26 @@ export async function serveSqlPort(db: PGlite, options: SqlPortOptions): Promise
       const whole = Buffer.from(b.subarray(0, length));
       session.buffer = b.subarray(length);
       const type = String.fromCharCode(whole[0]);
+      if (session.authenticating) {
+        // The password message: the password and its terminating zero.
+        const given = whole.subarray(5, Math.max(5, whole.length - 1));
+        if (type !== 'p' || !passwordsMatch(given, session.analyst ? options.passwords.analyst : options.passwords.owner)) {
+          session.socket.end(errorResponse('28P01', 'password authentication failed: the SQL port\'s password is in DATA_DIR/sql-password (or SVC_SQL_PASSWORD)'));
+          session.buffer = Buffer.alloc(0);
+          return;
+        }
+        session.authenticating = false;
+        if (session.analyst) {
+          // The views follow the tables: any added since the last analyst connected get theirs.
+          session.work = session.work
+            .then(() => refreshAnalystViews(db))
+            .then(
+              () => void session.socket.write(greeting),
+              (error: unknown) => void session.socket.end(errorResponse('XX000', `the analysts' views could not be prepared: ${(error as Error).message}`)),
+            );
+        } else session.socket.write(greeting);
+        continue;
+      }
       session.work = session.work
         .then(() => handle(session, type, whole))
         .catch((error: unknown) => refuse(session, (error as Error).message));
@@ -284,7 +332,7 @@ export async function serveSqlPort(db: PGlite, options: SqlPortOptions): Promise
   }
 
   const server: Server = createServer((socket) => {
-    const session: Session = { socket, buffer: Buffer.alloc(0), started: false, batch: [], work: Promise.resolve() };
+    const session: Session = { socket, buffer: Buffer.alloc(0), started: false, authenticating: false, analyst: true, batch: [], work: Promise.resolve() };
     sessions.add(session);
     socket.setNoDelay(true);
     socket.on('data', (data) => {

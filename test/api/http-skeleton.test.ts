@@ -90,6 +90,31 @@ http('the route is judged before the body: unknown route with bad JSON is 404, w
   assertEnvelope(await json(wrong), wrong, 'method_not_allowed');
 });
 
+http('a path parameter over 2,048 characters: 400 invalid_request on every route that has one', async () => {
+  const docs = [await json(await fetch(`${gw.url}/openapi.json`)), await json(await fetch(`${gw.url}/admin/openapi.json`, { headers: gw.adminHeaders() }))];
+  let routes = 0;
+  for (const doc of docs) {
+    for (const [path, operations] of Object.entries<any>(doc.paths)) {
+      if (!path.includes('{')) continue;
+      for (const method of Object.keys(operations)) {
+        if (!['get', 'post', 'put', 'patch', 'delete'].includes(method)) continue;
+        for (const length of [2049, 5000]) {
+          const url = path.replace(/\{[^}]+\}/g, 'a'.repeat(length));
+          const headers = path.startsWith('/admin') ? gw.adminHeaders() : gw.authHeaders();
+          const res = await fetch(`${gw.url}${url}`, { method: method.toUpperCase(), headers: { ...headers, 'content-type': 'application/json' }, body: method === 'get' || method === 'delete' ? undefined : '{}' });
+          const body = await json(res);
+          assert.is(res.status, 400, `${method.toUpperCase()} ${path} with ${length} characters: ${JSON.stringify(body)}`);
+          assertEnvelope(body, res, 'invalid_request');
+          assert.is(body.error.message, 'a path parameter is longer than 2048 characters');
+          assertDocumented(doc, method.toUpperCase(), path, res);
+        }
+        routes++;
+      }
+    }
+  }
+  assert.ok(routes >= 8, `${routes} routes with a path parameter`);
+});
+
 http('malformed JSON: 400 bad_json', async () => {
   const res = await fetch(`${gw.url}/v1/completions`, { method: 'POST', headers: { ...gw.authHeaders(), 'content-type': 'application/json' }, body: '{"prompt": "x",' });
   assert.is(res.status, 400);

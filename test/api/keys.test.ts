@@ -11,7 +11,9 @@ const keys = suite('API keys over HTTP (auth hook, admin API)');
 let gw: TestGateway;
 
 keys.before(async () => {
-  gw = await startTestGateway();
+  // This suite sends dozens of wrong tokens on purpose, from one address: without the failed-authentication
+  // limit, which test/api/auth-failures.test.ts covers.
+  gw = await startTestGateway({ authFailures: { limit: 0, windowMs: 60_000 } });
 });
 keys.after(async () => {
   await gw?.stop();

@@ -7,7 +7,8 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
-import { rmSync } from 'node:fs';
+import { readFileSync, rmSync, statSync } from 'node:fs';
+import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { svcCommand, packageRoot } from '../../src/config/index.ts';
 import { firstKeywords } from '../../src/store/sql-port.ts';
@@ -34,9 +35,15 @@ async function svc(args: string[]): Promise<{ code: number; stdout: string; stde
   }
 }
 
-async function psql(port: number, sql: string): Promise<{ ok: boolean; out: string }> {
+/** The port's password, as `svc serve` keeps it (printed once, on the start that made it). */
+const sqlPassword = () => readFileSync(join(dataDir, 'sql-password'), 'utf8').trim();
+
+async function psql(port: number, sql: string, password: string | null = sqlPassword()): Promise<{ ok: boolean; out: string }> {
   try {
-    const { stdout } = await run('psql', ['-X', '-h', '127.0.0.1', '-p', String(port), '-U', 'analyst', '-d', 'svc', '-v', 'ON_ERROR_STOP=1', '-tA', '-c', sql], { env: { ...process.env, PGCONNECT_TIMEOUT: '5' } });
+    const env: NodeJS.ProcessEnv = { ...process.env, PGCONNECT_TIMEOUT: '5' };
+    if (password === null) delete env.PGPASSWORD;
+    else env.PGPASSWORD = password;
+    const { stdout } = await run('psql', ['-X', '-w', '-h', '127.0.0.1', '-p', String(port), '-U', 'analyst', '-d', 'svc', '-v', 'ON_ERROR_STOP=1', '-tA', '-c', sql], { env });
     return { ok: true, out: stdout.trim() };
   } catch (error) {
     return { ok: false, out: (error as { stderr: string }).stderr.trim() };
@@ -44,14 +51,14 @@ async function psql(port: number, sql: string): Promise<{ ok: boolean; out: stri
 }
 
 /** Starts `svc serve` and resolves once it prints its listening line. */
-function serve(args: string[]): Promise<{ child: ChildProcess; url: string; sqlPort: number | null }> {
+function serve(args: string[]): Promise<{ child: ChildProcess; url: string; sqlPort: number | null; stderr: () => string }> {
   return new Promise((resolve, reject) => {
     const child = spawn(process.execPath, [...svcCommand(), 'serve', ...args], { cwd: packageRoot, env: env(), stdio: ['ignore', 'ignore', 'pipe'] });
     let stderr = '';
     child.stderr!.on('data', (d) => {
       stderr += d;
       const m = /svc gateway listening on (\S+?)(?:, SQL \(read-only\) on 127\.0\.0\.1:(\d+))?\n/.exec(stderr);
-      if (m) resolve({ child, url: m[1], sqlPort: m[2] ? Number(m[2]) : null });
+      if (m) resolve({ child, url: m[1], sqlPort: m[2] ? Number(m[2]) : null, stderr: () => stderr });
     });
     child.once('exit', (code) => reject(new Error(`svc serve exited (${code}): ${stderr}`)));
   });
@@ -75,6 +82,15 @@ test('svc serve --sql-port: psql reads the tables while the gateway runs, writes
   const gateway = await serve(['--sql-port', '0']);
   try {
     assert.ok(gateway.sqlPort, 'the listening line names the SQL port');
+    // The port needs its password: printed once, kept owner-only in DATA_DIR; none or a wrong one is refused.
+    assert.match(gateway.stderr(), new RegExp(`SQL port password for analysts \\(shown once, stored in .*sql-password\\): ${sqlPassword()}`));
+    assert.is(statSync(join(dataDir, 'sql-password')).mode & 0o777, 0o600);
+    for (const password of [null, 'wrong', '']) {
+      const refused = await psql(gateway.sqlPort!, 'SELECT 1', password);
+      assert.not.ok(refused.ok, `password ${password}`);
+      assert.match(refused.out, /password/, refused.out);
+    }
+    assert.equal(await psql(gateway.sqlPort!, 'SELECT 1'), { ok: true, out: '1' });
     const issued = await fetch(`${gateway.url}/admin/keys`, {
       method: 'POST',
       headers: { authorization: `Bearer ${adminToken}`, 'content-type': 'application/json' },
@@ -105,14 +121,39 @@ test('svc serve --sql-port: psql reads the tables while the gateway runs, writes
     ]) {
       const refused = await psql(gateway.sqlPort!, write);
       assert.not.ok(refused.ok, `${write} was not refused`);
-      assert.match(refused.out, /read-only/, write);
+      // Refused by the port's check, or (a DELETE inside a WITH) by the read-only transaction or the
+      // analysts' role, whichever comes first.
+      assert.match(refused.out, /read-only|permission denied/, `${write}: ${refused.out}`);
     }
     // A session setting changed through the port does not leak into the gateway's session.
     await psql(gateway.sqlPort!, `SELECT set_config('search_path', 'nowhere', false)`);
-    assert.is((await psql(gateway.sqlPort!, 'SHOW search_path')).out, 'public');
+    assert.is((await psql(gateway.sqlPort!, 'SHOW search_path')).out, 'analyst, pg_catalog');
     assert.is((await psql(gateway.sqlPort!, 'SELECT count(*) FROM api_keys')).out, '1');
     const events = await psql(gateway.sqlPort!, `SELECT count(*) FROM events WHERE event_type = 'KeyIssued'`);
     assert.is(events.out, '1');
+
+    // Analysts read views without secrets or e-mail addresses: no email, secret_sha256 or client_ip, user_id
+    // as user_ref, and none of those keys anywhere in the events' JSON; the tables themselves are refused.
+    const columns = (await psql(gateway.sqlPort!, `SELECT string_agg(column_name, ',' ORDER BY ordinal_position) FROM information_schema.columns WHERE table_schema = 'analyst' AND table_name = 'api_keys'`)).out;
+    assert.ok(columns.includes('key_id') && columns.includes('user_ref'), columns);
+    assert.not.match(columns, /email|secret|user_id/);
+    const issuedData = (await psql(gateway.sqlPort!, `SELECT data::text FROM events WHERE event_type = 'KeyIssued'`)).out;
+    assert.ok(issuedData.includes('budgets') || issuedData.includes('key_id'), issuedData);
+    assert.not.match(issuedData, /email|secret_sha256|analyst@example\.com|user_id/);
+    const anyEmail = (await psql(gateway.sqlPort!, `SELECT count(*) FROM events WHERE data::text LIKE '%@example.com%' OR metadata::text LIKE '%@example.com%'`)).out;
+    assert.is(anyEmail, '0');
+    for (const denied of ['SELECT email FROM public.api_keys', 'SELECT data FROM public.events', `SELECT set_config('role', 'postgres', true), count(*) FROM public.api_keys`]) {
+      const refused = await psql(gateway.sqlPort!, denied);
+      assert.not.ok(refused.ok, denied);
+      assert.match(refused.out, /permission denied/, `${denied}: ${refused.out}`);
+    }
+    // The analysts' password is not the owner's: user svc (every column, for the CLI) needs DATA_DIR's other password.
+    const asOwner = await run('psql', ['-X', '-w', '-h', '127.0.0.1', '-p', String(gateway.sqlPort), '-U', 'svc', '-d', 'svc', '-tA', '-c', 'SELECT 1'], { env: { ...process.env, PGPASSWORD: sqlPassword() } }).then(
+      () => 'accepted',
+      (error: { stderr: string }) => error.stderr,
+    );
+    assert.match(asOwner, /password authentication failed/);
+    assert.is(statSync(join(dataDir, 'sql-owner-password')).mode & 0o777, 0o600);
 
     // The gateway still serves and writes while analysts read.
     const again = await fetch(`${gateway.url}/admin/keys`, { method: 'POST', headers: { authorization: `Bearer ${adminToken}`, 'content-type': 'application/json' }, body: JSON.stringify({ email: 'b@example.com' }) });

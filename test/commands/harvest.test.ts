@@ -11,6 +11,7 @@ import {
   HarvestClaimed,
   HarvestClaimRenewed,
   HarvestFailed,
+  HarvestFilesRemoved,
   harvestJobOf,
   harvestMessageMax,
   HarvestRedispatched,
@@ -291,6 +292,28 @@ it('Redispatch: a pending job never started within a lease is started by the res
   spec.given([submitted]).when(redispatch(60)).then([HarvestStarted({ job_id, key_id, transport: 'resumer', at: at(60) })]);
   spec.given([submitted]).when(redispatch(59)).thenNothing();
   for (const events of Object.values(terminals)) spec.given(events).when(redispatch(100_000)).thenNothing();
+});
+
+it('RemoveFiles: a failed job\'s files by its owner, a failed or cancelled job\'s by the retention, once; never a live or succeeded job\'s', () => {
+  const byOwner: HarvestCommand = { type: 'RemoveFiles', reason: 'owner', byKeyPrefix: 'ffeeddccbbaa', now: at(40) };
+  const byRetention: HarvestCommand = { type: 'RemoveFiles', reason: 'retention', byKeyPrefix: null, now: at(40) };
+  const removedByOwner = HarvestFilesRemoved({ job_id, key_id, reason: 'owner', by_key_prefix: 'ffeeddccbbaa', at: at(40) });
+  const removedByRetention = HarvestFilesRemoved({ job_id, key_id, reason: 'retention', by_key_prefix: null, at: at(40) });
+  spec.given(terminals.failed).when(byOwner).then([removedByOwner]);
+  spec.given(terminals.start_failed).when(byOwner).then([removedByOwner]);
+  spec.given(terminals.failed).when(byRetention).then([removedByRetention]);
+  spec.given(terminals.cancelled).when(byRetention).then([removedByRetention]);
+  spec.given(terminals.cancelled).when(byOwner).thenRejects('files_kept');
+  spec.given(terminals.succeeded).when(byOwner).thenRejects('files_kept');
+  spec.given(terminals.succeeded).when(byRetention).thenRejects('files_kept');
+  spec.given(claimedA).when(byOwner).thenRejects('files_kept');
+  spec.given([submitted]).when(byRetention).thenRejects('files_kept');
+  // Once: a second removal, by either, appends nothing; the status stays failed.
+  spec.given([...terminals.failed, removedByOwner]).when(byRetention).thenNothing();
+  spec.given([...terminals.failed, removedByRetention]).when(byOwner).thenNothing();
+  const state = foldEvents(harvestDecider, harvestDecider.initialState(), [...terminals.failed, removedByOwner]);
+  assert.is(state.status, 'failed');
+  assert.is(state.filesRemovedAt, at(40));
 });
 
 it.run();

@@ -6,7 +6,7 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { init as zstdInit, compress as zstdCompress } from '@bokuweb/zstd-wasm';
+import { init as zstdInit, compress as zstdCompress, decompress as zstdDecompress } from '@bokuweb/zstd-wasm';
 import { loadSettings, type ModelConfig } from '../../src/config/index.ts';
 import { ApiError, type ErrorCode } from '../../src/errors/index.ts';
 import { ModelRegistry } from '../../src/registry/index.ts';
@@ -45,6 +45,7 @@ const models: ModelConfig[] = [
   variant(byteModel, 'byte-lp5', { caps: { max_logprobs: 5, prompt_logprobs_full_vocab: false } }),
   variant(byteModel, 'byte-noact', { activations: null }),
   variant(byteModel, 'byte-layers-unknown', { activations: { ...byteModel.activations!, n_layers: null } }),
+  variant(byteModel, 'byte-width-unknown', { architecture: undefined, activations: { ...byteModel.activations!, d_model: null } }),
   variant(byteModel, 'byte-staging', { status: 'staging' }),
   // A gateway that serves captures of this model up to 1 MB: 1251 positions with all 4 layers (d_model 64).
   variant(byteModel, 'byte-cap1m', { activations: { ...byteModel.activations!, max_capture_bytes: 1_000_000 } }),
@@ -57,6 +58,10 @@ const brokenRegistry = new ModelRegistry(
 );
 await brokenRegistry.loadTokenizers();
 await zstdInit();
+
+test('the hand-made RLE frame is a real zstd frame', () => {
+  assert.is(zstdDecompress(rleFrame(300_000)).length, 300_000);
+});
 
 const ctx: CompletionContext = { registry, requestWindowMs: settings.requestWindowMs, deadlineTokensPerSecond: settings.deadlineTokensPerSecond };
 const FEASIBLE = 15_600; // 14 minutes at 20 tokens/s, minus one minute for prompt processing and queueing
@@ -72,9 +77,25 @@ const codec = (shape: number[], extra: Record<string, unknown> = {}) => ({
   shape,
   ...extra,
 });
-const vec = (layers: number[] = [0], extra: Record<string, unknown> = {}) => ({ activations: codec([layers.length, 4]), layer_indices: layers, ...extra });
+/** ref-byte's residual stream width (d_model): a steering vector's last dimension. */
+const W = 64;
+const vec = (layers: number[] = [0], extra: Record<string, unknown> = {}) => ({ activations: codec([layers.length, W]), layer_indices: layers, ...extra });
 const withCodec = (activations: Record<string, unknown>, layers: number[] = [0], extra: Record<string, unknown> = {}) => ({ activations, layer_indices: layers, ...extra });
-const zstd16 = Buffer.from(zstdCompress(new Uint8Array(16), 1)).toString('base64'); // a real frame recording content size 16
+/** A real zstd frame of RLE blocks (128 KiB each) declaring and holding `size` zero bytes: 4 bytes per 128 KiB. */
+function rleFrame(size: number): Buffer {
+  const blocks = Math.max(1, Math.ceil(size / 131_072));
+  const b = Buffer.alloc(13 + blocks * 4);
+  b.writeUInt32LE(0xfd2fb528, 0);
+  b[4] = 0xe0; // 8-byte content size, single segment
+  b.writeBigUInt64LE(BigInt(size), 5);
+  for (let i = 0, left = size; i < blocks; i++) {
+    const n = Math.min(left, 131_072);
+    left -= n;
+    b.writeUIntLE((i === blocks - 1 ? 1 : 0) | (1 << 1) | (n << 3), 13 + i * 4, 3); // last?, RLE, size; then the byte 0
+  }
+  return b;
+}
+const zstd256 = Buffer.from(zstdCompress(new Uint8Array(256), 1)).toString('base64'); // a real frame recording content size 256
 
 // ---- the table ----------------------------------------------------------------------------------
 interface Rejection {
@@ -408,7 +429,7 @@ const rows: Row[] = [
     accept: (p) => {
       assert.ok(p.steering);
       assert.equal(p.engineBody.vllm_xargs, {
-        apply_steering_vectors: `[{"activations":{"data":"${zeros64(16)}","dtype":"float32","shape":[1,4]},"layer_indices":[3],"scale":4,"norm_match":false,"position_indices":null}]`,
+        apply_steering_vectors: `[{"activations":{"data":"${zeros64(256)}","dtype":"float32","shape":[1,64]},"layer_indices":[3],"scale":4,"norm_match":false,"position_indices":null}]`,
       });
     },
   },
@@ -418,10 +439,10 @@ const rows: Row[] = [
     accept: (p) => {
       const xargs = p.engineBody.vllm_xargs as Record<string, string>;
       assert.is(xargs.output_residual_stream, '[2]');
-      assert.equal(JSON.parse(xargs.apply_steering_vectors), [{ activations: codec([1, 4]), layer_indices: [1], scale: 1, norm_match: true, position_indices: null }]);
+      assert.equal(JSON.parse(xargs.apply_steering_vectors), [{ activations: codec([1, W]), layer_indices: [1], scale: 1, norm_match: true, position_indices: null }]);
     },
   },
-  { name: 'steering: worked example of the codec', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec({ data: 'AACAPwAAAMAAAAA/AACAPg==', dtype: 'float32', shape: [1, 4] })] }, accept: ok() },
+  { name: 'steering: worked example of the codec (a model of unknown width)', body: { model: 'byte-width-unknown', prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec({ data: 'AACAPwAAAMAAAAA/AACAPg==', dtype: 'float32', shape: [1, 4] })] }, accept: ok() },
   { name: 'steering: null', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: null }, accept: (p) => (assert.not.ok(p.steering), assert.not.ok('vllm_xargs' in p.engineBody)) },
   { name: 'steering: []', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [] }, reject: bad('apply_steering_vectors: must be a non-empty list of steering vectors, or null') },
   { name: 'steering: 8 vectors', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: Array.from({ length: 8 }, () => vec()) }, accept: ok() },
@@ -430,8 +451,8 @@ const rows: Row[] = [
   { name: 'steering: n = 2 (every choice steered)', body: { prompt: 'a', n: 2, max_tokens: 3, apply_steering_vectors: [vec()] }, accept: (p) => assert.ok((p.engineBody.vllm_xargs as Record<string, unknown> | undefined)?.apply_steering_vectors) },
   { name: 'steering: model without activations', body: { model: 'byte-noact', prompt: 'a', max_tokens: 3, apply_steering_vectors: [vec()] }, reject: { status: 400, code: 'activations_unsupported', message: 'apply_steering_vectors: model byte-noact has no activation engine' } },
   { name: 'steering: unknown key on a vector', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [vec([0], { layer: 1 })] }, reject: bad('unknown field: apply_steering_vectors[0].layer') },
-  { name: 'steering: unknown key in the codec', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 4], { endian: 'little' }))] }, reject: bad('unknown field: apply_steering_vectors[0].activations.endian') },
-  { name: 'steering: missing layer_indices', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [{ activations: codec([1, 4]) }] }, reject: bad('apply_steering_vectors[0].layer_indices: is required') },
+  { name: 'steering: unknown key in the codec', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, W], { endian: 'little' }))] }, reject: bad('unknown field: apply_steering_vectors[0].activations.endian') },
+  { name: 'steering: missing layer_indices', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [{ activations: codec([1, W]) }] }, reject: bad('apply_steering_vectors[0].layer_indices: is required') },
   { name: 'steering: missing activations', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [{ layer_indices: [0] }] }, reject: bad('apply_steering_vectors[0].activations: is required') },
   { name: 'steering: empty layer_indices', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [vec([0], { layer_indices: [] })] }, reject: bad('apply_steering_vectors[0].layer_indices: must not be an empty list') },
   { name: 'steering: negative layer', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [vec([-1])] }, reject: bad('apply_steering_vectors[0].layer_indices[0]: must be >= 0') },
@@ -440,35 +461,47 @@ const rows: Row[] = [
   { name: 'steering: largest layer', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [vec([0, 3])] }, accept: ok() },
   { name: 'steering: layer = n_layers', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [vec([0]), vec([1, 4])] }, reject: bad('apply_steering_vectors[1].layer_indices[1]: layer 4 is out of range (the model has layers 0..3)') },
   { name: 'steering: layer count unknown, the engine decides', body: { model: 'byte-layers-unknown', prompt: 'a', max_tokens: 3, apply_steering_vectors: [vec([99])] }, accept: ok() },
-  { name: 'steering: len(layer_indices) != shape[0]', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([2, 4]), [0])] }, reject: bad('apply_steering_vectors[0].layer_indices: has 1 entries but activations.shape[0] is 2') },
+  { name: 'steering: len(layer_indices) != shape[0]', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([2, W]), [0])] }, reject: bad('apply_steering_vectors[0].layer_indices: has 1 entries but activations.shape[0] is 2') },
   // The codec envelope.
-  { name: 'codec: data of 524,288 characters', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 98_304]))] }, accept: (p) => assert.is((p.engineBody.vllm_xargs as Record<string, string>).apply_steering_vectors.length > 524_288, true) },
-  { name: 'codec: data of 524,289 characters', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 98_304], { data: 'A'.repeat(524_289) }))] }, reject: bad('apply_steering_vectors[0].activations.data: must be at most 524288 characters') },
-  { name: 'codec: empty data', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 4], { data: '' }))] }, reject: bad('apply_steering_vectors[0].activations.data: must not be empty') },
-  { name: 'codec: not base64', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 4], { data: 'AAAA*AAA' }))] }, reject: bad('apply_steering_vectors[0].activations.data: must be standard base64 text') },
-  { name: 'codec: url-safe base64', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 4], { data: 'AAAA_AAA' }))] }, reject: bad('must be standard base64 text') },
-  { name: 'codec: unpadded base64', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 4], { data: 'AACAPwAAAMAAAAA/AACAPg' }))] }, reject: bad('apply_steering_vectors[0].activations.data: must be padded standard base64') },
-  { name: 'codec: byte length does not match the shape', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 4], { shape: [1, 5] }))] }, reject: bad('apply_steering_vectors[0].activations.data: decodes to 16 bytes but shape [1, 5] of float32 needs 20') },
-  { name: 'codec: float16 sizes its bytes', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec({ data: zeros64(8), dtype: 'float16', shape: [1, 4] })] }, accept: ok() },
-  { name: 'codec: bf16 as int16', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec({ data: zeros64(8), dtype: 'int16', original_dtype: 'torch.bfloat16', shape: [1, 4], compression: null })] }, accept: ok() },
-  { name: 'codec: unknown dtype', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 4], { dtype: 'bfloat16' }))] }, reject: bad('apply_steering_vectors[0].activations.dtype: must be a numpy dtype name') },
-  { name: 'codec: original_dtype number', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 4], { original_dtype: 5 }))] }, reject: bad('apply_steering_vectors[0].activations.original_dtype: must be a string or null') },
+  { name: 'codec: data of 524,288 characters', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 1536, W]))] }, accept: (p) => assert.is((p.engineBody.vllm_xargs as Record<string, string>).apply_steering_vectors.length > 524_288, true) },
+  { name: 'codec: data of 524,289 characters', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 1536, W], { data: 'A'.repeat(524_289) }))] }, reject: bad('apply_steering_vectors[0].activations.data: must be at most 524288 characters') },
+  { name: 'codec: empty data', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, W], { data: '' }))] }, reject: bad('apply_steering_vectors[0].activations.data: must not be empty') },
+  { name: 'codec: not base64', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, W], { data: 'AAAA*AAA' }))] }, reject: bad('apply_steering_vectors[0].activations.data: must be standard base64 text') },
+  { name: 'codec: url-safe base64', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, W], { data: 'AAAA_AAA' }))] }, reject: bad('must be standard base64 text') },
+  { name: 'codec: unpadded base64', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, W], { data: 'AACAPwAAAMAAAAA/AACAPg' }))] }, reject: bad('apply_steering_vectors[0].activations.data: must be padded standard base64') },
+  { name: 'codec: byte length does not match the shape', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, W], { shape: [2, W] }))] }, reject: bad('apply_steering_vectors[0].activations.data: decodes to 256 bytes but shape [2, 64] of float32 needs 512') },
+  { name: 'codec: float16 sizes its bytes', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec({ data: zeros64(128), dtype: 'float16', shape: [1, W] })] }, accept: ok() },
+  { name: 'codec: bf16 as int16', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec({ data: zeros64(128), dtype: 'int16', original_dtype: 'torch.bfloat16', shape: [1, W], compression: null })] }, accept: ok() },
+  { name: 'codec: unknown dtype', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, W], { dtype: 'bfloat16' }))] }, reject: bad('apply_steering_vectors[0].activations.dtype: must be a numpy dtype name') },
+  { name: 'codec: original_dtype number', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, W], { original_dtype: 5 }))] }, reject: bad('apply_steering_vectors[0].activations.original_dtype: must be a string or null') },
   { name: 'codec: 1-D shape', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([4]))] }, reject: bad('apply_steering_vectors[0].activations.shape: must have at least 2 items') },
   { name: 'codec: 4-D shape', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 1, 1, 4]))] }, reject: bad('apply_steering_vectors[0].activations.shape: must have at most 3 items') },
-  { name: 'codec: zero dimension', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 4], { shape: [1, 0] }))] }, reject: bad('apply_steering_vectors[0].activations.shape[1]: must be a positive integer') },
-  { name: 'codec: fractional dimension', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 4], { shape: [1, 4.5] }))] }, reject: bad('apply_steering_vectors[0].activations.shape[1]: must be a positive integer') },
-  { name: 'codec: missing shape', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec({ data: zeros64(16), dtype: 'float32' })] }, reject: bad('apply_steering_vectors[0].activations.shape: is required') },
-  { name: 'codec: zstd frame recording its size', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec({ data: zstd16, dtype: 'float32', shape: [1, 4], compression: 'zstd' })] }, accept: ok() },
-  { name: 'codec: zstd size does not match the shape', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec({ data: zstd16, dtype: 'float32', shape: [1, 8], compression: 'zstd' }, [0])] }, reject: bad('apply_steering_vectors[0].activations.data: decompresses to 16 bytes but shape [1, 8] of float32 needs 32') },
-  { name: 'codec: zstd declared, raw bytes sent', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 4], { compression: 'zstd' }))] }, reject: bad('the data is not a zstd frame') },
-  { name: 'codec: unknown compression', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 4], { compression: 'gzip' }))] }, reject: bad('apply_steering_vectors[0].activations.compression: must be "zstd" or null') },
+  { name: 'codec: zero dimension', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, W], { shape: [1, 0] }))] }, reject: bad('apply_steering_vectors[0].activations.shape[1]: must be a positive integer') },
+  { name: 'codec: fractional dimension', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, W], { shape: [1, 4.5] }))] }, reject: bad('apply_steering_vectors[0].activations.shape[1]: must be a positive integer') },
+  { name: 'codec: missing shape', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec({ data: zeros64(256), dtype: 'float32' })] }, reject: bad('apply_steering_vectors[0].activations.shape: is required') },
+  { name: 'codec: zstd frame recording its size', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec({ data: zstd256, dtype: 'float32', shape: [1, W], compression: 'zstd' })] }, accept: ok() },
+  { name: 'codec: zstd size does not match the shape', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec({ data: zstd256, dtype: 'float32', shape: [2, W], compression: 'zstd' }, [0])] }, reject: bad('apply_steering_vectors[0].activations.data: decompresses to 256 bytes but shape [2, 64] of float32 needs 512') },
+  // What an engine would decode: the shape against the model, the frame against the shape.
+  { name: 'codec: a 44 KB zstd frame declaring 1 GiB for shape [4, 67108864] (d_model is 64)', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec({ data: rleFrame(2 ** 30).toString('base64'), dtype: 'float32', shape: [4, 67_108_864], compression: 'zstd' }, [0, 1, 2, 3])] }, reject: bad("apply_steering_vectors[0].activations.shape[1]: is 67108864 but model ref-byte's residual stream is 64 wide (d_model)") },
+  { name: 'codec: last dimension one over d_model', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, W + 1]))] }, reject: bad("apply_steering_vectors[0].activations.shape[1]: is 65 but model ref-byte's residual stream is 64 wide (d_model)") },
+  { name: 'codec: 3-D, last dimension under d_model', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 2, W - 1]))] }, reject: bad("apply_steering_vectors[0].activations.shape[2]: is 63 but model ref-byte's residual stream is 64 wide (d_model)") },
+  { name: 'codec: more layers than the model has', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([5, W]), [0, 0, 1, 2, 3])] }, reject: bad('apply_steering_vectors[0].activations.shape[0]: is 5 but model ref-byte has 4 layers') },
+  { name: 'codec: as many layers as the model has', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([4, W]), [0, 1, 2, 3])] }, accept: ok() },
+  { name: 'codec: 3-D, more positions than the context', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec({ data: rleFrame(32_769 * W * 4).toString('base64'), dtype: 'float32', shape: [1, 32_769, W], compression: 'zstd' })] }, reject: bad("apply_steering_vectors[0].activations.shape[1]: is 32769 positions but model ref-byte's context is 32768 (max_model_len)") },
+  { name: 'codec: 3-D, the whole context', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec({ data: rleFrame(32_768 * W * 4).toString('base64'), dtype: 'float32', shape: [1, 32_768, W], compression: 'zstd' })] }, accept: ok() },
+  { name: 'codec: width unknown to the gateway, the engine decides', body: { model: 'byte-width-unknown', prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 5]))] }, accept: ok() },
+  { name: 'codec: a frame of RLE blocks declaring the shape', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec({ data: rleFrame(256).toString('base64'), dtype: 'float32', shape: [1, W], compression: 'zstd' })] }, accept: ok() },
+  { name: 'codec: a second frame after the one declaring the shape', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec({ data: Buffer.concat([Buffer.from(zstd256, 'base64'), rleFrame(2 ** 20)]).toString('base64'), dtype: 'float32', shape: [1, W], compression: 'zstd' })] }, reject: bad('apply_steering_vectors[0].activations.data: must be one zstd frame (45 bytes follow it)') },
+  { name: 'codec: a frame cut short', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec({ data: rleFrame(4 * W * 4).subarray(0, 15).toString('base64'), dtype: 'float32', shape: [4, W], compression: 'zstd' }, [0, 1, 2, 3])] }, reject: bad('apply_steering_vectors[0].activations.data: the zstd frame is cut short') },
+  { name: 'codec: zstd declared, raw bytes sent', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, W], { compression: 'zstd' }))] }, reject: bad('the data is not a zstd frame') },
+  { name: 'codec: unknown compression', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, W], { compression: 'gzip' }))] }, reject: bad('apply_steering_vectors[0].activations.compression: must be "zstd" or null') },
   // Positions.
-  { name: 'positions: 3-D tensor with shape[1] positions', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 2, 4]), [0], { position_indices: [0, 5] })] }, accept: ok() },
-  { name: 'positions: 3-D tensor without positions', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 2, 4]), [0], { position_indices: null })] }, accept: ok() },
+  { name: 'positions: 3-D tensor with shape[1] positions', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 2, W]), [0], { position_indices: [0, 5] })] }, accept: ok() },
+  { name: 'positions: 3-D tensor without positions', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 2, W]), [0], { position_indices: null })] }, accept: ok() },
   { name: 'positions: with a 2-D tensor', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [vec([0], { position_indices: [0] })] }, reject: bad('apply_steering_vectors[0].position_indices: only allowed with a 3-D activations tensor') },
-  { name: 'positions: length != shape[1]', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 2, 4]), [0], { position_indices: [0] })] }, reject: bad('apply_steering_vectors[0].position_indices: has 1 entries but activations.shape[1] is 2') },
-  { name: 'positions: []', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 2, 4]), [0], { position_indices: [] })] }, reject: bad('apply_steering_vectors[0].position_indices: must not be an empty list') },
-  { name: 'positions: negative', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 2, 4]), [0], { position_indices: [0, -1] })] }, reject: bad('apply_steering_vectors[0].position_indices[1]: must be >= 0') },
+  { name: 'positions: length != shape[1]', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 2, W]), [0], { position_indices: [0] })] }, reject: bad('apply_steering_vectors[0].position_indices: has 1 entries but activations.shape[1] is 2') },
+  { name: 'positions: []', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 2, W]), [0], { position_indices: [] })] }, reject: bad('apply_steering_vectors[0].position_indices: must not be an empty list') },
+  { name: 'positions: negative', body: { prompt: 'a', max_tokens: 3, apply_steering_vectors: [withCodec(codec([1, 2, W]), [0], { position_indices: [0, -1] })] }, reject: bad('apply_steering_vectors[0].position_indices[1]: must be >= 0') },
 
   // The engine body.
   {
