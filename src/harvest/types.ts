@@ -60,5 +60,11 @@ export interface HarvestJobView {
   };
   error: { code: string; message: string } | null;
   /** On success: the manifest (as stored in `manifest.json`) and a download per shard. */
-  result: { manifest: unknown; manifest_sha256: string; shards: HarvestShardView[] } | null;
+  result: {
+    manifest: unknown;
+    manifest_sha256: string;
+    shards: HarvestShardView[];
+    /** stats.safetensors: its download path, name, size and hash (null for a job finished before statistics were kept). */
+    stats: { url: string; file: string; bytes: number; sha256: string } | null;
+  } | null;
 }
