@@ -1,9 +1,15 @@
 // The inner loop of a harvest's statistics, as a small WebAssembly SIMD module built here from its
 // instructions (no toolchain, no binary blob): for each bf16 row of a layer it adds (y - shift) to the
-// row sums and (y - shift)² to the squared sums, in float64, and the row's L2 norm to a running total.
-// The same arithmetic in plain JavaScript (`accumulateRowsJs`) gives the same bits: every per-dimension
-// sum is updated row after row, and a row's squared norm is summed in four interleaved lanes
-// (d mod 4) added as (l0 + l1) + (l2 + l3), as the module's two f64x2 accumulators do.
+// per-dimension sums and (y - shift)² to the squared sums, in float64, and the row's L2 norm to a running
+// total. A layer's state is interleaved by groups of four dimensions, 96 bytes each: shift[4], sum[4],
+// sum_sq[4] (float64), so one pointer walks it. Rows are taken two at a time (rows 0 and 1, 2 and 3, ...;
+// an odd last row alone), so the state is read and written once per pair: sum += (a + b) and
+// sum_sq += (a² + b²). The same arithmetic in plain JavaScript (`jsRowsKernel`) gives the same bits: the
+// pairs in the same order, and a row's squared norm summed in four interleaved lanes (d mod 4) added as
+// (l0 + l1) + (l2 + l3), as the module's two f64x2 accumulators do.
+
+/** Bytes of a layer's state per group of four dimensions: shift, sum and sum of squares, 4 float64 each. */
+export const GROUP_BYTES = 96;
 
 /** The parts of WebAssembly used here (the project's TypeScript libraries do not declare it). */
 interface WasmMemory {
@@ -19,10 +25,11 @@ const wasm = (globalThis as unknown as { WebAssembly: WasmApi }).WebAssembly;
 /** Rows of `width` bf16 values (width a multiple of 4) accumulated into per-dimension float64 sums. */
 export interface RowsKernel {
   /**
-   * Adds rows [src, src + rows × width × 2) of bf16 (byte offsets in `memory`) into `s1` and `s2`
-   * (float64 × width each) as (y - shift) and (y - shift)²; returns `norm` plus each row's L2 norm, in row order.
+   * Adds rows [src, src + rows × width × 2) of bf16 (byte offsets in `memory`) into the layer state at
+   * `state` (width / 4 groups of GROUP_BYTES) as (y - shift) and (y - shift)²; returns `norm` plus each
+   * row's L2 norm, in row order.
    */
-  accumulate(src: number, rows: number, width: number, shift: number, s1: number, s2: number, norm: number): number;
+  accumulate(src: number, rows: number, width: number, state: number, norm: number): number;
   readonly memory: WasmMemory;
 }
 
@@ -90,61 +97,104 @@ const s = (code: number) => [SIMD, ...uleb(code)];
 const memarg = (alignLog2: number, offset: number) => [...uleb(alignLog2), ...uleb(offset)];
 
 function moduleBytes(): Uint8Array {
-  // params: 0 src, 1 rows, 2 width, 3 shift, 4 s1, 5 s2 (i32), 6 norm (f64); locals below.
-  const [src, rows, width, shift, s1, s2, norm] = [0, 1, 2, 3, 4, 5, 6];
-  const [r, j, end, p] = [7, 8, 9, 10]; // i32 locals
-  const [acc0, acc1, lo, hi, dl, dh, bits] = [11, 12, 13, 14, 15, 16, 17]; // v128 locals
+  // params: 0 src, 1 rows, 2 width, 3 state (i32), 4 norm (f64); locals below.
+  const [src, rows, width, state, norm] = [0, 1, 2, 3, 4];
+  const [r, q, end, p, p2] = [5, 6, 7, 8, 9]; // i32 locals
+  const [acc0, acc1, acc2, acc3, lo, hi, lo2, hi2, dl, dh, dl2, dh2, bits] = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]; // v128 locals
   const get = (i: number) => [op.get, ...uleb(i)];
   const set = (i: number) => [op.set, ...uleb(i)];
   const i32 = (n: number) => [op.i32const, ...sleb(n)];
   const zero = [...s(simd.const), ...new Array(16).fill(0)];
-  // v128 at (base + j + offset), aligned to 8.
-  const loadAt = (base: number, offset: number) => [...get(base), ...get(j), op.i32add, ...s(simd.load), ...memarg(3, offset)];
-  const addInto = (base: number, offset: number, value: number[]) => [...get(base), ...get(j), op.i32add, ...loadAt(base, offset), ...value, ...s(simd.f64x2add), ...s(simd.store), ...memarg(3, offset)];
+  const add = s(simd.f64x2add);
+  const sub = s(simd.f64x2sub);
+  const mul = s(simd.f64x2mul);
+  const square = (v: number) => [...get(v), ...get(v), ...mul];
+  // v128 at q + offset (aligned to 8); q walks the state a group at a time.
+  const loadAt = (offset: number) => [...get(q), ...s(simd.load), ...memarg(3, offset)];
+  const addInto = (offset: number, value: number[]) => [...get(q), ...loadAt(offset), ...value, ...add, ...s(simd.store), ...memarg(3, offset)];
+  // Four bf16 values at `ptr` widened to float64 in `l` (the first two) and `h`; their squares added to the row's lanes.
+  const loadRow = (ptr: number, l: number, h: number, a0: number, a1: number) => [
+    ...get(ptr), ...s(simd.load16x4u), ...memarg(1, 0), ...i32(16), ...s(simd.i32x4shl), ...set(bits),
+    ...get(bits), ...s(simd.promoteLow), ...set(l),
+    ...get(bits), ...get(bits), ...s(simd.shuffle), 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7, ...s(simd.promoteLow), ...set(h),
+    ...get(a0), ...square(l), ...add, ...set(a0),
+    ...get(a1), ...square(h), ...add, ...set(a1),
+  ];
+  // norm += sqrt((lane0 + lane1) + (lane2 + lane3)) of a row's accumulators
+  const addNorm = (a0: number, a1: number) => [
+    ...get(norm),
+    ...get(a0), ...s(simd.f64x2extract), 0, ...get(a0), ...s(simd.f64x2extract), 1, op.f64add,
+    ...get(a1), ...s(simd.f64x2extract), 0, ...get(a1), ...s(simd.f64x2extract), 1, op.f64add,
+    op.f64add, op.f64sqrt, op.f64add, ...set(norm),
+  ];
+  const nextGroup = [...get(q), ...i32(GROUP_BYTES), op.i32add, op.tee, ...uleb(q), ...get(end), op.i32ltu, op.br_if, 0];
+  const step = (ptr: number) => [...get(ptr), ...i32(8), op.i32add, ...set(ptr)];
+  // Two rows at a time (the state is read and written once for both): sum += (a + b), sum_sq += (a² + b²).
+  const paired = [
+    ...zero, ...set(acc0), ...zero, ...set(acc1), ...zero, ...set(acc2), ...zero, ...set(acc3),
+    ...get(state), ...set(q),
+    ...get(p), ...get(width), ...i32(2), op.i32mul, op.i32add, ...set(p2),
+    op.loop, 0x40,
+    ...loadRow(p, lo, hi, acc0, acc1),
+    ...loadRow(p2, lo2, hi2, acc2, acc3),
+    ...get(lo), ...loadAt(0), ...sub, ...set(dl),
+    ...get(hi), ...loadAt(16), ...sub, ...set(dh),
+    ...get(lo2), ...loadAt(0), ...sub, ...set(dl2),
+    ...get(hi2), ...loadAt(16), ...sub, ...set(dh2),
+    ...addInto(32, [...get(dl), ...get(dl2), ...add]),
+    ...addInto(48, [...get(dh), ...get(dh2), ...add]),
+    ...addInto(64, [...square(dl), ...square(dl2), ...add]),
+    ...addInto(80, [...square(dh), ...square(dh2), ...add]),
+    ...step(p), ...step(p2),
+    ...nextGroup,
+    op.end,
+    ...addNorm(acc0, acc1),
+    ...addNorm(acc2, acc3),
+    ...get(p2), ...set(p),
+    ...get(r), ...i32(2), op.i32add, ...set(r),
+  ];
+  // The last row of an odd count, alone: sum += a, sum_sq += a².
+  const single = [
+    ...zero, ...set(acc0), ...zero, ...set(acc1),
+    ...get(state), ...set(q),
+    op.loop, 0x40,
+    ...loadRow(p, lo, hi, acc0, acc1),
+    ...get(lo), ...loadAt(0), ...sub, ...set(dl),
+    ...get(hi), ...loadAt(16), ...sub, ...set(dh),
+    ...addInto(32, get(dl)),
+    ...addInto(48, get(dh)),
+    ...addInto(64, square(dl)),
+    ...addInto(80, square(dh)),
+    ...step(p),
+    ...nextGroup,
+    op.end,
+    ...addNorm(acc0, acc1),
+    ...get(r), ...i32(1), op.i32add, ...set(r),
+  ];
   const body = [
-    // rows loop
     ...i32(0), ...set(r),
+    ...get(src), ...set(p),
+    ...get(state), ...get(width), ...i32(4), 0x6e /* i32.div_u */, ...i32(GROUP_BYTES), op.i32mul, op.i32add, ...set(end),
     op.block, 0x40,
     op.loop, 0x40,
     ...get(r), ...get(rows), op.i32geu, op.br_if, 1,
-    ...zero, ...set(acc0),
-    ...zero, ...set(acc1),
-    ...get(src), ...get(r), ...get(width), op.i32mul, ...i32(2), op.i32mul, op.i32add, ...set(p),
-    ...i32(0), ...set(j),
-    ...get(width), ...i32(8), op.i32mul, ...set(end),
-    // dims loop: four bf16 values a step (p += 8 bytes, j += 32 bytes of float64)
-    op.loop, 0x40,
-    ...get(p), ...s(simd.load16x4u), ...memarg(1, 0), ...i32(16), ...s(simd.i32x4shl), ...set(bits),
-    ...get(bits), ...s(simd.promoteLow), ...set(lo),
-    ...get(bits), ...get(bits), ...s(simd.shuffle), 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7, ...s(simd.promoteLow), ...set(hi),
-    ...get(acc0), ...get(lo), ...get(lo), ...s(simd.f64x2mul), ...s(simd.f64x2add), ...set(acc0),
-    ...get(acc1), ...get(hi), ...get(hi), ...s(simd.f64x2mul), ...s(simd.f64x2add), ...set(acc1),
-    ...get(lo), ...loadAt(shift, 0), ...s(simd.f64x2sub), ...set(dl),
-    ...get(hi), ...loadAt(shift, 16), ...s(simd.f64x2sub), ...set(dh),
-    ...addInto(s1, 0, get(dl)),
-    ...addInto(s1, 16, get(dh)),
-    ...addInto(s2, 0, [...get(dl), ...get(dl), ...s(simd.f64x2mul)]),
-    ...addInto(s2, 16, [...get(dh), ...get(dh), ...s(simd.f64x2mul)]),
-    ...get(p), ...i32(8), op.i32add, ...set(p),
-    ...get(j), ...i32(32), op.i32add, op.tee, ...uleb(j), ...get(end), op.i32ltu, op.br_if, 0,
+    ...get(r), ...i32(1), op.i32add, ...get(rows), op.i32ltu,
+    0x04, 0x40, // if: two rows left at least
+    ...paired,
+    0x05, // else
+    ...single,
     op.end,
-    // norm += sqrt((lane0 + lane1) + (lane2 + lane3))
-    ...get(norm),
-    ...get(acc0), ...s(simd.f64x2extract), 0, ...get(acc0), ...s(simd.f64x2extract), 1, op.f64add,
-    ...get(acc1), ...s(simd.f64x2extract), 0, ...get(acc1), ...s(simd.f64x2extract), 1, op.f64add,
-    op.f64add, op.f64sqrt, op.f64add, ...set(norm),
-    ...get(r), ...i32(1), op.i32add, ...set(r),
     op.br, 0,
     op.end,
     op.end,
     ...get(norm),
     op.end,
   ];
-  const locals = vector([[...uleb(4), I32], [...uleb(7), 0x7b]]);
+  const locals = vector([[...uleb(5), I32], [...uleb(13), 0x7b]]);
   const code = [...locals, ...body];
   return Uint8Array.from([
     0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
-    ...section(1, vector([[0x60, ...vector([[I32], [I32], [I32], [I32], [I32], [I32], [F64]]), ...vector([[F64]])]])),
+    ...section(1, vector([[0x60, ...vector([[I32], [I32], [I32], [I32], [F64]]), ...vector([[F64]])]])),
     ...section(2, vector([[...name('env'), ...name('memory'), 0x02, 0x00, ...uleb(1)]])),
     ...section(3, vector([[0x00]])),
     ...section(7, vector([[...name('accumulate'), 0x00, 0x00]])),
@@ -181,25 +231,38 @@ export function jsRowsKernel(pages: number): RowsKernel {
   const memory = new wasm.Memory({ initial: pages });
   return {
     memory,
-    accumulate(src, rows, width, shift, s1, s2, norm) {
+    accumulate(src, rows, width, state, norm) {
       const buf = memory.buffer;
       const bits = new Uint16Array(buf, src, rows * width);
-      const k = new Float64Array(buf, shift, width);
-      const a = new Float64Array(buf, s1, width);
-      const b = new Float64Array(buf, s2, width);
+      const st = new Float64Array(buf, state, (width / 4) * (GROUP_BYTES / 8));
       const word = new Uint32Array(1);
       const value = new Float32Array(word.buffer);
-      for (let r = 0; r < rows; r++) {
+      const bf16 = (i: number) => {
+        word[0] = bits[i] << 16;
+        return value[0];
+      };
+      for (let r = 0; r < rows; r += 2) {
+        const pair = r + 1 < rows;
         const lanes = [0, 0, 0, 0];
+        const lanes2 = [0, 0, 0, 0];
         for (let d = 0; d < width; d++) {
-          word[0] = bits[r * width + d] << 16;
-          const y = value[0];
+          const at = (d >> 2) * 12 + (d & 3);
+          const y = bf16(r * width + d);
           lanes[d & 3] += y * y;
-          const x = y - k[d];
-          a[d] += x;
-          b[d] += x * x;
+          const x = y - st[at];
+          if (!pair) {
+            st[at + 4] += x;
+            st[at + 8] += x * x;
+            continue;
+          }
+          const y2 = bf16((r + 1) * width + d);
+          lanes2[d & 3] += y2 * y2;
+          const x2 = y2 - st[at];
+          st[at + 4] += x + x2;
+          st[at + 8] += x * x + x2 * x2;
         }
         norm += Math.sqrt(lanes[0] + lanes[1] + (lanes[2] + lanes[3]));
+        if (pair) norm += Math.sqrt(lanes2[0] + lanes2[1] + (lanes2[2] + lanes2[3]));
       }
       return norm;
     },

@@ -7,7 +7,7 @@
 // the same bits as one never interrupted.
 import { Buffer } from 'node:buffer';
 import { decodeSafetensors, encodeSafetensors } from './safetensors.ts';
-import { jsRowsKernel, wasmRowsKernel, type RowsKernel } from './stats-kernel.ts';
+import { GROUP_BYTES, jsRowsKernel, wasmRowsKernel, type RowsKernel } from './stats-kernel.ts';
 import { STATS_FILE, type HarvestStorage } from './storage.ts';
 import type { ManifestStats, RecordedShard } from './manifest.ts';
 
@@ -27,6 +27,9 @@ export function checkpointFileOf(shardFile: string): string {
   return shardFile.replace(/\.safetensors$/, '') + '.stats';
 }
 
+
+/** Index of dimension `d`'s `part` (0 shift, 1 sum, 2 sum of squares) in a layer's state as float64. */
+const at = (d: number, part: number) => (d >> 2) * (GROUP_BYTES / 8) + part * 4 + (d & 3);
 
 /** The running sums of a job: fold prompts in, in prompt order. */
 export class RunningStats {
@@ -48,7 +51,7 @@ export class RunningStats {
     this.layers = [...layers];
     this.dModel = dModel;
     this.#width = Math.ceil(dModel / 4) * 4;
-    const bytes = this.#chunkBytes() + 3 * layers.length * this.#width * 8;
+    const bytes = this.#chunkBytes() + layers.length * this.#layerBytes();
     const pages = Math.ceil(bytes / 65536);
     this.#kernel = (options.kernel === 'js' ? null : wasmRowsKernel(pages)) ?? jsRowsKernel(pages);
     this.#norms = new Float64Array(layers.length);
@@ -58,14 +61,18 @@ export class RunningStats {
     return Math.max(CHUNK_BYTES, this.#width * 2);
   }
 
-  /** shift, sum and sum of squares of layer `l` (views of the kernel's memory: float64 × padded width). */
-  #arrays(l: number): { shift: number; s1: number; s2: number } {
-    const base = this.#chunkBytes() + 3 * l * this.#width * 8;
-    return { shift: base, s1: base + this.#width * 8, s2: base + 2 * this.#width * 8 };
+  #layerBytes(): number {
+    return (this.#width / 4) * GROUP_BYTES;
   }
 
-  #f64(at: number): Float64Array {
-    return new Float64Array(this.#kernel.memory.buffer, at, this.#width);
+  /** Where layer `l`'s state lies in the kernel's memory (groups of four dimensions: shift, sum, sum of squares). */
+  #state(l: number): number {
+    return this.#chunkBytes() + l * this.#layerBytes();
+  }
+
+  /** Layer `l`'s state as float64; `at(d, part)` indexes it (part 0 shift, 1 sum, 2 sum of squares). */
+  #view(l: number): Float64Array {
+    return new Float64Array(this.#kernel.memory.buffer, this.#state(l), this.#layerBytes() / 8);
   }
 
   /** Folds one prompt's capture in: bf16 [layers, tokens, d_model] as the shard stores it. */
@@ -80,16 +87,17 @@ export class RunningStats {
     if (!this.#shifted) this.#setShift(bytes, tokens);
     const heap = new Uint8Array(this.#kernel.memory.buffer);
     const rowBytes = width * 2;
-    const perChunk = Math.floor(this.#chunkBytes() / (this.#width * 2));
+    // An even number of rows a chunk (the kernel pairs rows), so a chunk's edge never splits a pair.
+    const perChunk = Math.max(1, Math.floor(this.#chunkBytes() / (this.#width * 4)) * 2);
     for (let l = 0; l < layers; l++) {
-      const { shift, s1, s2 } = this.#arrays(l);
+      const state = this.#state(l);
       let norm = this.#norms[l];
       for (let r = 1; r < tokens; r += perChunk) {
         const n = Math.min(perChunk, tokens - r);
         const from = bytes.byteOffset + (l * tokens + r) * rowBytes;
         if (width === this.#width) heap.set(new Uint8Array(bytes.buffer, from, n * rowBytes), 0);
         else for (let k = 0; k < n; k++) heap.set(new Uint8Array(bytes.buffer, from + k * rowBytes, rowBytes), k * this.#width * 2);
-        norm = this.#kernel.accumulate(0, n, this.#width, shift, s1, s2, norm);
+        norm = this.#kernel.accumulate(0, n, this.#width, state, norm);
       }
       this.#norms[l] = norm;
     }
@@ -103,14 +111,14 @@ export class RunningStats {
     const halves = new Uint16Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 2);
     const width = this.dModel;
     for (let l = 0; l < this.layers.length; l++) {
-      const shift = this.#f64(this.#arrays(l).shift);
+      const view = this.#view(l);
       for (let d = 0; d < width; d++) {
         let sum = 0;
         for (let t = 1; t < tokens; t++) {
           word[0] = halves[(l * tokens + t) * width + d] << 16;
           sum += value[0];
         }
-        shift[d] = sum / (tokens - 1);
+        view[at(d, 0)] = sum / (tokens - 1);
       }
     }
     this.#shifted = true;
@@ -125,14 +133,11 @@ export class RunningStats {
     const std = new Float32Array(L * D);
     const meanNorm = new Float64Array(L);
     for (let l = 0; l < L; l++) {
-      const { shift, s1, s2 } = this.#arrays(l);
-      const k = this.#f64(shift);
-      const a = this.#f64(s1);
-      const b = this.#f64(s2);
+      const view = this.#view(l);
       for (let d = 0; d < D; d++) {
-        const m = a[d] / n;
-        mean[l * D + d] = k[d] + m;
-        std[l * D + d] = Math.sqrt(Math.max(0, b[d] / n - m * m));
+        const m = view[at(d, 1)] / n;
+        mean[l * D + d] = view[at(d, 0)] + m;
+        std[l * D + d] = Math.sqrt(Math.max(0, view[at(d, 2)] / n - m * m));
       }
       meanNorm[l] = this.#norms[l] / n;
     }
@@ -165,16 +170,19 @@ export class RunningStats {
   encodeCheckpoint(meta: { jobId: string; shard: number; shardSha256: string }): Buffer {
     const L = this.layers.length;
     const D = this.dModel;
-    const gather = (which: 'shift' | 's1' | 's2') => {
+    const gather = (part: number) => {
       const out = new Float64Array(L * D);
-      for (let l = 0; l < L; l++) out.set(this.#f64(this.#arrays(l)[which]).subarray(0, D), l * D);
+      for (let l = 0; l < L; l++) {
+        const view = this.#view(l);
+        for (let d = 0; d < D; d++) out[l * D + d] = view[at(d, part)];
+      }
       return new Uint8Array(out.buffer);
     };
     return encodeSafetensors(
       [
-        { name: 'shift', dtype: 'F64', shape: [L, D], bytes: gather('shift') },
-        { name: 'sum', dtype: 'F64', shape: [L, D], bytes: gather('s1') },
-        { name: 'sum_sq', dtype: 'F64', shape: [L, D], bytes: gather('s2') },
+        { name: 'shift', dtype: 'F64', shape: [L, D], bytes: gather(0) },
+        { name: 'sum', dtype: 'F64', shape: [L, D], bytes: gather(1) },
+        { name: 'sum_sq', dtype: 'F64', shape: [L, D], bytes: gather(2) },
         { name: 'norm_sum', dtype: 'F64', shape: [L], bytes: new Uint8Array(this.#norms.slice().buffer) },
       ],
       {
@@ -220,9 +228,10 @@ export class RunningStats {
       if (!t || t.dtype !== 'F64' || t.bytes.byteLength !== length * 8) throw new HarvestStatsError(`the checkpoint's ${name} is missing or malformed`);
       return new Float64Array(t.bytes.buffer, t.bytes.byteOffset, length);
     };
-    const parts = { shift: tensor('shift', L * D), s1: tensor('sum', L * D), s2: tensor('sum_sq', L * D) };
+    const parts = [tensor('shift', L * D), tensor('sum', L * D), tensor('sum_sq', L * D)];
     for (let l = 0; l < L; l++) {
-      for (const which of ['shift', 's1', 's2'] as const) stats.#f64(stats.#arrays(l)[which]).set(parts[which].subarray(l * D, (l + 1) * D));
+      const view = stats.#view(l);
+      for (let part = 0; part < 3; part++) for (let d = 0; d < D; d++) view[at(d, part)] = parts[part][l * D + d];
     }
     stats.#norms.set(tensor('norm_sum', L));
     stats.prompts = expect.prompts;
