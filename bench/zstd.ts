@@ -2,7 +2,7 @@
  * zstd decoders on capture-sized frames: vllm-lens sends a capture's bf16 bytes as one zstd frame
  * (level 1), so the gateway decompresses up to tens of MiB per prompt. fzstd (pure JavaScript) against
  * @bokuweb/zstd-wasm (zstd's C source as WebAssembly), each decoding into the tensor's own buffer.
- * `npm run bench -- zstd`; BENCH_ZSTD_ROUNDS (5) rounds, the least CPU of each.
+ * `npm run bench -- zstd`; BENCH_ZSTD_ROUNDS (3) rounds of 16 MiB or one capture, the least CPU of each.
  */
 import { Buffer } from 'node:buffer';
 import { cpus, loadavg } from 'node:os';
@@ -10,7 +10,7 @@ import { decompress as fzstd } from 'fzstd';
 import * as wasm from '@bokuweb/zstd-wasm';
 
 await wasm.init();
-const rounds = Number(process.env.BENCH_ZSTD_ROUNDS ?? 5);
+const rounds = Number(process.env.BENCH_ZSTD_ROUNDS ?? 3);
 
 /** bf16 residual-stream-like values: per-dimension offsets and scales, normal noise. */
 function capture(bytes: number): Uint8Array {
@@ -42,7 +42,7 @@ for (const mib of [1, 8, 32]) {
     if (!Buffer.from(out).equals(Buffer.from(raw))) throw new Error(`${name} decoded other bytes`);
     let best = Infinity;
     for (let r = 0; r < rounds; r++) {
-      const reps = Math.max(1, Math.round(64 / mib));
+      const reps = Math.max(1, Math.round(16 / mib));
       const cpu = process.cpuUsage();
       for (let k = 0; k < reps; k++) decode(frame, out);
       const used = process.cpuUsage(cpu);

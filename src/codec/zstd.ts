@@ -1,6 +1,6 @@
 // zstd for the tensor codec (ENGINE.md: one frame, level 1, that records its content size), through
-// @bokuweb/zstd-wasm: zstd's own C source built as WebAssembly, about thirty times less CPU per GB than
-// the pure-JavaScript fzstd on capture-sized frames (`npm run bench -- zstd`). Loaded once, when the
+// @bokuweb/zstd-wasm: zstd's own C source built as WebAssembly, which needs far less CPU per GB than the
+// pure-JavaScript fzstd on capture-sized frames (`npm run bench -- zstd`). Loaded once, when the
 // codec is first imported. A frame is never allowed to expand past the tensor its envelope announces:
 // a declared content size is read from the frame header and must equal it before anything is decoded,
 // and the decoder's output is bounded by it (so an undeclared size, or frames appended after the first,
