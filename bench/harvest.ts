@@ -18,6 +18,7 @@ import { setImmediate as yieldToLoop } from 'node:timers/promises';
 import { CaptureBuffers, decodeCapture } from '../src/harvest/capture-decode.ts';
 import { fileHarvestStorage, shardFileName } from '../src/harvest/storage.ts';
 import { runShardPipeline, shardCountOf, type CapturedPrompt } from '../src/harvest/shard-pipeline.ts';
+import { RunningStats } from '../src/harvest/stats.ts';
 import { root } from './support.ts';
 
 const setting = (name: string, fallback: number) => Number(process.env[`BENCH_HARVEST_${name}`] ?? fallback);
@@ -127,8 +128,21 @@ async function pipeline(captures: Buffer[], written: number[], pooled = true): P
   return total;
 }
 
+/** The statistics alone (what the pipeline adds per capture): every prompt's bf16 capture folded into RunningStats. */
+const decodedBf16 = bodies.bf16.map((body) => decodeCapture(body, { layers, dModel }).bytes);
+async function statsOnly(): Promise<number> {
+  const stats = new RunningStats(layerList, dModel);
+  let total = 0;
+  for (let i = 0; i < prompts; i++) {
+    const bytes = decodedBf16[i % decodedBf16.length];
+    stats.add(bytes, [layers, tokens, dModel]);
+    total += bytes.byteLength;
+  }
+  return total;
+}
+
 const shardFiles: number[] = [];
-const results: Record<string, Measured[]> = { raw: [], bf16: [], fresh: [], f32: [] };
+const results: Record<string, Measured[]> = { raw: [], bf16: [], fresh: [], f32: [], stats: [] };
 const loadBefore = loadavg()[0];
 // Each round: the pipeline on bf16 captures (its files' sizes are the raw writes' sizes), the raw writes, bf16 unpooled, float32 captures.
 for (let round = 0; round < rounds; round++) {
@@ -136,6 +150,7 @@ for (let round = 0; round < rounds; round++) {
   results.raw.push(await measure(() => rawWrite(shardFiles)));
   results.fresh.push(await measure(() => pipeline(bodies.bf16, [], false)));
   results.f32.push(await measure(() => pipeline(bodies.f32, [])));
+  results.stats.push(await measure(statsOnly));
 }
 const loadAfter = loadavg()[0];
 
@@ -147,6 +162,7 @@ const rows = [
   ['pipeline, bf16 captures (passed through)', results.bf16],
   ['the same, each capture decoded into a fresh buffer (no CaptureBuffers)', results.fresh],
   ['pipeline, float32 captures (rounded to bf16)', results.f32],
+  ['the statistics alone (RunningStats.add over the bf16 captures; included in every pipeline row)', results.stats],
 ] as const;
 const total = results.raw[0].bytes;
 process.stdout.write(

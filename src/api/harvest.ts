@@ -1,7 +1,8 @@
 /**
  * The harvest routes: `POST /v1/harvest` (202 with the job), `GET /v1/harvest` (the user's jobs),
  * `GET /v1/harvest/{job_id}` (`?wait=S` long-polls), `DELETE /v1/harvest/{job_id}` (cancel) and
- * `GET /v1/harvest/{job_id}/shards/{n}` (a shard's bytes). The rules are in the harvest service.
+ * `GET /v1/harvest/{job_id}/shards/{n}` (a shard's bytes), `GET /v1/harvest/{job_id}/stats` (the job's
+ * stats.safetensors). The rules are in the harvest service.
  */
 import type { FastifyInstance, FastifyRequest, onRequestAsyncHookHandler } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
@@ -38,6 +39,13 @@ const ShardEntry = Type.Object({
   sha256: Type.String(),
 });
 
+const StatsEntry = Type.Object({
+  url: Type.String({ description: 'Download path of stats.safetensors under the base URL (same key, or a key of the same user).' }),
+  file: Type.String(),
+  bytes: Type.Integer(),
+  sha256: Type.String(),
+});
+
 export const HarvestJob = Type.Object(
   {
     id: Type.String(),
@@ -64,8 +72,8 @@ export const HarvestJob = Type.Object(
     files_removed_at: Type.Union([Type.String({ format: 'date-time' }), Type.Null()], {
       description: "When a failed (or cancelled) job's files were removed: by DELETE of a failed job, or after the retention. Its shards are no longer served.",
     }),
-    result: Type.Union([Type.Object({ manifest: Type.Unknown(), manifest_sha256: Type.String(), shards: Type.Array(ShardEntry) }), Type.Null()], {
-      description: 'On success: the manifest (manifest.json) and each shard with its download path and hash.',
+    result: Type.Union([Type.Object({ manifest: Type.Unknown(), manifest_sha256: Type.String(), shards: Type.Array(ShardEntry), stats: Type.Union([StatsEntry, Type.Null()]) }), Type.Null()], {
+      description: 'On success: the manifest (manifest.json), each shard with its download path and hash, and the statistics file (stats.safetensors) with its own.',
     }),
   },
   { additionalProperties: false },
@@ -214,6 +222,36 @@ export function harvestRoutes(app: FastifyInstance, options: HarvestRouteOptions
         .header('x-svc-sha256', record.sha256)
         .header('etag', `"${record.sha256}"`)
         .header('content-disposition', `attachment; filename="${record.file}"`)
+        .send(stream);
+    },
+  );
+
+  route.get(
+    '/v1/harvest/:job_id/stats',
+    {
+      onRequest: authenticate,
+      schema: {
+        summary: "A succeeded job's statistics (stats.safetensors: per-layer mean and std over the harvested tokens), with its length and SHA-256",
+        security: apiKeySecurity,
+        params: JobParams,
+        response: {
+          200: okResponse('The statistics file', Type.String({ format: 'binary' }), {
+            headers: { 'X-Svc-Sha256': Type.String({ description: 'Hex SHA-256 of the file, as in the manifest.' }) },
+            content: { 'application/octet-stream': { schema: Type.String({ format: 'binary' }) } },
+          }),
+          ...errorResponses(400, 401, 404, 500, 503),
+        },
+      },
+    },
+    async (request, reply) => {
+      const { stream, size, file, sha256 } = await service.stats(callerOf(request), request.params.job_id);
+      sendUncompressed(reply);
+      return reply
+        .type('application/octet-stream')
+        .header('content-length', String(size))
+        .header('x-svc-sha256', sha256)
+        .header('etag', `"${sha256}"`)
+        .header('content-disposition', `attachment; filename="${file}"`)
         .send(stream);
     },
   );

@@ -164,9 +164,10 @@ async function download(api: Client, jobId: string, dir: string, io: HarvestIo):
   if (job.status !== 'succeeded' || !job.result) throw new CliError(`job ${jobId} is ${job.status}; only a succeeded job can be downloaded`);
   await mkdir(dir, { recursive: true });
   let bytes = 0;
-  for (const shard of job.result.shards as { url: string; file: string; sha256: string; bytes: number }[]) {
-    const res = await api.fetch(shard.url);
-    const target = join(dir, shard.file);
+  // Each file through a .partial file, checked against its SHA-256 before it takes its name.
+  const fetchChecked = async (url: string, file: string, sha256: string) => {
+    const res = await api.fetch(url);
+    const target = join(dir, file);
     const partial = `${target}.partial`;
     const hash = createHash('sha256');
     const hashing = new Transform({
@@ -177,13 +178,21 @@ async function download(api: Client, jobId: string, dir: string, io: HarvestIo):
     });
     await pipeline(Readable.fromWeb(res.body as any), hashing, createWriteStream(partial));
     const digest = hash.digest('hex');
-    if (digest !== shard.sha256) {
+    if (digest !== sha256) {
       await rm(partial, { force: true });
-      throw new CliError(`${shard.file}: SHA-256 ${digest} does not match the manifest's ${shard.sha256}; nothing kept of it, run the download again`);
+      throw new CliError(`${file}: SHA-256 ${digest} does not match the manifest's ${sha256}; nothing kept of it, run the download again`);
     }
     await rename(partial, target);
+  };
+  for (const shard of job.result.shards as { url: string; file: string; sha256: string; bytes: number }[]) {
+    await fetchChecked(shard.url, shard.file, shard.sha256);
     bytes += shard.bytes;
     io.stdout.write(`${shard.file}  ${shard.bytes} bytes  sha256 ok\n`);
+  }
+  const stats = job.result.stats as { url: string; file: string; sha256: string; bytes: number } | null | undefined;
+  if (stats) {
+    await fetchChecked(stats.url, stats.file, stats.sha256);
+    io.stdout.write(`${stats.file}  ${stats.bytes} bytes  sha256 ok\n`);
   }
   // The manifest last, byte for byte as the worker stored it (checked by its hash): its presence means every shard beside it is whole.
   const manifest = serializeManifest(job.result.manifest);

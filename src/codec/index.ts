@@ -2,7 +2,7 @@
 // This face holds the small-tensor encoder and decoder; the capture reader (reader.ts) finds and decodes
 // a large envelope inside a response body without making a string of it; wire.ts holds the codec's facts.
 import { Buffer } from 'node:buffer';
-import { decompress as zstdDecompress } from 'fzstd';
+import { zstdCompress, zstdDecompressInto } from './zstd.ts';
 import { CodecError } from './errors.ts';
 import { CODEC_DTYPE_SIZES, base64TextError } from './wire.ts';
 
@@ -23,6 +23,7 @@ export {
   type ZstdFrameWalk,
 } from './wire.ts';
 export { CodecScanner, Base64Decoder, decodeCodecInto, RESIDUAL_STREAM_PATH, type CodecLocation } from './reader.ts';
+export { zstdCompress, zstdDecompressInto } from './zstd.ts';
 
 export type WireDtype = 'float32' | 'float16' | 'int16';
 /** What the values mean; `bfloat16` travels as int16 bit patterns with original_dtype torch.bfloat16. */
@@ -67,16 +68,15 @@ export function decodeTensor(t: EncodedTensor): DecodedTensor {
   if (base64Error) throw new CodecError(`tensor data ${base64Error}`);
   let raw: Uint8Array = Buffer.from(t.data, 'base64');
   const compression = t.compression ?? null;
+  const expected = count * CODEC_DTYPE_SIZES[dtype];
   if (compression === 'zstd') {
-    try {
-      raw = zstdDecompress(raw);
-    } catch (err) {
-      throw new CodecError(`tensor data is not a valid zstd frame: ${(err as Error).message}`);
-    }
+    // Bounded by the shape: a frame that declares or expands to more is refused, never allocated.
+    const out = new Uint8Array(expected);
+    zstdDecompressInto(raw, out);
+    raw = out;
   } else if (compression !== null) {
     throw new CodecError(`tensor compression ${JSON.stringify(compression)} is not supported (zstd or none)`);
   }
-  const expected = count * CODEC_DTYPE_SIZES[dtype];
   if (raw.byteLength !== expected) throw new CodecError(`tensor data holds ${raw.byteLength} bytes; shape ${JSON.stringify(t.shape)} of ${dtype} needs ${expected}`);
   const view = new DataView(raw.buffer, raw.byteOffset, raw.byteLength);
   const values = new Float32Array(count);
@@ -93,16 +93,15 @@ export function encodeTensor(values: ArrayLike<number>, shape: readonly number[]
   return envelope(Buffer.from(raw.buffer, raw.byteOffset, raw.byteLength).toString('base64'), shape, dtype, null);
 }
 
-/**
- * Same, compressed as one zstd frame at level 1. Needs `@bokuweb/zstd-wasm` (a devDependency: the engine never
- * sends zstd, only clients and tests do).
- */
-export async function encodeTensorZstd(values: ArrayLike<number>, shape: readonly number[], dtype: TensorDtype = 'float32'): Promise<EncodedTensor> {
-  const zstd = await import('@bokuweb/zstd-wasm');
-  await zstd.init();
-  const raw = encodeRaw(values, shape, dtype);
-  const packed = zstd.compress(raw, 1);
+/** Same, compressed as one zstd frame at level 1 that records its content size (as vllm-lens sends captures). */
+export function encodeTensorZstdSync(values: ArrayLike<number>, shape: readonly number[], dtype: TensorDtype = 'float32'): EncodedTensor {
+  const packed = zstdCompress(encodeRaw(values, shape, dtype), 1);
   return envelope(Buffer.from(packed.buffer, packed.byteOffset, packed.byteLength).toString('base64'), shape, dtype, 'zstd');
+}
+
+/** encodeTensorZstdSync, as a promise (its callers predate the synchronous form). */
+export async function encodeTensorZstd(values: ArrayLike<number>, shape: readonly number[], dtype: TensorDtype = 'float32'): Promise<EncodedTensor> {
+  return encodeTensorZstdSync(values, shape, dtype);
 }
 
 function envelope(data: string, shape: readonly number[], dtype: TensorDtype, compression: 'zstd' | null): EncodedTensor {

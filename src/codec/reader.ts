@@ -4,7 +4,7 @@
 // base64 `data` text begins and ends. The gateway relays a capture with it; a harvest worker decodes the
 // located text straight into its shard buffer with `decodeCodecInto`, in bounded pieces.
 import { Buffer } from 'node:buffer';
-import { decompress as zstdDecompress } from 'fzstd';
+import { zstdDecompressInto } from './zstd.ts';
 import { CodecError } from './errors.ts';
 import {
   base64DecodedLength,
@@ -548,14 +548,6 @@ export function decodeCodecInto(chunks: readonly Uint8Array[], location: CodecLo
     if (decoded !== location.byteLength) throw new CodecError(`the data decodes to ${decoded} bytes; the tensor needs ${location.byteLength}`);
     return decoded;
   }
-  const out = dest.subarray(offset, offset + location.byteLength);
-  let result: Uint8Array;
-  try {
-    result = zstdDecompress(target.subarray(0, decoded), out);
-  } catch (err) {
-    throw new CodecError(`the data is not a valid zstd frame: ${(err as Error).message}`);
-  }
-  if (result.length !== location.byteLength) throw new CodecError(`the zstd frame holds ${result.length} bytes; the tensor needs ${location.byteLength}`);
-  if (result.buffer !== out.buffer || result.byteOffset !== out.byteOffset) out.set(result);
-  return result.length;
+  // Never past the tensor's size: zstdDecompressInto refuses a frame that declares or decodes to more.
+  return zstdDecompressInto(target.subarray(0, decoded), dest.subarray(offset, offset + location.byteLength));
 }

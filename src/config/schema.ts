@@ -50,6 +50,12 @@ export const ActivationSupport = Type.Object(
      * other limits admit; the pre-flight refuses a capture whose body could exceed it (400, before any engine work).
      */
     max_capture_bytes: Type.Optional(Type.Integer({ minimum: 1 })),
+    /**
+     * How the model's engine sends captures: "zstd" (one frame at level 1, then base64, as vLLM with
+     * vllm-lens does by default) or "none". The reference engine follows it (default "none"); the gateway
+     * reads either from any engine, so for a vLLM engine it only documents what that engine does.
+     */
+    capture_compression: Type.Optional(Type.Union([Type.Literal('zstd'), Type.Literal('none')])),
   },
   { additionalProperties: false },
 );

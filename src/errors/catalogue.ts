@@ -41,6 +41,7 @@ export const errorCatalogue = {
   not_found: { status: 404, type: 'not_found_error' },
   harvest_job_not_found: { status: 404, type: 'not_found_error' },
   harvest_shard_not_found: { status: 404, type: 'not_found_error' },
+  harvest_stats_not_found: { status: 404, type: 'not_found_error' },
   harvest_not_cancellable: { status: 409, type: 'invalid_request_error' },
   key_revoked: { status: 409, type: 'invalid_request_error' },
   method_not_allowed: { status: 405, type: 'invalid_request_error' },

@@ -19,6 +19,19 @@ export const ManifestShard = Type.Object(
 );
 export type ManifestShard = Static<typeof ManifestShard>;
 
+/** The job's statistics (stats.safetensors) as the manifest describes them. */
+export const ManifestStats = Type.Object(
+  {
+    file: Type.String({ minLength: 1 }),
+    bytes: Count,
+    sha256: Type.String({ pattern: '^[0-9a-f]{64}$' }),
+    token_count: Count,
+    mean_token_norm: Type.Array(Type.Union([Type.Number(), Type.Null()])),
+  },
+  { additionalProperties: false },
+);
+export type ManifestStats = Static<typeof ManifestStats>;
+
 export const HarvestManifest = Type.Object(
   {
     job_id: Type.String({ minLength: 1 }),
@@ -31,6 +44,8 @@ export const HarvestManifest = Type.Object(
     token_count: Count,
     bytes: Count,
     shards: Type.Array(ManifestShard),
+    /** Absent from manifests written before statistics were kept. */
+    stats: Type.Optional(ManifestStats),
     created_at: Type.String(),
   },
   { additionalProperties: false },
@@ -65,7 +80,7 @@ export interface RecordedShard {
  */
 export function buildManifest(
   state: { readonly job: ManifestJob | null; readonly shards: readonly RecordedShard[] },
-  options: { createdAt?: string; dModel?: number | null } = {},
+  options: { createdAt?: string; dModel?: number | null; stats?: ManifestStats } = {},
 ): HarvestManifest {
   const { job, shards } = state;
   if (job === null) throw new Error('a manifest needs the submitted job');
@@ -87,6 +102,7 @@ export function buildManifest(
     token_count: sum('token_count'),
     bytes: sum('bytes'),
     shards: shards.map((s) => ({ index: s.shard, file: s.file, first_prompt: s.first_prompt, prompt_count: s.prompt_count, token_count: s.token_count, bytes: s.bytes, sha256: s.sha256 })),
+    ...(options.stats ? { stats: options.stats } : {}),
     created_at: options.createdAt ?? new Date().toISOString(),
   };
 }

@@ -3,9 +3,9 @@
 // contiguous. Only the header is built here; the bytes are written by whoever holds them.
 import { Buffer } from 'node:buffer';
 
-export type SafetensorsDtype = 'BF16' | 'I32' | 'F32';
+export type SafetensorsDtype = 'BF16' | 'I32' | 'F32' | 'I64' | 'F64';
 
-const ITEM_SIZES: Record<SafetensorsDtype, number> = { BF16: 2, I32: 4, F32: 4 };
+const ITEM_SIZES: Record<SafetensorsDtype, number> = { BF16: 2, I32: 4, F32: 4, I64: 8, F64: 8 };
 
 /** A tensor to lay out: its bytes are `byteLength` long (checked against dtype × shape). */
 export interface TensorSpec {
@@ -86,7 +86,7 @@ function headerJson(tensors: ReadonlyArray<Pick<PlacedTensor, 'name' | 'dtype' |
 function checkSpec(spec: TensorSpec): void {
   if (!TENSOR_NAME.test(spec.name) || spec.name === '__metadata__') throw new SafetensorsError(`tensor name ${JSON.stringify(spec.name)} is not allowed`);
   const size = ITEM_SIZES[spec.dtype];
-  if (size === undefined) throw new SafetensorsError(`tensor ${spec.name}: dtype ${spec.dtype} is not one a shard holds`);
+  if (size === undefined) throw new SafetensorsError(`tensor ${spec.name}: dtype ${spec.dtype} is not one a harvest file holds`);
   let bytes = size;
   for (const d of spec.shape) {
     if (!Number.isSafeInteger(d) || d < 0) throw new SafetensorsError(`tensor ${spec.name}: shape [${spec.shape.join(', ')}] is not a list of non-negative integers`);
@@ -97,4 +97,48 @@ function checkSpec(spec: TensorSpec): void {
 
 function roundUp8(n: number): number {
   return Math.ceil(n / 8) * 8;
+}
+
+/** A whole small safetensors file (header and data) from its tensors, laid out in the order given. */
+export function encodeSafetensors(tensors: ReadonlyArray<{ name: string; dtype: SafetensorsDtype; shape: readonly number[]; bytes: Uint8Array }>, metadata: Readonly<Record<string, string>>): Buffer {
+  const { tensors: placed, dataBytes } = layoutTensors(tensors.map((t) => ({ name: t.name, dtype: t.dtype, shape: t.shape, byteLength: t.bytes.byteLength })));
+  const header = encodeSafetensorsHeader(placed, metadata);
+  const out = Buffer.alloc(header.length + dataBytes);
+  header.copy(out, 0);
+  tensors.forEach((t, i) => out.set(t.bytes, header.length + placed[i].begin));
+  return out;
+}
+
+export interface ReadTensor {
+  dtype: string;
+  shape: number[];
+  /** A copy of the tensor's bytes, at offset 0 of its own memory (so typed views of it are aligned). */
+  bytes: Uint8Array;
+}
+
+/** Parses a whole safetensors file held in memory: its metadata and tensors. Throws SafetensorsError when malformed. */
+export function decodeSafetensors(file: Uint8Array): { metadata: Record<string, string>; tensors: Map<string, ReadTensor> } {
+  const buf = Buffer.from(file.buffer, file.byteOffset, file.byteLength);
+  if (buf.length < 8) throw new SafetensorsError('the file is shorter than its header length');
+  const headerLength = Number(buf.readBigUInt64LE(0));
+  if (headerLength > buf.length - 8) throw new SafetensorsError(`the header says ${headerLength} bytes; the file holds ${buf.length - 8} after its length`);
+  let header: Record<string, unknown>;
+  try {
+    header = JSON.parse(buf.subarray(8, 8 + headerLength).toString('utf8'));
+  } catch {
+    throw new SafetensorsError('the header is not JSON');
+  }
+  const dataStart = 8 + headerLength;
+  const metadata = (header.__metadata__ ?? {}) as Record<string, string>;
+  const tensors = new Map<string, ReadTensor>();
+  for (const [name, value] of Object.entries(header)) {
+    if (name === '__metadata__') continue;
+    const t = value as { dtype?: unknown; shape?: unknown; data_offsets?: unknown };
+    const offsets = t.data_offsets as number[];
+    if (typeof t.dtype !== 'string' || !Array.isArray(t.shape) || !Array.isArray(offsets) || offsets.length !== 2) throw new SafetensorsError(`tensor ${name} is malformed`);
+    const [begin, end] = offsets;
+    if (!Number.isSafeInteger(begin) || !Number.isSafeInteger(end) || begin < 0 || end < begin || dataStart + end > buf.length) throw new SafetensorsError(`tensor ${name} lies outside the file`);
+    tensors.set(name, { dtype: t.dtype, shape: (t.shape as number[]).slice(), bytes: Uint8Array.prototype.slice.call(buf, dataStart + begin, dataStart + end) });
+  }
+  return { metadata, tensors };
 }

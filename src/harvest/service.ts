@@ -275,6 +275,18 @@ export class HarvestService {
     return { ...opened, record: shardView(jobId, record) };
   }
 
+  /** A succeeded job's stats.safetensors, streamed with its length and hash (as its manifest describes it). */
+  async stats(caller: HarvestCaller, jobId: string): Promise<{ stream: Readable; size: number; file: string; sha256: string }> {
+    const state = await this.#owned(caller, jobId);
+    const notFound = () => apiError('harvest_stats_not_found', `job ${jobId} has no statistics${state.status === 'succeeded' ? '' : ` (it is ${state.status}; they are written when it succeeds)`}`);
+    if (state.status !== 'succeeded') throw notFound();
+    const stats = (await this.#storage.readManifest(jobId).catch(() => null))?.manifest.stats;
+    if (!stats) throw notFound();
+    const opened = await this.#storage.openShard(jobId, stats.file).catch(() => null);
+    if (!opened) throw notFound();
+    return { ...opened, file: stats.file, sha256: stats.sha256 };
+  }
+
   // --- commands -------------------------------------------------------------------------------
 
   /** Decides a command on a job's stream and waits until it is stored; wakes this process's long-polls on the job. */
@@ -388,7 +400,13 @@ export class HarvestService {
     let result: HarvestJobView['result'] = null;
     if (state.status === 'succeeded') {
       const manifest = await this.#storage.readManifest(job.job_id).catch(() => null);
-      result = { manifest: manifest?.manifest ?? null, manifest_sha256: manifest?.sha256 ?? '', shards };
+      const stats = manifest?.manifest.stats;
+      result = {
+        manifest: manifest?.manifest ?? null,
+        manifest_sha256: manifest?.sha256 ?? '',
+        shards,
+        stats: stats ? { url: `/v1/harvest/${job.job_id}/stats`, file: stats.file, bytes: stats.bytes, sha256: stats.sha256 } : null,
+      };
     }
     return {
       id: job.job_id,

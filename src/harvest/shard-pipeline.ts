@@ -6,6 +6,7 @@
 import { encodeSafetensorsHeader, headerRoom, layoutTensors, type PlacedTensor } from './safetensors.ts';
 import type { HarvestStorage, ShardSink } from './storage.ts';
 import type { CaptureBuffers, CapturedPrompt } from './capture-decode.ts';
+import { RunningStats, checkpointFileOf } from './stats.ts';
 
 export type { CapturedPrompt } from './capture-decode.ts';
 
@@ -44,6 +45,12 @@ export interface ShardPipelineDeps {
    * back once written, so captureBatch must keep no reference to them.
    */
   buffers?: CaptureBuffers;
+  /**
+   * The running statistics as they stood after the last recorded shard (stats.ts; a resumed job loads
+   * its checkpoint), or null to start from none: each prompt is folded in as its batch is written, and
+   * after each shard's commit the sums are saved beside it (`<shard stem>.stats`) before it is recorded.
+   */
+  stats?: RunningStats | null;
 }
 
 export interface ShardPipelineResult {
@@ -51,6 +58,8 @@ export interface ShardPipelineResult {
   shardsWritten: number;
   /** The captures' width (null when this run wrote nothing). */
   dModel: number | null;
+  /** The running statistics over every shard up to the last (null when no shard of the job was ever captured). */
+  stats: RunningStats | null;
 }
 
 /** Shards a job of `promptCount` prompts makes at `shardSize` prompts each. */
@@ -82,6 +91,7 @@ export async function runShardPipeline(plan: ShardPlan, deps: ShardPipelineDeps)
     layers: JSON.stringify(plan.layers),
   };
   let dModel = plan.dModel;
+  let stats = deps.stats ?? null;
   let shardsWritten = 0;
   let next = 0;
   const capture = (): Promise<CapturedPrompt[]> | null => {
@@ -130,7 +140,12 @@ export async function runShardPipeline(plan: ShardPlan, deps: ShardPipelineDeps)
           tokenCount += tokens.length;
         });
         signal.throwIfAborted();
-        await sink.write(dataStart + batchStart, chunks);
+        const writing = sink.write(dataStart + batchStart, chunks);
+        writing.catch(() => {}); // awaited below
+        // The statistics are summed while the write runs in libuv's pool (both only read the bytes).
+        stats ??= new RunningStats(plan.layers, dModel);
+        for (const c of captured) stats.add(c.bytes, c.shape);
+        await writing;
         for (const c of captured) deps.buffers?.give(c.bytes);
         done += count;
       }
@@ -138,16 +153,23 @@ export async function runShardPipeline(plan: ShardPlan, deps: ShardPipelineDeps)
       await sink!.write(0, [encodeSafetensorsHeader(placed, metadata, dataStart)]);
       const stored = await sink!.commit();
       sink = null;
+      // The sums as they stand after this shard, durable before the shard is recorded: a job resumed
+      // after it goes on from exactly these (a checkpoint of a shard never recorded is left for tidy).
+      const checkpoint = checkpointFileOf(file);
+      await deps.storage.writeFile(plan.jobId, checkpoint, stats!.encodeCheckpoint({ jobId: plan.jobId, shard, shardSha256: stored.sha256 }));
       signal.throwIfAborted();
       await deps.onShardWritten({ shard, file, firstPrompt, promptCount, tokenCount, bytes: stored.bytes, sha256: stored.sha256 });
       shardsWritten++;
+      // Only the newest recorded checkpoint is needed; an older one left by a crash here goes at tidy.
+      if (stats!.checkpointFile !== null && stats!.checkpointFile !== checkpoint) await deps.storage.removeFile(plan.jobId, stats!.checkpointFile).catch(() => undefined);
+      stats!.checkpointFile = checkpoint;
     }
   } catch (err) {
     stop.abort(err);
     if (sink !== null) await sink.abort();
     throw err;
   }
-  return { shardsWritten, dModel };
+  return { shardsWritten, dModel, stats };
 }
 
 function checkPlan(plan: ShardPlan): void {

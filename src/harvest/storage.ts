@@ -42,13 +42,24 @@ export interface HarvestStorage {
   createShard(jobId: string, file: string): Promise<ShardSink>;
   /** A shard (or manifest.json) to send: its size and a stream of its bytes; null when absent. */
   openShard(jobId: string, file: string): Promise<{ size: number; stream: Readable } | null>;
+  /**
+   * Writes a small file of the job whole (atomically): a shard's running-statistics checkpoint
+   * (`*.stats`) or the job's `stats.safetensors`. Returns its size and sha256.
+   */
+  writeFile(jobId: string, file: string, bytes: Uint8Array): Promise<StoredFile>;
+  /** A checkpoint or stats file writeFile stored; null when absent. */
+  readFile(jobId: string, file: string): Promise<Buffer | null>;
+  /** `length` bytes of a stored shard from byte `position` (the statistics of a job resumed without a checkpoint). */
+  readRange(jobId: string, file: string, position: number, length: number): Promise<Buffer>;
+  /** Removes one checkpoint file (absent: nothing happens). */
+  removeFile(jobId: string, file: string): Promise<void>;
   /** Writes manifest.json (atomically): call it once every shard is recorded. */
   writeManifest(jobId: string, manifest: HarvestManifest): Promise<StoredFile>;
   /** The stored manifest, with the size and sha256 of its bytes; null when there is none yet. */
   readManifest(jobId: string): Promise<StoredManifest | null>;
   /** The names in the job's folder, temporary files included (none when the folder is absent). */
   listFiles(jobId: string): Promise<string[]>;
-  /** Removes the input and every file but `keepFiles` and manifest.json (temporary ones too); returns what it removed. */
+  /** Removes the input and every file but `keepFiles`, manifest.json and stats.safetensors (temporary ones too); returns what it removed. */
   tidy(jobId: string, keepFiles: readonly string[]): Promise<string[]>;
   /** Removes the job's folder and everything in it. */
   removeJob(jobId: string): Promise<void>;
@@ -74,12 +85,15 @@ export class HarvestStorageError extends Error {
 
 export const INPUT_FILE = 'input.json';
 export const MANIFEST_FILE = 'manifest.json';
+export const STATS_FILE = 'stats.safetensors';
 
 // Job ids are `hj_` + base32 in practice; anything that could leave the folder is refused.
 const JOB_ID = /^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$/;
 // File names: no separator, no leading dot (temporary names start with one), so never `.` or `..`.
 const FILE_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$/;
 const SHARD_FILE = /\.safetensors$/;
+const CHECKPOINT_FILE = /\.stats$/;
+const writable = (file: string) => CHECKPOINT_FILE.test(file) || file === STATS_FILE;
 /** Piece of a file read back to hash it. */
 const HASH_PIECE = 4 * 1024 * 1024;
 // Prompts, and activations derived from them, are readable by the service's user only.
@@ -140,7 +154,7 @@ export function fileHarvestStorage(root: string): HarvestStorage {
     },
 
     async openShard(jobId, file) {
-      if (!SHARD_FILE.test(file) && file !== MANIFEST_FILE) throw new HarvestStorageError(`only shards and the manifest are sent, not ${JSON.stringify(file)}`);
+      if (!SHARD_FILE.test(file) && file !== MANIFEST_FILE) throw new HarvestStorageError(`only shards, the statistics and the manifest are sent, not ${JSON.stringify(file)}`);
       let handle: FileHandle;
       try {
         handle = await open(filePath(jobId, file), 'r');
@@ -155,6 +169,44 @@ export function fileHarvestStorage(root: string): HarvestStorage {
         await handle.close();
         throw err;
       }
+    },
+
+    async writeFile(jobId, file, bytes) {
+      filePath(jobId, file);
+      if (!writable(file)) throw new HarvestStorageError(`only checkpoints (*.stats) and ${STATS_FILE} are written whole, not ${JSON.stringify(file)}`);
+      await writeWhole(await ensureDir(jobId), file, bytes);
+      return { sha256: sha256(bytes), bytes: bytes.byteLength };
+    },
+
+    async readFile(jobId, file) {
+      if (!writable(file)) throw new HarvestStorageError(`only checkpoints (*.stats) and ${STATS_FILE} are read whole, not ${JSON.stringify(file)}`);
+      try {
+        return await readFile(filePath(jobId, file));
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code === 'ENOENT') return null;
+        throw err;
+      }
+    },
+
+    async readRange(jobId, file, position, length) {
+      if (!SHARD_FILE.test(file)) throw new HarvestStorageError(`only shards are read in ranges, not ${JSON.stringify(file)}`);
+      const handle = await open(filePath(jobId, file), 'r');
+      try {
+        const out = Buffer.allocUnsafeSlow(length);
+        for (let at = 0; at < length; ) {
+          const { bytesRead } = await handle.read(out, at, length - at, position + at);
+          if (bytesRead === 0) throw new HarvestStorageError(`${file} ends before byte ${position + length}`);
+          at += bytesRead;
+        }
+        return out;
+      } finally {
+        await handle.close();
+      }
+    },
+
+    async removeFile(jobId, file) {
+      if (!CHECKPOINT_FILE.test(file)) throw new HarvestStorageError(`only checkpoints are removed one by one, not ${JSON.stringify(file)}`);
+      await rm(filePath(jobId, file), { force: true });
     },
 
     async writeManifest(jobId, manifest) {
@@ -184,7 +236,7 @@ export function fileHarvestStorage(root: string): HarvestStorage {
     },
 
     async tidy(jobId, keepFiles) {
-      const keep = new Set([...keepFiles, MANIFEST_FILE]);
+      const keep = new Set([...keepFiles, MANIFEST_FILE, STATS_FILE]);
       const removed: string[] = [];
       for (const name of await this.listFiles(jobId)) {
         if (keep.has(name)) continue;

@@ -62,5 +62,11 @@ export interface HarvestJobView {
   /** When a failed or cancelled job's files were removed (DELETE, or the retention); null while kept. */
   files_removed_at: string | null;
   /** On success: the manifest (as stored in `manifest.json`) and a download per shard. */
-  result: { manifest: unknown; manifest_sha256: string; shards: HarvestShardView[] } | null;
+  result: {
+    manifest: unknown;
+    manifest_sha256: string;
+    shards: HarvestShardView[];
+    /** stats.safetensors: its download path, name, size and hash (null for a job finished before statistics were kept). */
+    stats: { url: string; file: string; bytes: number; sha256: string } | null;
+  } | null;
 }

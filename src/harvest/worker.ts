@@ -28,6 +28,7 @@ import { claimTag, isStorageFull, shardFileName, type HarvestStorage } from './s
 import { CaptureBuffers, decodeCapture, type CapturedPrompt } from './capture-decode.ts';
 import { runShardPipeline } from './shard-pipeline.ts';
 import { buildManifest } from './manifest.ts';
+import { resumeStats, writeStatsFile } from './stats.ts';
 import { harvestWorkKind } from './types.ts';
 
 export interface HarvestWorkerOptions {
@@ -173,6 +174,7 @@ export class HarvestWorker {
           storage,
           signal,
           buffers,
+          stats: await resumeStats(storage, jobId, state.shards, job.layers),
           fileNameFor: (shard) => shardFileName(shard, claimId),
           captureBatch: (first, count, batchSignal) =>
             this.#captureBatch(job, claimId, first, prompts.slice(first, first + count).map((p) => tokenizer.encode(p, true)), batchSignal, buffers),
@@ -195,7 +197,8 @@ export class HarvestWorker {
         },
       );
       const done = await service.state(jobId);
-      const manifest = buildManifest(done, { dModel: ran.dModel });
+      const stats = (await writeStatsFile(storage, jobId, ran.stats)) ?? undefined;
+      const manifest = buildManifest(done, { dModel: ran.dModel, stats });
       const written = await storage.writeManifest(jobId, manifest);
       const outcome = await service.command(jobId, { type: 'Succeed', claimId, manifestSha256: written.sha256, manifestBytes: written.bytes, now: new Date().toISOString() });
       if (!outcome.accepted) throw new StopWork(outcome.rejection.message);

@@ -1,7 +1,7 @@
 // /v1/completions responses: the non-streaming object and the SSE stream, both written with backpressure.
 import type { ServerResponse } from 'node:http';
 import type { Tokenizer } from '../tokenizer/index.ts';
-import { encodeTensor } from '../codec/index.ts';
+import { encodeTensor, encodeTensorZstdSync } from '../codec/index.ts';
 import type { Generator, PromptRun, StepLogprobs, TokenEvent } from './generate.ts';
 import { stepLogprobs } from './generate.ts';
 import type { CompletionRequest } from './request.ts';
@@ -14,6 +14,8 @@ export interface CompletionContext {
   /** The checkpoint name responses carry in `model`. */
   checkpoint: string;
   vocabJson: VocabJson;
+  /** "zstd": captures go as one zstd frame (level 1) before base64, as vllm-lens sends them by default. */
+  captureCompression?: 'zstd' | null;
 }
 
 function echoText(tokenizer: Tokenizer, req: CompletionRequest, p: number): string {
@@ -68,7 +70,10 @@ export async function fullCompletion(ctx: CompletionContext, req: CompletionRequ
   }
   w.push(`],"usage":{"prompt_tokens":${promptTokens},"total_tokens":${promptTokens + completionTokens},"completion_tokens":${completionTokens}}`);
   const cap = runs[0]?.capture;
-  if (cap) w.push(`,"activations":{"residual_stream":${JSON.stringify(encodeTensor(cap.values, cap.shape, 'bfloat16'))}}`);
+  if (cap) {
+    const tensor = ctx.captureCompression === 'zstd' ? encodeTensorZstdSync(cap.values, cap.shape, 'bfloat16') : encodeTensor(cap.values, cap.shape, 'bfloat16');
+    w.push(`,"activations":{"residual_stream":${JSON.stringify(tensor)}}`);
+  }
   w.push('}');
   await w.end();
 }

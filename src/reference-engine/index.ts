@@ -57,6 +57,7 @@ export async function startReferenceEngine(model: ModelConfig, opts: ReferenceEn
     limits: { maxModelLen, maxLogprobs: model.capabilities.max_logprobs, nLayers: arch.n_layers, dModel: arch.d_model },
     chaos: opts.chaos === true,
     chaosMode: opts.chaosMode,
+    captureCompression: model.activations?.capture_compression === 'zstd' ? 'zstd' : null,
     onCrash: opts.exitOnCrash ? () => process.exit(70) : undefined,
   });
   const envDelay = Number(process.env.SVC_ENGINE_BOOT_DELAY_MS ?? 0);

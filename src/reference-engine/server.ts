@@ -19,6 +19,8 @@ export interface EngineServerOptions {
   chaos: boolean;
   /** With `chaos`: armed at start for the first completion (the boot knob `--chaos-mode`). */
   chaosMode?: ChaosMode;
+  /** Captures sent zstd-compressed (level 1, as vllm-lens does by default) or not (null, the default). */
+  captureCompression?: 'zstd' | null;
   /** What a `crash` chaos does: the CLI exits the process; in-process engines drop every connection. */
   onCrash?: () => void;
 }
@@ -55,7 +57,7 @@ export function createEngineServer(opts: EngineServerOptions): EngineServer {
       inflightWaiters.add(wake);
       wake();
     });
-  const completionContext = { generator, checkpoint, vocabJson: new VocabJson(tokenizer) };
+  const completionContext = { generator, checkpoint, vocabJson: new VocabJson(tokenizer), captureCompression: opts.captureCompression ?? null };
   let crashed = false;
 
   const crash = () => {

@@ -59,6 +59,7 @@ async function finished(id: string, key = gw.apiKey): Promise<any> {
   });
 }
 
+const bf16 = (h: number) => new Float32Array(Uint32Array.of(h << 16).buffer)[0];
 const prompts = ['The quick brown fox', 'jumps over', 'the lazy dog', 'and runs away', 'again'];
 
 it('a job runs to success: shards of shard_size prompts, each prompt bf16 [layers, tokens, d_model] with its token ids, hashes that match', async () => {
@@ -85,6 +86,7 @@ it('a job runs to success: shards of shard_size prompts, each prompt bf16 [layer
 
   const tokenizer = gw.registry.tokenizer('ref-byte');
   let tokens = 0;
+  const rows: number[][][] = [[], []]; // per layer, each counted token's values (position 0 left out)
   for (const shard of job.result.shards) {
     const file = await fetch(`${gw.url}${shard.url}`, { headers: gw.authHeaders() });
     assert.is(file.status, 200);
@@ -106,10 +108,39 @@ it('a job runs to success: shards of shard_size prompts, each prompt bf16 [layer
       assert.is(act.dtype, 'BF16');
       assert.equal(act.shape, [2, ids.length, 64]);
       assert.is(act.data.length, 2 * ids.length * 64 * 2);
+      const halves = new Uint16Array(act.data.buffer.slice(act.data.byteOffset, act.data.byteOffset + act.data.length));
+      for (let l = 0; l < 2; l++) for (let t = 1; t < ids.length; t++) rows[l].push(Array.from({ length: 64 }, (_, d) => bf16(halves[(l * ids.length + t) * 64 + d])));
       tokens += ids.length;
     }
   }
   assert.is(job.progress.tokens_done, tokens);
+
+  // The statistics: stats.safetensors downloaded like a shard, against the shards' own values in float64.
+  assert.equal(job.result.stats, { url: `/v1/harvest/${job.id}/stats`, file: 'stats.safetensors', bytes: manifest.stats.bytes, sha256: manifest.stats.sha256 });
+  const statsRes = await fetch(`${gw.url}${job.result.stats.url}`, { headers: gw.authHeaders() });
+  assert.is(statsRes.status, 200);
+  assertDocumented(doc, 'get', '/v1/harvest/{job_id}/stats', statsRes);
+  const statsBytes = Buffer.from(await statsRes.arrayBuffer());
+  assert.is(createHash('sha256').update(statsBytes).digest('hex'), manifest.stats.sha256);
+  assert.is(statsRes.headers.get('x-svc-sha256'), manifest.stats.sha256);
+  const stats = readSafetensors(statsBytes).tensors;
+  const n = rows[0].length;
+  assert.is(manifest.stats.token_count, n);
+  assert.is(n, tokens - prompts.length, 'every token but each prompt’s first');
+  assert.equal([...new Int32Array(Uint8Array.from(stats.layer_indices.data).buffer)], [0, 2]);
+  const mean = new Float32Array(Uint8Array.from(stats.mean.data).buffer);
+  const std = new Float32Array(Uint8Array.from(stats.std.data).buffer);
+  assert.equal(stats.mean.shape, [2, 64]);
+  for (let l = 0; l < 2; l++) {
+    for (let d = 0; d < 64; d++) {
+      const m = rows[l].reduce((a, r) => a + r[d], 0) / n;
+      const sd = Math.sqrt(rows[l].reduce((a, r) => a + (r[d] - m) ** 2, 0) / n);
+      assert.ok(Math.abs(mean[l * 64 + d] - m) <= 1e-6 * Math.max(Math.abs(m), sd), `mean of layer ${l}, dimension ${d}`);
+      assert.ok(Math.abs(std[l * 64 + d] - sd) <= 1e-6 * sd, `std of layer ${l}, dimension ${d}`);
+    }
+    const norm = rows[l].reduce((a, r) => a + Math.hypot(...r), 0) / n;
+    assert.ok(Math.abs(manifest.stats.mean_token_norm[l] - norm) <= 1e-9 * norm, `mean token norm of layer ${l}`);
+  }
 });
 
 it('the shard bytes are the engine capture of the same prompt (layers 0 and 2 of a completion capture)', async () => {

@@ -102,7 +102,7 @@ it('a capture that outlasts the request window fails the job with upstream_deadl
   }
 });
 
-it('svc harvest download verifies every shard: a corrupted one is refused, and nothing of it kept', async () => {
+it('svc harvest download verifies every shard and the statistics: a corrupted one is refused, and nothing of it kept', async () => {
   const res = await submit({ model: 'ref-byte', prompts: ['one', 'two'], shard_size: 1 });
   const job = await ended((await json(res)).id);
   assert.is(job.status, 'succeeded');
@@ -117,7 +117,8 @@ it('svc harvest download verifies every shard: a corrupted one is refused, and n
   try {
     const first = io();
     assert.is(await harvestCommand(['download', job.id, good], first), 0, first.err());
-    assert.equal(readdirSync(good).sort(), [...job.result.shards.map((s: { file: string }) => s.file), 'manifest.json'].sort());
+    assert.equal(readdirSync(good).sort(), [...job.result.shards.map((s: { file: string }) => s.file), 'manifest.json', 'stats.safetensors'].sort());
+    assert.ok(readFileSync(join(good, 'stats.safetensors')).equals(readFileSync(join(storage, job.id, 'stats.safetensors'))), 'the statistics as stored');
     assert.is(JSON.parse(readFileSync(join(good, 'manifest.json'), 'utf8')).job_id, job.id);
     // Corrupt the second shard where it is stored.
     const file = join(storage, job.id, job.result.shards[1].file);
@@ -129,6 +130,18 @@ it('svc harvest download verifies every shard: a corrupted one is refused, and n
     assert.match(second.err(), /SHA-256 .* does not match/);
     assert.not.ok(existsSync(join(bad, job.result.shards[1].file)));
     assert.not.ok(existsSync(join(bad, 'manifest.json')), 'no manifest beside an incomplete download');
+    // A corrupted statistics file is refused the same way.
+    writeFileSync(file, readFileSync(join(good, job.result.shards[1].file)));
+    const stats = join(storage, job.id, 'stats.safetensors');
+    const statsBytes = readFileSync(stats);
+    statsBytes[statsBytes.length - 1] ^= 0xff;
+    writeFileSync(stats, statsBytes);
+    const third = io();
+    rmSync(bad, { recursive: true, force: true });
+    assert.is(await harvestCommand(['download', job.id, bad], third), 1);
+    assert.match(third.err(), /stats\.safetensors: SHA-256 .* does not match/);
+    assert.not.ok(existsSync(join(bad, 'stats.safetensors')));
+    assert.not.ok(existsSync(join(bad, 'manifest.json')));
   } finally {
     rmSync(good, { recursive: true, force: true });
     rmSync(bad, { recursive: true, force: true });

@@ -14,6 +14,7 @@ import { startHarvestStack, crash, type HarvestStack } from '../support/harvest-
 import { issueKey, json } from '../support/gateway.ts';
 import { until } from '../support/until.ts';
 import { harvestEvents, harvestStream } from '../../events/harvest.ts';
+import { readSafetensors } from '../support/safetensors.ts';
 
 const it = suite('a harvest resumed after its gateway was killed');
 let stack: HarvestStack;
@@ -60,6 +61,22 @@ it('resumes from the first shard not recorded, writes no shard twice and skips n
     const bytes = Buffer.from(await (await fetch(`${second.url}${shard.url}`, { headers })).arrayBuffer());
     assert.is(createHash('sha256').update(bytes).digest('hex'), shard.sha256);
   }
+  // The statistics of the resumed job are those of the same harvest never interrupted, bit for bit.
+  const again = await fetch(`${second.url}/v1/harvest`, { method: 'POST', headers, body: JSON.stringify({ model: 'ref-byte', prompts, layers: [1, 3], shard_size: 1, batch_size: 1 }) });
+  const againId = (await json(again)).id as string;
+  const uninterrupted = await until('the uninterrupted job to finish', async () => {
+    const job = await json(await fetch(`${second.url}/v1/harvest/${againId}?wait=5`, { headers }));
+    return job.status === 'running' || job.status === 'pending' ? null : job;
+  }, 60_000);
+  assert.is(uninterrupted.status, 'succeeded', JSON.stringify(uninterrupted.error));
+  const statsOf = async (job: { result: { stats: { url: string } } }) => {
+    const tensors = readSafetensors(Buffer.from(await (await fetch(`${second.url}${job.result.stats.url}`, { headers })).arrayBuffer())).tensors;
+    return Object.fromEntries(Object.entries(tensors).map(([name, t]) => [name, [t.dtype, t.shape, Buffer.from(t.data).toString('hex')]]));
+  };
+  assert.equal(await statsOf(done), await statsOf(uninterrupted), 'stats.safetensors: the same tensors');
+  assert.equal(done.result.manifest.stats.mean_token_norm, uninterrupted.result.manifest.stats.mean_token_norm);
+  assert.is(done.result.manifest.stats.token_count, uninterrupted.result.manifest.stats.token_count);
+
   second.child.kill('SIGTERM');
   await new Promise((r) => second.child.once('exit', r));
 
@@ -82,9 +99,10 @@ it('resumes from the first shard not recorded, writes no shard twice and skips n
     downloads.map((d) => [d.file, d.sha256]),
     written.map((s) => [s.file, s.sha256]),
   );
-  // Left on disk: the recorded shards and the manifest; the half-written shard and the prompts are gone.
+  // Left on disk: the recorded shards, the statistics and the manifest; the half-written shard, the
+  // statistics checkpoints and the prompts are gone.
   const files = readdirSync(join(stack.harvestDir, id)).sort();
-  assert.equal(files, [...written.map((s) => s.file), 'manifest.json'].sort());
+  assert.equal(files, [...written.map((s) => s.file), 'manifest.json', 'stats.safetensors'].sort());
   const manifest = JSON.parse(readFileSync(join(stack.harvestDir, id, 'manifest.json'), 'utf8'));
   assert.equal(
     manifest.shards.map((s: { file: string }) => s.file),

@@ -8,6 +8,7 @@ import { join } from 'node:path';
 import { encodeTensor } from '../../src/codec/index.ts';
 import { CaptureBuffers, decodeCapture } from '../../src/harvest/capture-decode.ts';
 import { fileHarvestStorage, shardFileName, type HarvestStorage } from '../../src/harvest/storage.ts';
+import { checkpointFileOf } from '../../src/harvest/stats.ts';
 import { runShardPipeline, type CapturedPrompt, type ShardPipelineDeps, type ShardPlan, type WrittenShard } from '../../src/harvest/shard-pipeline.ts';
 
 const root = mkdtempSync(join(tmpdir(), 'svc-harvest-pipeline-'));
@@ -155,7 +156,7 @@ async function rejection(promise: Promise<unknown>): Promise<Error> {
 test('7 prompts in shards of 3, batches of 2: three safetensors files, each read back whole and hashed', async () => {
   const { events, records, deps } = recorder();
   const result = await runShardPipeline(plan('hj_whole'), deps);
-  assert.equal(result, { shardsWritten: 3, dModel: D_MODEL });
+  assert.equal({ shardsWritten: result.shardsWritten, dModel: result.dModel, prompts: result.stats?.prompts }, { shardsWritten: 3, dModel: D_MODEL, prompts: 7 });
   assert.equal(
     records.map((r) => [r.shard, r.firstPrompt, r.promptCount, r.file]),
     [
@@ -166,7 +167,7 @@ test('7 prompts in shards of 3, batches of 2: three safetensors files, each read
   );
   for (const record of records) checkShard('hj_whole', record);
   assert.equal(events.filter((e) => e.startsWith('capture')), ['capture:0+2', 'capture:2+1', 'capture:3+2', 'capture:5+1', 'capture:6+1'], 'batches never cross a shard');
-  assert.equal(await storage.listFiles('hj_whole'), records.map((r) => r.file), 'no temporary file left');
+  assert.equal(await storage.listFiles('hj_whole'), [...records.map((r) => r.file), checkpointFileOf(records[2].file)].sort(), "no temporary file left; only the last shard's statistics checkpoint");
 });
 
 test('the next batch is captured while this one is written; a shard is recorded before the next is written', async () => {
@@ -192,7 +193,7 @@ test('a resumed claim starts at its next shard and writes only the shards left',
   assert.equal(records.map((r) => r.shard), [1, 2]);
   assert.is(events.find((e) => e.startsWith('capture')), 'capture:3+2');
   for (const record of records) checkShard('hj_resume', record);
-  assert.equal(await runShardPipeline(plan('hj_resume', { startShard: 3 }), deps), { shardsWritten: 0, dModel: D_MODEL }, 'nothing left to write');
+  assert.equal(await runShardPipeline(plan('hj_resume', { startShard: 3 }), deps), { shardsWritten: 0, dModel: D_MODEL, stats: null }, 'nothing left to write');
 });
 
 test('an abort stops a capture that hangs at once, and leaves no temporary file', async () => {
@@ -229,7 +230,7 @@ test('a capture error propagates as is; shards already recorded stay, the one in
   );
   assert.is(error, engineDown);
   assert.equal(records.map((r) => r.shard), [0]);
-  assert.equal(await storage.listFiles('hj_capture_error'), [shardFileName(0, CLAIM)]);
+  assert.equal(await storage.listFiles('hj_capture_error'), [shardFileName(0, CLAIM), checkpointFileOf(shardFileName(0, CLAIM))]);
 });
 
 test('a throw from onShardWritten stops the pipeline and aborts the capture in flight', async () => {
@@ -251,7 +252,7 @@ test('a throw from onShardWritten stops the pipeline and aborts the capture in f
   assert.is(error, superseded);
   assert.is(signals.length, 3, 'shard 0 and the prefetched first batch of shard 1, nothing after');
   assert.ok(signals[2].aborted);
-  assert.equal(await storage.listFiles('hj_record_error'), [shardFileName(0, CLAIM)], 'the written shard stays (tidy removes unrecorded ones)');
+  assert.equal(await storage.listFiles('hj_record_error'), [shardFileName(0, CLAIM), checkpointFileOf(shardFileName(0, CLAIM))], 'the written shard and its checkpoint stay (tidy removes unrecorded ones)');
 });
 
 test('captures that do not fit the job are refused before anything of them is written', async () => {
@@ -272,7 +273,7 @@ test('captures that do not fit the job are refused before anything of them is wr
     );
     assert.match(error.message, message, name);
     assert.match(error.message, /^prompt 4:/, name);
-    assert.equal(await storage.listFiles(jobId), [shardFileName(0, CLAIM)], `${name}: shard 0 only, no temporary file`);
+    assert.equal(await storage.listFiles(jobId), [shardFileName(0, CLAIM), checkpointFileOf(shardFileName(0, CLAIM))], `${name}: shard 0 (and its checkpoint) only, no temporary file`);
   }
   const short = await rejection(runShardPipeline(plan('hj_misfit_count'), { ...deps, captureBatch: async (first) => [captured(first)] }));
   assert.match(short.message, /returned 1 captures/);

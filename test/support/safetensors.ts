@@ -2,7 +2,7 @@
  * An independent safetensors reader for tests: the 8-byte little-endian header length, the JSON
  * header, then each tensor's bytes at its offsets, checked to be contiguous, without gaps or overlaps.
  */
-const itemSize: Record<string, number> = { BF16: 2, F16: 2, F32: 4, I32: 4, I64: 8, U8: 1 };
+const itemSize: Record<string, number> = { BF16: 2, F16: 2, F32: 4, F64: 8, I32: 4, I64: 8, U8: 1 };
 
 export interface ReadTensor {
   dtype: string;
