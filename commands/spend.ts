@@ -6,9 +6,19 @@
  */
 import type { Decider } from '../src/event-sourcing/index.ts';
 import { SpendCapReached, spendEvents, type SpendEvent } from '../events/spend.ts';
+import { utcDay } from '../events/meter.ts';
 
 /** The day's spend and the cap in integer micro-units (daily_spend.cost_micros; SVC_DAILY_SPEND_CAP × 1e6, rounded). */
 export type SpendCommand = { type: 'CheckSpend'; day: string; spendMicros: number; capMicros: number | null; now: string };
+
+/**
+ * Does the cap pause the service at `now`? Only on the UTC day it was reached (`cappedDay`, from that
+ * day's SpendCapReached): each day has its own stream and starts unpaused. Metering asks this on every
+ * admission.
+ */
+export function spendCapPauses(cappedDay: string | null, now: Date): boolean {
+  return cappedDay !== null && cappedDay === utcDay(now);
+}
 
 export const spendDecider: Decider<{ reached: boolean }, SpendCommand, SpendEvent> = {
   events: spendEvents,

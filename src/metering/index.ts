@@ -20,7 +20,7 @@ import type { Logger } from 'pino';
 import { apiError } from '../errors/index.ts';
 import type { CommandHandler } from '../command-handler/index.ts';
 import type { EventLog, EventStore, Queryable } from '../store/index.ts';
-import { meterDayAfterRefusal, meterDecider, secondsUntilUtcTurn } from '../../commands/index.ts';
+import { meterDayAfterRefusal, meterDecider, secondsUntilUtcTurn, spendCapPauses } from '../../commands/index.ts';
 import { meterStream, meterStreamParts, utcDay, type RequestFactsData } from '../../events/index.ts';
 import { RequestQueue } from './queue.ts';
 import { Sweeper } from './sweeper.ts';
@@ -191,7 +191,7 @@ export class Metering {
    */
   async admit(request: AdmitRequest): Promise<Admission> {
     const now = this.#now();
-    if (this.#sweeper.spendCappedDay === utcDay(now)) {
+    if (spendCapPauses(this.#sweeper.spendCappedDay, now)) {
       throw apiError('spend_cap', 'the service has reached its daily GPU spend cap; it resumes at the next UTC day', { retryAfter: secondsUntilUtcTurn(now.getTime(), 'day') });
     }
     if (this.#queue.waiting(request.keyId) === 0) {

@@ -1,7 +1,7 @@
 /** The spend decider, given / when / then: the daily cap's threshold is its rule, in integer micro-units. */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { spendDecider } from '../../commands/spend.ts';
+import { spendCapPauses, spendDecider } from '../../commands/spend.ts';
 import { SpendCapReached, spendEvents } from '../../events/spend.ts';
 import { deciderSpecification } from '../support/decider-specification.ts';
 
@@ -36,6 +36,13 @@ it('the cap is reached once a day: a second report over it appends nothing', () 
 it('a version-1 SpendCapReached (floats) reads with its figures to the micro-unit', () => {
   const v1 = spendEvents.parse({ type: 'SpendCapReached', data: { day, spend: 0.30000000000000004, cap: 0.3, at: now }, metadata: {} });
   assert.equal(v1.data, { day, at: now, spend_micros: 300_000, cap_micros: 300_000 });
+});
+
+it('the cap pauses the service on the day it was reached only; the next UTC day resumes', () => {
+  assert.is(spendCapPauses(null, new Date('2026-11-26T12:00:00Z')), false);
+  assert.is(spendCapPauses('2026-11-26', new Date('2026-11-26T23:59:59.999Z')), true);
+  assert.is(spendCapPauses('2026-11-26', new Date('2026-11-27T00:00:00Z')), false);
+  assert.is(spendCapPauses('2026-11-26', new Date('2026-11-25T23:59:59Z')), false);
 });
 
 it.run();
