@@ -98,11 +98,55 @@ async function serve(settings: Settings, args: string[], role: 'serve' | 'worker
   return 0;
 }
 
+/** The overview's entries for `command` (an entry: its line under "commands:" and the lines indented under it). */
+function overviewOf(command: string): string {
+  const lines = usage.slice(usage.indexOf('commands:\n') + 'commands:\n'.length, usage.indexOf('\n\nenvironment:')).split('\n');
+  const entries: string[][] = [];
+  for (const line of lines) {
+    if (/^ {2}\S/.test(line)) entries.push([line]);
+    else entries.at(-1)?.push(line);
+  }
+  return entries.filter((entry) => entry[0].trim().split(/\s/)[0] === command).map((entry) => entry.join('\n')).join('\n');
+}
+
+/** A command's own usage where it has one, else its lines of the overview; null for no such command. */
+async function usageOf(command: string): Promise<string | null> {
+  switch (command) {
+    case 'harvest':
+      return (await import('./harvest.ts')).harvestUsage;
+    case 'keys':
+      return (await import('./keys.ts')).keysUsage;
+    case 'audit':
+      return (await import('./audit.ts')).auditUsage;
+    case 'events':
+      return (await import('./events.ts')).eventsUsage;
+    case 'sql':
+      return (await import('./sql.ts')).sqlUsage;
+    case 'sql-role':
+      return (await import('./sql.ts')).sqlRoleUsage;
+  }
+  const entries = overviewOf(command);
+  return entries ? `usage: svc ${command} ...\n${entries}\n\n${usage.slice(usage.indexOf('\n\nenvironment:') + 2)}` : null;
+}
+
+const asksHelp = (arg: string) => arg === '--help' || arg === '-h';
+
 async function main(argv: string[]): Promise<number> {
   const [command, ...args] = argv;
-  if (command === undefined || command === 'help' || command === '--help' || command === '-h') {
+  if (command === undefined || ((command === 'help' || asksHelp(command)) && args.length === 0)) {
     process.stdout.write(`${usage}\n`);
     return command === undefined ? 2 : 0;
+  }
+  // `svc COMMAND ... --help` (or -h, after any subcommand and flags), or `svc help COMMAND`.
+  if (command === 'help' || asksHelp(command) || args.some(asksHelp) || args[0] === 'help') {
+    const named = command === 'help' || asksHelp(command) ? args[0] : command;
+    const text = await usageOf(named);
+    if (text === null) {
+      process.stderr.write(`svc: unknown command "${named}"\n${usage}\n`);
+      return 2;
+    }
+    process.stdout.write(text.endsWith('\n') ? text : `${text}\n`);
+    return 0;
   }
   const settings = loadSettings();
   switch (command) {
@@ -124,17 +168,17 @@ async function main(argv: string[]): Promise<number> {
       return serve(settings, args, 'worker');
     case 'harvest': {
       const { harvestCommand, harvestUsage } = await import('./harvest.ts');
-      if (args.length === 0 || args[0] === '--help' || args[0] === 'help') {
+      if (args.length === 0) {
         process.stdout.write(`${harvestUsage}\n`);
-        return args.length === 0 ? 2 : 0;
+        return 2;
       }
       return harvestCommand(args);
     }
     case 'keys': {
       const { keysCommand, keysUsage } = await import('./keys.ts');
-      if (args.length === 0 || args[0] === '--help' || args[0] === 'help') {
+      if (args.length === 0) {
         process.stdout.write(`${keysUsage}\n`);
-        return args.length === 0 ? 2 : 0;
+        return 2;
       }
       return keysCommand(args, settings);
     }
