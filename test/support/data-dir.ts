@@ -5,6 +5,7 @@ import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { pathToFileURL } from 'node:url';
+import { tightenDataDir } from '../../src/config/data-dir-mode.ts';
 
 let template: Promise<string> | undefined;
 
@@ -41,5 +42,7 @@ function pgliteTemplate(): Promise<string> {
 export async function freshDataDir(prefix = 'svc-test-'): Promise<string> {
   const dataDir = mkdtempSync(join(tmpdir(), prefix));
   cpSync(await pgliteTemplate(), join(dataDir, 'pglite'), { recursive: true, mode: constants.COPYFILE_FICLONE });
+  // Owner-only, as the gateway makes its own (a wider one is tightened at start, with a line on stderr).
+  tightenDataDir(dataDir);
   return dataDir;
 }
