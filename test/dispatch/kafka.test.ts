@@ -3,10 +3,10 @@
  * the group's commit (acknowledgements out of order, deliveries, gaps, the metadata's size), the
  * publish check against a commit, and the assignment that keeps a busy partition with its consumer
  * (through kafkajs's own codec). The dispatch contract and the Kafka-only tests run against a real
- * cluster when KAFKA_BROKERS is set (e.g. 127.0.0.1:9092), and are reported skipped otherwise: no
- * broker runs here, and none is faked.
+ * cluster when KAFKA_BROKERS is set (e.g. 127.0.0.1:9092), and are reported skipped otherwise (none
+ * is faked).
  *
- * A broker for them: one KRaft node (`apache/kafka`) with `group.initial.rebalance.delay.ms=0` (as in
+ * A broker for them: infra/dev/services.sh starts one KRaft node with `group.initial.rebalance.delay.ms=0` (as in
  * Kafka's sample server.properties): the built-in 3 s makes each new group's first join wait that
  * long, close to the contract's 5 s bounds.
  */
@@ -318,7 +318,7 @@ options.run();
 // --- against a cluster ------------------------------------------------------------------------------
 
 if (!brokersVariable) {
-  const reason = 'SKIPPED: KAFKA_BROKERS is not set (e.g. 127.0.0.1:9092); no Kafka broker runs here, and none is faked';
+  const reason = 'SKIPPED: KAFKA_BROKERS is not set (e.g. 127.0.0.1:9092); infra/dev/services.sh starts a broker; none is faked';
   console.log(`kafka dispatch: the transport contract and the Kafka-only tests are ${reason}`);
   const skipped = suite('dispatch transport contract (kafka)');
   skipped.skip(`the dispatch transport contract against Kafka: ${reason}`, () => {});
