@@ -152,6 +152,7 @@ if (!unavailable) {
     }
   });
 } else {
+  console.log(`harvests over Kafka: the gateway and svc worker tests are SKIPPED: ${unavailable}`);
   it.skip(`gateway and svc workers over Kafka: ${unavailable}`, () => {});
 }
 
@@ -225,6 +226,7 @@ if (!privateUnavailable) {
     }
   });
 } else {
+  console.log(`harvests over Kafka: the broker outage test is SKIPPED: ${privateUnavailable}`);
   it.skip(`a private Kafka broker stopped and started mid-harvest: ${privateUnavailable}`, () => {});
 }
 
