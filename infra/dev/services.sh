@@ -8,14 +8,17 @@
 #                                    print DATABASE_URL=..., KAFKA_BROKERS=... and SVC_PYTHON=...
 #                                    (eval-able lines)
 #   infra/dev/services.sh env        print those lines for the services that answer now
-#   infra/dev/services.sh stop       stop Kafka (PostgreSQL is the machine's: pg_ctlcluster stops it)
+#   infra/dev/services.sh stop       stop Kafka, keeping its data: start runs it again on the same
+#                                    topics and groups (PostgreSQL is the machine's: pg_ctlcluster stops it)
 #   infra/dev/services.sh wipe       stop Kafka and delete its data (the jars stay cached)
 #   infra/dev/services.sh status     one line per service
 #
 # Skip a part with --no-postgres / --no-kafka / --no-python (or SVC_SERVICES_SKIP=postgres,kafka,python).
 # Settings (environment): PGPORT (5432), KAFKA_VERSION (the pom's), KAFKA_PORT (9092),
 # KAFKA_CONTROLLER_PORT (9093), KAFKA_HEAP (512m), SVC_SERVICES_HOME ($XDG_CACHE_HOME or
-# ~/.cache, then /svc-services): the broker's jars, data and log live there, outside the checkout.
+# ~/.cache, then /svc-services): the broker's jars, data and log live there, outside the checkout;
+# KAFKA_DATA_DIR (SVC_SERVICES_HOME/kafka-data-KAFKA_PORT): the broker's data, log and pid file
+# elsewhere (a test's private broker), the jars still shared.
 # Everything it says goes to stderr; stdout carries only the VAR=value lines.
 set -euo pipefail
 
@@ -27,7 +30,7 @@ kafka_heap="${KAFKA_HEAP:-512m}"
 home="${SVC_SERVICES_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/svc-services}"
 kafka_version="${KAFKA_VERSION:-$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$here/pom.xml")}"
 kafka_home="$home/kafka-$kafka_version"
-kafka_data="$home/kafka-data-$kafka_port"
+kafka_data="${KAFKA_DATA_DIR:-$home/kafka-data-$kafka_port}"
 
 say() { echo "services: $*" >&2; }
 die() { say "$*"; exit 1; }
@@ -40,7 +43,7 @@ for arg in "$@"; do
     --no-postgres) skip="$skip,postgres," ;;
     --no-kafka) skip="$skip,kafka," ;;
     --no-python) skip="$skip,python," ;;
-    -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
+    -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
     *) die "unknown argument '$arg' (start, env, stop, wipe, status, --no-postgres, --no-kafka)" ;;
   esac
 done

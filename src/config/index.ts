@@ -109,6 +109,8 @@ export interface KafkaSettings {
   groupPrefix: string;
   /** Partitions of a topic the transport creates: at most this many worker processes get jobs at once. */
   partitions: number;
+  /** A worker process whose heartbeats stop this long (it died) leaves the group, and its jobs go to the others. */
+  sessionTimeoutMs: number;
 }
 
 export interface EngineSettings {
@@ -271,6 +273,8 @@ function kafkaFromEnv(env: NodeJS.ProcessEnv): KafkaSettings | null {
     topicPrefix: env.SVC_KAFKA_TOPIC_PREFIX || 'svc.dispatch.',
     groupPrefix: env.SVC_KAFKA_GROUP_PREFIX || 'svc.dispatch.',
     partitions: intFromEnv(env, 'SVC_KAFKA_PARTITIONS', 8, 1, 10_000),
+    // the brokers' group.min/max.session.timeout.ms bound it further (6 s to 30 min by default)
+    sessionTimeoutMs: intFromEnv(env, 'SVC_KAFKA_SESSION_TIMEOUT_MS', 30_000, 1_000, 3_600_000),
   };
 }
 

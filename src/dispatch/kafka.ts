@@ -37,6 +37,7 @@ export interface KafkaDispatchOptions extends DispatchTimingOptions {
   replicationFactor?: number;
   /** A consumer whose heartbeats stop this long is out of the group and its partitions go to the others (default 30,000 ms; the brokers allow 6,000 at least by default). */
   sessionTimeoutMs?: number;
+  /** How often a consumer tells the group it lives (default 3,000 ms, at most a third of the session timeout). */
   heartbeatIntervalMs?: number;
   /** How long a rebalance waits for every member to rejoin (default 60,000 ms). */
   rebalanceTimeoutMs?: number;
@@ -172,6 +173,24 @@ export class PartitionLedger {
     if (this.base === null || this.isAcknowledged(offset)) return;
     this.#deliveries.delete(offset);
     this.#addAcked(offset, offset + 1n);
+    this.#advance();
+  }
+
+  /**
+   * Adds what a group's commit says (another member's, made while this one was out of the group): its
+   * acknowledgements join these, and a delivery count is the larger of the two. Nothing acknowledged
+   * here is taken back, so a commit made from the result moves the group's offset forward only.
+   */
+  absorb(committed: string | null | undefined, metadata: string | null | undefined): void {
+    const other = PartitionLedger.restore(committed, metadata);
+    if (other.base === null) return;
+    if (this.base === null) this.base = this.#scanned = other.base;
+    if (other.base > this.base) this.#addAcked(this.base, other.base);
+    if (this.#scanned === null || other.base > this.#scanned) this.#scanned = other.base;
+    for (const [start, end] of other.#acked) this.#addAcked(start, end);
+    for (const [offset, deliveries] of other.#deliveries) {
+      if (!this.isAcknowledged(offset) && deliveries > this.deliveriesOf(offset)) this.#deliveries.set(offset, deliveries);
+    }
     this.#advance();
   }
 
@@ -350,6 +369,8 @@ interface PartitionState {
   committer: Committer;
   paused: boolean;
   lost: boolean;
+  /** Kept through a crash and given back: the group's commit (another member may have had the partition meanwhile) is being absorbed; nothing begins or is committed until then. */
+  resync: Promise<void> | null;
 }
 
 /** One commit at a time per partition; `flush` resolves once a commit sent after it was called has ended. */
@@ -515,12 +536,15 @@ export function kafkaTransport(options: KafkaDispatchOptions): KafkaDispatchTran
     const concurrency = concurrencyOf(consumeOptions);
     const topic = topicFor(topicPrefix, kind);
     const groupId = groupFor(groupPrefix, kind);
+    const sessionTimeout = options.sessionTimeoutMs ?? kafkaDispatchDefaults.sessionTimeoutMs;
     const states = new Map<number, PartitionState>();
     const running = new Set<Held>();
     const runningKeys = new Map<string, number>();
     let stopping = false;
     /** From this member's join request to its assignment: nothing begins (the assignment was decided on what it held then). */
     let joining = true;
+    /** Counts joins begun and ended (and crashes), so that what a join starts on the next turn is dropped once another has begun. */
+    let joins = 0;
     let memberId: string | null = null;
     let arrivalTimer: NodeJS.Timeout | undefined;
     let restartTimer: NodeJS.Timeout | undefined;
@@ -541,11 +565,12 @@ export function kafkaTransport(options: KafkaDispatchOptions): KafkaDispatchTran
       partitionAssigners: [
         busyStickyAssigner(() => {
           joining = true;
+          joins++;
           return busyPartitions();
         }),
       ],
-      sessionTimeout: options.sessionTimeoutMs ?? kafkaDispatchDefaults.sessionTimeoutMs,
-      heartbeatInterval: options.heartbeatIntervalMs ?? kafkaDispatchDefaults.heartbeatIntervalMs,
+      sessionTimeout,
+      heartbeatInterval: options.heartbeatIntervalMs ?? Math.min(kafkaDispatchDefaults.heartbeatIntervalMs, Math.floor(sessionTimeout / 3)),
       rebalanceTimeout: options.rebalanceTimeoutMs ?? kafkaDispatchDefaults.rebalanceTimeoutMs,
       maxWaitTimeInMs: options.fetchWaitMs ?? kafkaDispatchDefaults.fetchWaitMs,
       allowAutoTopicCreation: false,
@@ -562,19 +587,33 @@ export function kafkaTransport(options: KafkaDispatchOptions): KafkaDispatchTran
       }
     }
 
+    /**
+     * The commits the broker took (kafkajs tells each one): kafkajs's `commitOffsets` resolves without
+     * sending anything while its runner is not running (from a crash until its new group has joined, and
+     * while a crash is being handled), so a commit counts as made only once it is seen here.
+     */
+    const landed = new Set<string>();
+    kafkaConsumer.on(kafkaConsumer.events.COMMIT_OFFSETS, ({ payload }) => {
+      for (const t of payload.topics) if (t.topic === topic) for (const p of t.partitions) landed.add(`${p.partition}@${p.offset}`);
+    });
+
     function commitOf(state: PartitionState): () => Promise<void> {
       return async () => {
+        if (state.resync) await state.resync;
         const ledger = state.ledger;
         // a partition taken from this consumer is never written to again: the new owner's commits are the truth
         if (state.lost || !ledger || ledger.base === null) return;
+        const mark = `${state.partition}@${ledger.base}`;
+        landed.delete(mark);
         await kafkaConsumer.commitOffsets([{ topic, partition: state.partition, offset: ledger.base.toString(), metadata: ledger.encode() }]);
+        if (!landed.delete(mark)) throw new Error(`dispatch commit of ${topic}/${state.partition} not sent: the Kafka client is joining its group; tried again`);
       };
     }
 
     function stateOf(partition: number): PartitionState {
       let state = states.get(partition);
       if (!state) {
-        const made = { partition, ledger: null, loading: null, held: new Map(), paused: false, lost: false } as unknown as PartitionState;
+        const made = { partition, ledger: null, loading: null, held: new Map(), paused: false, lost: false, resync: null } as unknown as PartitionState;
         made.committer = new Committer(commitOf(made), reportError);
         states.set(partition, (state = made));
       }
@@ -593,6 +632,29 @@ export function kafkaTransport(options: KafkaDispatchOptions): KafkaDispatchTran
           return state.ledger;
         });
         state.loading.catch(() => (state.loading = null)); // the next batch tries again
+      }
+    }
+
+    /**
+     * Partitions kept through a crash and given back: another member may have had them meanwhile and
+     * acknowledged messages, committed past what this one knows. Its commit is absorbed before anything
+     * here begins or commits, so a commit from here never takes an acknowledgement back.
+     */
+    function resync(kept: PartitionState[]): void {
+      if (kept.length === 0) return;
+      const fetched = ready().then(() => admin.fetchOffsets({ groupId, topics: [topic] }));
+      for (const state of kept) {
+        const done: Promise<void> = fetched
+          .then(([offsets]) => {
+            const committed = offsets?.partitions.find((p) => p.partition === state.partition);
+            state.ledger?.absorb(committed?.offset, committed?.metadata);
+          })
+          .catch((error: unknown) => reportError(error)) // what this member knows is committed as it is: at worst, messages come again
+          .finally(() => {
+            if (state.resync === done) state.resync = null;
+            schedule();
+          });
+        state.resync = done;
       }
     }
 
@@ -615,24 +677,37 @@ export function kafkaTransport(options: KafkaDispatchOptions): KafkaDispatchTran
     kafkaConsumer.on(kafkaConsumer.events.GROUP_JOIN, ({ payload }) => {
       // a new member id: this one was out of the group for a while, and what it knew may be stale
       if (memberId !== null && payload.memberId !== memberId) loseAll();
+      const afterCrash = memberId === null;
       memberId = payload.memberId;
       const assigned = new Set(payload.memberAssignment[topic] ?? []);
       for (const state of [...states.values()]) if (!assigned.has(state.partition)) lose(state);
+      if (afterCrash) resync([...states.values()].filter((s) => s.ledger));
       load([...assigned].map(stateOf));
-      // what a commit refused during the rebalance is committed now, under the new generation
-      for (const state of states.values()) if (state.committer.dirty) void state.committer.flush();
-      joining = false;
-      schedule();
+      // after a crash the client's new group starts unpaused: a partition still full is paused again
+      for (const state of states.values()) if (state.held.size >= maxHeld) setPaused(state, true);
+      // What a commit refused during the rebalance is committed now, under the new generation, and the
+      // held messages begin (their deliveries committed first): on the next turn, as after a crash the
+      // client marks itself running only once this event has been told, and drops commits until then.
+      const join = ++joins;
+      setImmediate(() => {
+        if (join !== joins) return; // joining again already (or crashed)
+        for (const state of states.values()) if (state.committer.dirty) void state.committer.flush();
+        joining = false;
+        schedule();
+      });
     });
 
     kafkaConsumer.on(kafkaConsumer.events.CRASH, ({ payload }) => {
-      // the client left the group: whatever it held is another member's to deliver
       reportError(payload.error);
       // a crash while stopping may still be restarted by the client (its timer is set right after this event): stopped again
       if (stopping) setImmediate(() => void kafkaConsumer.disconnect().catch(() => {}));
-      loseAll();
+      // The client left the group (or lost the brokers: the usual crash) and joins again as a new member.
+      // Its handlers run on meanwhile (their work needs no broker) and nothing new begins; the partitions
+      // they hold are reported busy in that join, so the assignment gives them back, or takes them (lose).
+      for (const state of states.values()) state.paused = false; // the client's next group starts unpaused
       memberId = null;
       joining = true;
+      joins++;
       if (!payload.restart && !stopping) {
         clearTimeout(restartTimer);
         restartTimer = setTimeout(() => void run(), kafkaDispatchDefaults.restartMs);
@@ -657,6 +732,7 @@ export function kafkaTransport(options: KafkaDispatchOptions): KafkaDispatchTran
       try {
         load([state]);
         ledger = state.ledger ?? (await state.loading!);
+        if (state.resync) await state.resync;
       } catch (error) {
         reportError(error);
         await sleep(500); // unresolved: the same messages are fetched again
@@ -685,7 +761,7 @@ export function kafkaTransport(options: KafkaDispatchOptions): KafkaDispatchTran
     function pickNext(): { state: PartitionState; held: Held } | null {
       let best: { state: PartitionState; held: Held } | null = null;
       for (const state of states.values()) {
-        if (state.lost || !state.ledger) continue;
+        if (state.lost || !state.ledger || state.resync) continue;
         for (const held of state.held.values()) {
           if (held.state !== 'ready' || runningKeys.has(held.key)) continue;
           if (!best || before(held, state, best.held, best.state)) best = { state, held };

@@ -147,10 +147,18 @@ export class HarvestService {
       // The compute job starts once the pending row is committed: a transport that refuses fails the job (never counted).
       await this.#transport.publish(harvestWorkKind, jobId, { job_id: jobId });
     } catch (error) {
-      this.#logger.error({ job_id: jobId, err: (error as Error)?.message }, submitted ? 'harvest job could not be started' : 'harvest job could not be recorded');
       const reason = `the job could not be ${submitted ? 'started' : 'recorded'}: ${(error as Error)?.message ?? 'unknown error'}`;
-      if (submitted) await this.command(jobId, { type: 'FailStart', reason, now: this.#now().toISOString() }).catch(() => undefined);
-      else {
+      if (submitted) {
+        const failed = await this.command(jobId, { type: 'FailStart', reason, now: this.#now().toISOString() }).catch(() => null);
+        if (failed && !failed.accepted && failed.state.status !== 'pending' && failed.state.status !== 'none') {
+          // A publish slower than the lease: a resumer took the job for one whose process died and started it
+          // (it publishes it until a worker claims it). It runs and counts, so it is answered as started.
+          this.#logger.warn({ job_id: jobId, err: (error as Error)?.message }, 'harvest job start failed here, but a resumer had started it meanwhile');
+          return this.#view(failed.state);
+        }
+      }
+      this.#logger.error({ job_id: jobId, err: (error as Error)?.message }, submitted ? 'harvest job could not be started' : 'harvest job could not be recorded');
+      if (!submitted) {
         await this.#handler
           .handle(harvestQuotaStream(caller.keyId), { type: 'Release', jobId, counted: false, now: this.#now().toISOString() }, harvestQuotaDecider, { commandId: `release:${jobId}` })
           .catch(() => undefined);

@@ -81,11 +81,12 @@ config('SVC_HARVEST_TRANSPORT=kafka needs KAFKA_BROKERS as host:port; its other 
   assert.throws(() => loadSettings({ SVC_HARVEST_TRANSPORT: 'kafka' }), /SVC_HARVEST_TRANSPORT=kafka needs KAFKA_BROKERS/);
   assert.throws(() => loadSettings({ SVC_HARVEST_TRANSPORT: 'kafka', KAFKA_BROKERS: 'k1:9092,k2' }), /KAFKA_BROKERS: "k2"/);
   const kafka = loadSettings({ SVC_HARVEST_TRANSPORT: 'kafka', KAFKA_BROKERS: ' k1:9092, k2:9093 ' }).harvest.kafka;
-  assert.equal(kafka, { brokers: ['k1:9092', 'k2:9093'], ssl: false, sasl: null, topicPrefix: 'svc.dispatch.', groupPrefix: 'svc.dispatch.', partitions: 8 });
-  const secured = { SVC_HARVEST_TRANSPORT: 'kafka', KAFKA_BROKERS: 'k1:9093', KAFKA_SSL: 'on', KAFKA_SASL_MECHANISM: 'scram-sha-512', SVC_KAFKA_PARTITIONS: '3', SVC_KAFKA_TOPIC_PREFIX: 'jobs.' };
+  assert.equal(kafka, { brokers: ['k1:9092', 'k2:9093'], ssl: false, sasl: null, topicPrefix: 'svc.dispatch.', groupPrefix: 'svc.dispatch.', partitions: 8, sessionTimeoutMs: 30_000 });
+  const secured = { SVC_HARVEST_TRANSPORT: 'kafka', KAFKA_BROKERS: 'k1:9093', KAFKA_SSL: 'on', KAFKA_SASL_MECHANISM: 'scram-sha-512', SVC_KAFKA_PARTITIONS: '3', SVC_KAFKA_TOPIC_PREFIX: 'jobs.', SVC_KAFKA_SESSION_TIMEOUT_MS: '6000' };
   assert.throws(() => loadSettings(secured), /KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD/);
   const full = loadSettings({ ...secured, KAFKA_SASL_USERNAME: 'svc', KAFKA_SASL_PASSWORD: 'pw' }).harvest.kafka;
-  assert.equal(full, { brokers: ['k1:9093'], ssl: true, sasl: { mechanism: 'scram-sha-512', username: 'svc', password: 'pw' }, topicPrefix: 'jobs.', groupPrefix: 'svc.dispatch.', partitions: 3 });
+  assert.equal(full, { brokers: ['k1:9093'], ssl: true, sasl: { mechanism: 'scram-sha-512', username: 'svc', password: 'pw' }, topicPrefix: 'jobs.', groupPrefix: 'svc.dispatch.', partitions: 3, sessionTimeoutMs: 6_000 });
+  assert.throws(() => loadSettings({ ...secured, KAFKA_SASL_MECHANISM: '', SVC_KAFKA_SESSION_TIMEOUT_MS: '500' }), /SVC_KAFKA_SESSION_TIMEOUT_MS/);
   assert.throws(() => loadSettings({ ...secured, KAFKA_SASL_MECHANISM: 'gssapi' }), /KAFKA_SASL_MECHANISM/);
   assert.throws(() => loadSettings({ ...secured, KAFKA_SASL_MECHANISM: '', SVC_KAFKA_PARTITIONS: '0' }), /SVC_KAFKA_PARTITIONS/);
   assert.is(loadSettings({ KAFKA_BROKERS: 'k1:9092', KAFKA_SASL_MECHANISM: 'gssapi' }).harvest.kafka, null, 'unread unless the transport is kafka');

@@ -3,10 +3,10 @@
  * the group's commit (acknowledgements out of order, deliveries, gaps, the metadata's size), the
  * publish check against a commit, and the assignment that keeps a busy partition with its consumer
  * (through kafkajs's own codec). The dispatch contract and the Kafka-only tests run against a real
- * cluster when KAFKA_BROKERS is set (e.g. 127.0.0.1:9092), and are reported skipped otherwise: no
- * broker runs here, and none is faked.
+ * cluster when KAFKA_BROKERS is set (e.g. 127.0.0.1:9092), and are reported skipped otherwise (none
+ * is faked).
  *
- * A broker for them: one KRaft node (`apache/kafka`) with `group.initial.rebalance.delay.ms=0` (as in
+ * A broker for them: infra/dev/services.sh starts one KRaft node with `group.initial.rebalance.delay.ms=0` (as in
  * Kafka's sample server.properties): the built-in 3 s makes each new group's first join wait that
  * long, close to the contract's 5 s bounds.
  */
@@ -28,6 +28,7 @@ import {
   planAssignment,
   topicFor,
 } from '../../src/dispatch/kafka.ts';
+import { removeKafkaPrefix } from '../support/kafka.ts';
 import { until } from '../support/until.ts';
 import { within } from '../support/within.ts';
 import { transportContract, type ContractTiming } from './transport-contract.ts';
@@ -156,6 +157,29 @@ ledger('the metadata of a full partition (100 held, one stuck at the base, a mil
   const metadata = l.encode();
   assert.ok(metadata.length < 4_096, `${metadata.length} bytes`);
   assert.is(PartitionLedger.restore(l.base!.toString(), metadata).deliveriesOf(offset), 60);
+});
+
+ledger("a member back from a crash absorbs the commit another member made meanwhile: acknowledgements join, deliveries take the larger count, nothing goes back", () => {
+  const mine = PartitionLedger.restore('10', null);
+  for (const offset of [10n, 11n, 12n, 13n, 14n]) mine.see(offset);
+  mine.begin(10n);
+  mine.acknowledge(12n);
+  mine.begin(14n);
+  // the other member acknowledged 10 and 11 (its offset 12) and 14, and delivered 13 twice
+  mine.absorb('12', JSON.stringify({ v: 1, a: [2, 3], d: [1, 2] }));
+  assert.is(mine.base, 13n, '10, 11 (theirs) and 12 (mine) are done');
+  assert.ok(mine.isAcknowledged(14n), 'theirs');
+  assert.is(mine.deliveriesOf(13n), 2);
+  assert.is(mine.see(15n), 'open');
+  // an older commit (a stale member's) takes nothing back
+  mine.absorb('5', null);
+  assert.is(mine.base, 13n);
+  assert.equal(decodeLedgerMetadata(mine.encode()), { a: [1, 2], d: [0, 2] });
+  // a ledger that had seen nothing starts at the group's commit
+  const fresh = PartitionLedger.empty();
+  fresh.absorb('7', JSON.stringify({ v: 1, a: [], d: [0, 3] }));
+  assert.is(fresh.base, 7n);
+  assert.is(fresh.deliveriesOf(7n), 3);
 });
 
 ledger('publish: a message is done once the group committed past it or acknowledged it above the commit', () => {
@@ -294,7 +318,7 @@ options.run();
 // --- against a cluster ------------------------------------------------------------------------------
 
 if (!brokersVariable) {
-  const reason = 'SKIPPED: KAFKA_BROKERS is not set (e.g. 127.0.0.1:9092); no Kafka broker runs here, and none is faked';
+  const reason = 'SKIPPED: KAFKA_BROKERS is not set (e.g. 127.0.0.1:9092); infra/dev/services.sh starts a broker; none is faked';
   console.log(`kafka dispatch: the transport contract and the Kafka-only tests are ${reason}`);
   const skipped = suite('dispatch transport contract (kafka)');
   skipped.skip(`the dispatch transport contract against Kafka: ${reason}`, () => {});
@@ -318,18 +342,7 @@ if (!brokersVariable) {
     });
 
   /** Removes this run's topics and groups. */
-  async function cleanUp(): Promise<void> {
-    const admin = new Kafka({ brokers, clientId: 'svc-dispatch-test', logLevel: logLevel.NOTHING }).admin();
-    await admin.connect();
-    try {
-      const topics = (await admin.listTopics()).filter((t) => t.startsWith(prefix));
-      if (topics.length > 0) await admin.deleteTopics({ topics });
-      const groups = (await admin.listGroups()).groups.map((g) => g.groupId).filter((g) => g.startsWith(prefix));
-      if (groups.length > 0) await admin.deleteGroups(groups).catch(() => {});
-    } finally {
-      await admin.disconnect();
-    }
-  }
+  const cleanUp = () => removeKafkaPrefix(brokers, prefix);
 
   transportContract({
     name: 'kafka',
