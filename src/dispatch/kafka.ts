@@ -507,8 +507,28 @@ export function kafkaTransport(options: KafkaDispatchOptions): KafkaDispatchTran
   const publishing = new Map<string, Promise<unknown>>();
   let sequence = 0;
 
+  /**
+   * An admin read, tried again (up to 5 times, 100 ms doubling) on an error Kafka calls retriable: a
+   * partition's leader moving, or a fresh topic's metadata not yet in the client's cache, answer
+   * NOT_LEADER_OR_FOLLOWER for a moment (seen on a loaded single broker).
+   */
+  async function adminRead<T>(read: () => Promise<T>): Promise<T> {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await read();
+      } catch (error) {
+        if (attempt >= 4 || (error as { retriable?: boolean }).retriable !== true) throw error;
+        await new Promise((resolve) => setTimeout(resolve, 100 * 2 ** attempt));
+      }
+    }
+  }
+
   /** Whether the message sent there is still waiting or in flight: not acknowledged by the group, and not removed by retention. */
   async function stillWaiting(kind: string, topic: string, last: Sent): Promise<boolean> {
+    return adminRead(() => stillWaitingOnce(kind, topic, last));
+  }
+
+  async function stillWaitingOnce(kind: string, topic: string, last: Sent): Promise<boolean> {
     const [offsets] = await admin.fetchOffsets({ groupId: groupFor(groupPrefix, kind), topics: [topic] });
     const committed = offsets?.partitions.find((p) => p.partition === last.partition);
     if (committed && acknowledgedIn(committed.offset, committed.metadata, last.offset)) return false;
