@@ -70,6 +70,7 @@ export function buildHfTokenizer(json: Json, config: Json = {}): Tokenizer {
     ranks.set(`${a}\u0000${b}`, rank);
   });
   const ignoreMerges = model.ignore_merges === true;
+  const minUnitsPerToken = unitsPerTokenBound(json, vocab, ranks, added, decoding.byteLevel);
   const byteFallback = model.byte_fallback === true;
   const unkId = typeof model.unk_token === 'string' ? vocab[model.unk_token] : undefined;
 
@@ -142,10 +143,56 @@ export function buildHfTokenizer(json: Json, config: Json = {}): Tokenizer {
       if (addSpecialTokens) ids.push(...template.suffix);
       return ids;
     },
+    minTokens: (text, addSpecialTokens) =>
+      (addSpecialTokens ? template.prefix.length + template.suffix.length : 0) + (minUnitsPerToken === null ? 0 : Math.ceil(text.length / minUnitsPerToken)),
     ...table.lookups(),
     decode: (ids, skip) => strip(table.decode(ids, skip)),
     tokenString: (id) => strip(table.tokenString(id)),
   };
+}
+
+/**
+ * The most UTF-16 units of a prompt one token can stand for, or null when no such bound holds. It holds when no
+ * step shortens the text (no Unicode normalization, no replacement by something shorter, no Split that removes)
+ * and every symbol the merges leave becomes at least one id (an unknown token, byte fallback, or a byte-level
+ * alphabet and merges all in the vocabulary): each id then covers at most the longest vocabulary entry, merge
+ * result or added token (ByteLevel's alphabet spells a unit as one to four characters, never fewer).
+ */
+function unitsPerTokenBound(json: Json, vocab: Record<string, number>, ranks: Map<string, number>, added: AddedToken[], byteLevel: boolean): number | null {
+  if (!keepsLength(json.normalizer) || !keepsLength(json.pre_tokenizer)) return null;
+  const model = json.model as Json;
+  const mergedPieces = [...ranks.keys()].map((k) => k.replace('\u0000', ''));
+  const fallbacks = Array.from({ length: 256 }, (_, b) => `<0x${b.toString(16).toUpperCase().padStart(2, '0')}>`);
+  const covered =
+    (typeof model.unk_token === 'string' && vocab[model.unk_token] !== undefined) ||
+    (model.byte_fallback === true && fallbacks.every((f) => vocab[f] !== undefined)) ||
+    (byteLevel && usesType(json.pre_tokenizer, 'ByteLevel') && byteToUnicode.every((c) => vocab[c] !== undefined) && mergedPieces.every((p) => vocab[p] !== undefined));
+  if (!covered) return null;
+  let most = 2; // a symbol is at least one code point
+  for (const piece of Object.keys(vocab)) most = Math.max(most, piece.length);
+  for (const piece of mergedPieces) most = Math.max(most, piece.length);
+  for (const t of added) most = Math.max(most, t.content.length);
+  return most;
+}
+
+/** True when a normalizer or pre-tokenizer never makes the text (the sum of its pieces) shorter. */
+function keepsLength(node: Json | null | undefined): boolean {
+  if (!node) return true;
+  switch (node.type) {
+    case 'Sequence':
+      return ((node.normalizers ?? node.pretokenizers ?? []) as Json[]).every(keepsLength);
+    case 'Prepend':
+    case 'ByteLevel':
+      return true;
+    case 'Replace':
+      return typeof node.pattern?.String === 'string' && String(node.content).length >= node.pattern.String.length;
+    case 'Split':
+      return node.behavior !== 'Removed' && !node.invert;
+    case 'Metaspace':
+      return ((node.replacement as string | undefined) ?? '\u2581').length >= 1;
+    default:
+      return false; // NFC, NFKC, ...: composition shortens
+  }
 }
 
 function pieceBytes(piece: string, encoder: InstanceType<typeof TextEncoder>): Uint8Array {
