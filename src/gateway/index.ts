@@ -29,6 +29,7 @@ import { KeyService } from '../keys/index.ts';
 import { BackendService } from '../backends/index.ts';
 import { EngineClient } from '../engine-client/index.ts';
 import { ModelRegistry } from '../registry/index.ts';
+import { TokenizerPool } from '../tokenizer/index.ts';
 import { openEventStore, serveReadOnlySql, type EventLog, type EventStore } from '../store/index.ts';
 import { openConfiguredEventLog } from './event-log.ts';
 import { platformFor, type BootStageListener, type EngineBootKnobs, type Platform } from '../platforms/index.ts';
@@ -176,6 +177,9 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     // The store, the tokenizers and the engine processes start side by side; startup is the slowest of them.
     const registry = new ModelRegistry(settings.models);
     stoppers.push(async () => registry.close());
+    // Long prompts are tokenized in worker threads, off the event loop (src/tokenizer/pool.ts).
+    const tokenizers = new TokenizerPool();
+    stoppers.push(() => tokenizers.close());
     const engineUrls = new Map<string, string>();
     const enginePids = new Map<string, number>();
     const restarts = new EventEmitter();
@@ -323,7 +327,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
         transport,
         registry,
         engines,
-        context: { registry, requestWindowMs: settings.requestWindowMs, deadlineTokensPerSecond: settings.deadlineTokensPerSecond },
+        context: { registry, tokenizers, requestWindowMs: settings.requestWindowMs, deadlineTokensPerSecond: settings.deadlineTokensPerSecond },
         settings: settings.harvest,
         platformOf: (modelId) => platforms.get(modelId),
         backends: backendService,
@@ -367,13 +371,14 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
 
     const app = await buildApp({
       logger,
+      parseLargeJson: (bytes) => tokenizers.parseJson(bytes),
       // The database's round trip, and EventStoreDB's beside it: /health's `database` is down when either is.
       health: { pingStore: (timeoutMs) => pingBoth(store, esdb, timeoutMs), backends },
       routes: async (scope) => {
         decorateAuthenticatedRequest(scope);
         completionRoutes(scope, {
           authenticate,
-          context: { registry, requestWindowMs: settings.requestWindowMs, deadlineTokensPerSecond: settings.deadlineTokensPerSecond },
+          context: { registry, tokenizers, requestWindowMs: settings.requestWindowMs, deadlineTokensPerSecond: settings.deadlineTokensPerSecond },
           engines,
           requestWindowMs: settings.requestWindowMs,
           onServed: (modelId, addedMs) => {

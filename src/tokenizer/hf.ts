@@ -145,6 +145,7 @@ export function buildHfTokenizer(json: Json, config: Json = {}): Tokenizer {
     },
     minTokens: (text, addSpecialTokens) =>
       (addSpecialTokens ? template.prefix.length + template.suffix.length : 0) + (minUnitsPerToken === null ? 0 : Math.ceil(text.length / minUnitsPerToken)),
+    minTokensExact: false,
     ...table.lookups(),
     decode: (ids, skip) => strip(table.decode(ids, skip)),
     tokenString: (id) => strip(table.tokenString(id)),

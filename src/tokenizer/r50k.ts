@@ -55,6 +55,7 @@ export async function loadR50kTokenizer(): Promise<Tokenizer> {
     },
     // Every token spells at most maxTokenBytes of the text's UTF-8 (lone surrogates are U+FFFD's 3 bytes in both).
     minTokens: (text, addSpecialTokens) => Math.ceil(Buffer.byteLength(text, 'utf8') / maxTokenBytes) + (addSpecialTokens ? 1 : 0),
+    minTokensExact: false,
     ...table.lookups(),
   };
 }

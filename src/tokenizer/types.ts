@@ -17,6 +17,8 @@ export interface Tokenizer {
    * over the text): what proves a prompt too long for a context before it is tokenized.
    */
   minTokens(text: string, addSpecialTokens: boolean): number;
+  /** True when minTokens is the count itself (the byte tokenizer). */
+  readonly minTokensExact: boolean;
   /** Like `tokenizer.decode(ids)`; special tokens are rendered unless `skipSpecialTokens`. */
   decode(ids: ArrayLike<number>, skipSpecialTokens?: boolean): string;
   /** `decoded_token` as vLLM shows it: `decode([id])`, partial UTF-8 as U+FFFD. */
