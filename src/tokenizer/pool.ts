@@ -7,11 +7,11 @@ import type { Tokenizer, TokenizerSpec } from './types.ts';
 import type { PoolJob, TokenizeReply } from './thread.ts';
 
 /**
- * Text prompts longer than this in total (UTF-16 code units) are tokenized in the pool. The slowest tokenizer
- * on its slowest input (a long run of spaces through a Hugging Face BPE) takes about 1 µs a unit on this
- * project's machines: 16 Ki units keep a request's tokenization on the event loop under ~20 ms.
+ * Text prompts longer than this in total (UTF-16 code units) are tokenized in the pool. Below it a request's
+ * tokenization holds the event loop a few milliseconds for most text, a few tens at worst (a long run of one
+ * letter through a Hugging Face BPE: `npm run bench -- tokenize`).
  */
-export const OFF_THREAD_UNITS = 16_384;
+export const OFF_THREAD_UNITS = 8192;
 /** JSON bodies larger than this (bytes) are parsed in the pool: JSON.parse takes a few ms a megabyte. */
 export const OFF_THREAD_JSON_BYTES = 1024 * 1024;
 

@@ -80,4 +80,18 @@ it('/health answers within 100 ms throughout while long prompts are refused with
   await check('7.9 MB', 'a'.repeat(7_900_000), 4, /^prompt: at least 61720 prompt tokens \+ max_tokens 1 = 61721 exceeds the context length 2048 of model ref-gpt2$/);
 });
 
+it('a body over 1 MiB is parsed off the event loop like any other: malformed JSON is 400 bad_json, a valid one is judged', async () => {
+  const post = async (body: Buffer) => {
+    const res = await request(`${gw.url}/v1/completions`, { method: 'POST', headers: { ...gw.authHeaders(), 'content-type': 'application/json' }, body });
+    return { status: res.statusCode, body: (await res.body.json()) as any };
+  };
+  const prompt = 'word '.repeat(300_000);
+  const broken = await post(Buffer.from(`{"model": "ref-gpt2", "prompt": "${prompt}", "max_tokens": 1`));
+  assert.is(broken.status, 400);
+  assert.is(broken.body.error.code, 'bad_json');
+  const unknownField = await post(Buffer.from(JSON.stringify({ model: 'ref-gpt2', prompt, max_tokens: 1, best_of: 2 })));
+  assert.is(unknownField.status, 400);
+  assert.is(unknownField.body.error.message, 'unknown field: best_of');
+});
+
 it.run();
