@@ -5,6 +5,7 @@ import { readFile, stat } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import type { Tokenizer } from './types.ts';
 import { TokenTable, byteToUnicode, unicodeToByte } from './table.ts';
+import { PairTable, mergeIds } from './merge.ts';
 
 interface AddedToken {
   id: number;
@@ -16,6 +17,8 @@ type Json = Record<string, any>; // eslint-disable-line @typescript-eslint/no-ex
 
 const GPT2_PATTERN = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 const PIECE_CACHE_LIMIT = 200_000;
+/** Words of at least this many characters merge through the heap (fewer: the plain scan is faster). */
+const LONG_WORD = 48;
 const EOS_CANDIDATES = ['<|end_of_text|>', '<|endoftext|>', '</s>', '<eos>', '<|eot_id|>'];
 const BOS_CANDIDATES = ['<|begin_of_text|>', '<s>', '<bos>', '<|startoftext|>'];
 
@@ -70,6 +73,7 @@ export function buildHfTokenizer(json: Json, config: Json = {}): Tokenizer {
     ranks.set(`${a}\u0000${b}`, rank);
   });
   const ignoreMerges = model.ignore_merges === true;
+  const idMerges = idMergeTable(model.merges as (string | [string, string])[], vocab);
   const minUnitsPerToken = unitsPerTokenBound(json, vocab, ranks, added, decoding.byteLevel);
   const byteFallback = model.byte_fallback === true;
   const unkId = typeof model.unk_token === 'string' ? vocab[model.unk_token] : undefined;
@@ -90,18 +94,34 @@ export function buildHfTokenizer(json: Json, config: Json = {}): Tokenizer {
     if (direct !== undefined && (ignoreMerges || word.length === 1)) {
       ids = [direct];
     } else {
-      const symbols = mergeSymbols(Array.from(word), ranks);
+      const chars = Array.from(word);
       ids = [];
-      for (const s of symbols) {
-        const id = vocab[s];
-        if (id !== undefined) ids.push(id);
-        else if (byteFallback) {
+      const unknown = (s: string) => {
+        if (byteFallback) {
           for (const byte of encoder.encode(s)) {
             const fb = vocab[`<0x${byte.toString(16).toUpperCase().padStart(2, '0')}>`];
             if (fb !== undefined) ids.push(fb);
             else if (unkId !== undefined) ids.push(unkId);
           }
         } else if (unkId !== undefined) ids.push(unkId);
+      };
+      if (idMerges && chars.length >= LONG_WORD) {
+        // A long word (a whole prompt, without a pre-tokenizer) merges over ids: no string is built per pair.
+        const symbols = new Int32Array(chars.length);
+        for (let i = 0; i < chars.length; i++) {
+          const id = vocab[chars[i]];
+          symbols[i] = typeof id === 'number' ? id : -1;
+        }
+        for (const at of mergeIds(symbols, idMerges.rank, idMerges.merged)) {
+          if (symbols[at] >= 0) ids.push(symbols[at]);
+          else unknown(chars[at]);
+        }
+      } else {
+        for (const s of mergeSymbols(chars, ranks)) {
+          const id = vocab[s];
+          if (id !== undefined) ids.push(id);
+          else unknown(s);
+        }
       }
     }
     // Long "words" (a whole prompt when there is no pre-tokenizer) are not worth keeping.
@@ -196,6 +216,26 @@ function keepsLength(node: Json | null | undefined): boolean {
   }
 }
 
+/**
+ * The merges over ids: pair (left id, right id) -> its rank, rank -> the id it makes. Null unless every merge's
+ * parts and result are in the vocabulary (Hugging Face refuses a file where they are not), so that a symbol
+ * outside it never merges and the ids say all the strings would.
+ */
+function idMergeTable(merges: (string | [string, string])[], vocab: Record<string, number>): { rank: (l: number, r: number) => number; merged: (rank: number) => number } | null {
+  const triples: number[] = [];
+  const result = new Int32Array(merges.length);
+  for (let rank = 0; rank < merges.length; rank++) {
+    const m = merges[rank];
+    const [a, b] = typeof m === 'string' ? splitMerge(m) : m;
+    const [left, right, joined] = [vocab[a], vocab[b], vocab[a + b]];
+    if (typeof left !== 'number' || typeof right !== 'number' || typeof joined !== 'number') return null;
+    triples.push(left, right, rank);
+    result[rank] = joined;
+  }
+  const table = new PairTable(triples);
+  return { rank: (l, r) => table.get(l, r), merged: (rank) => result[rank] };
+}
+
 function pieceBytes(piece: string, encoder: InstanceType<typeof TextEncoder>): Uint8Array {
   const out: number[] = [];
   for (const ch of piece) {
@@ -213,7 +253,7 @@ function pieceBytes(piece: string, encoder: InstanceType<typeof TextEncoder>): U
  * merge creates a pair ranked before the one being applied (Gemma's runs of "▁" do), that pair must go first.
  */
 export function mergeSymbols(symbols: string[], ranks: Map<string, number>): string[] {
-  if (symbols.length < 48) {
+  if (symbols.length < LONG_WORD) {
     while (symbols.length > 1) {
       let best = Infinity;
       let at = -1;
