@@ -85,9 +85,8 @@ it('/health answers within 100 ms throughout while long prompts are refused with
   await check('64,000 letters', 'a'.repeat(64_000), 6, /^prompt: 16001 prompt tokens \+ max_tokens 1 = 16002 exceeds the context length 2048 of model ref-gpt2$/);
   // 7.9 MB: the bound refuses it before it is tokenized (its JSON is parsed in the pool too).
   await check('7.9 MB', 'a'.repeat(7_900_000), 4, /^prompt: at least 61720 prompt tokens \+ max_tokens 1 = 61721 exceeds the context length 2048 of model ref-gpt2$/);
-});
 
-it('a body over 1 MiB is parsed off the event loop like any other: malformed JSON is 400 bad_json, a valid one is judged', async () => {
+  // A body over 1 MiB is parsed in the pool like any other: malformed JSON is 400 bad_json, a valid one is judged.
   const post = async (body: Buffer) => {
     const res = await request(`${gw.url}/v1/completions`, { method: 'POST', headers: { ...gw.authHeaders(), 'content-type': 'application/json' }, body });
     return { status: res.statusCode, body: (await res.body.json()) as any };
