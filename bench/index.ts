@@ -4,7 +4,7 @@
 import { spawnSync } from 'node:child_process';
 import { root } from './support.ts';
 
-const all = ['store', 'command-handler', 'metering', 'key-load', 'projections', 'completion-request', 'tokenizer', 'engine', 'gateway', 'capture', 'backends', 'harvest', 'zstd', 'scale', 'paired', 'trace'];
+const all = ['store', 'command-handler', 'metering', 'key-load', 'projections', 'completion-request', 'tokenizer', 'tokenize', 'engine', 'gateway', 'capture', 'backends', 'harvest', 'zstd', 'scale', 'paired', 'trace'];
 const chosen = process.argv.slice(2).length > 0 ? process.argv.slice(2) : all;
 const unknown = chosen.filter((name) => !all.includes(name));
 if (unknown.length > 0) {

@@ -10,7 +10,8 @@ import { healthRoute, type HealthSources } from './health.ts';
 import { compileRouteSchema, serializeAsJson } from './route-schema.ts';
 import { registerOpenApi } from './openapi.ts';
 import { installCompression } from './compression.ts';
-import { withExactSeed } from '../completion-request/index.ts';
+import { MAX_SEED, withExactSeed } from '../completion-request/index.ts';
+import { OFF_THREAD_JSON_BYTES } from '../tokenizer/index.ts';
 
 export const exposedHeaders = [
   'X-Request-Id',
@@ -26,6 +27,8 @@ export const exposedHeaders = [
 export interface AppOptions {
   logger: Logger;
   health: HealthSources;
+  /** Parses a JSON body above OFF_THREAD_JSON_BYTES off the event loop (the tokenizer pool); absent: in place. */
+  parseLargeJson?: (bytes: Uint8Array) => Promise<unknown>;
   /** Registers the feature routes (completions, models, ...) on the app. */
   routes?: (app: FastifyInstance) => void | Promise<void>;
   /** Bounds on receiving a request (Settings.http); without them, 30 s for the headers and 5 minutes in all. */
@@ -112,6 +115,15 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   const unrouted = (request: FastifyRequest) => request.routeOptions.url === undefined;
   app.addContentTypeParser(/^application\/([\w.+-]+\+)?json\s*(;.*)?$/i, { parseAs: 'buffer' }, (request, body: Buffer, done) => {
     if (unrouted(request)) return done(null, undefined);
+    const parseLargeJson = options.parseLargeJson;
+    if (parseLargeJson && body.length > OFF_THREAD_JSON_BYTES) {
+      // The text is decoded again here only for the rare seed that needs its literal (withExactSeed).
+      parseLargeJson(body).then(
+        (parsed) => done(null, withExactSeed(parsed, (parsed as { seed?: unknown } | null)?.seed === MAX_SEED ? body.toString('utf8') : '')),
+        (err: Error) => done(err instanceof SyntaxError ? badJson() : err, undefined),
+      );
+      return;
+    }
     try {
       const text = body.toString('utf8');
       done(null, withExactSeed(JSON.parse(text), text));

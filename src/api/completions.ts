@@ -6,7 +6,7 @@ import { apiError, ApiError } from '../errors/index.ts';
 import { WriteOrder } from './write-order.ts';
 import type { EngineClient, EngineResponse } from '../engine-client/index.ts';
 import type { CompletionContext, PreparedCompletion } from '../completion-request/index.ts';
-import { CompletionRequest, completionRequestError, lowerMaxTokens, prepareValidCompletion } from '../completion-request/index.ts';
+import { CompletionRequest, completionRequestError, lowerMaxTokens, prepareValidCompletionAsync } from '../completion-request/index.ts';
 import { refusalOf, type Admission, type MeteredKey, type Metering, type Reservation, type Voiding } from '../metering/index.ts';
 import type { RequestFactsData } from '../../events/index.ts';
 import { billingBasis } from '../../commands/billing.ts';
@@ -119,8 +119,9 @@ export function completionRoutes(app: FastifyInstance, options: CompletionRouteO
     let prepared: PreparedCompletion;
     try {
       if (request.validationError) throw request.validationError;
-      // A default max_tokens on a model of unknown context is sized to what its engine reports (engine-context.ts).
-      prepared = await contextLengths.fit(prepareValidCompletion(request.body, context));
+      // Long prompts are tokenized off the event loop; a default max_tokens on a model of unknown context is sized
+      // to what its engine reports (engine-context.ts).
+      prepared = await contextLengths.fit(await prepareValidCompletionAsync(request.body, context));
     } catch (error) {
       const body = request.body as { model?: unknown; user?: unknown } | null;
       throw refused(error, typeof body?.model === 'string' ? body.model : null, typeof body?.user === 'string' ? body.user : null, 0);

@@ -9,12 +9,15 @@ import { CompletionRequest, MAX_SEED } from './schema.ts';
 import { schemaError, invalid } from './schema-errors.ts';
 import { steeringVectorError } from './steering.ts';
 import { captureBytePositionLimit, captureDModel, capturePositionLimit } from './capture-size.ts';
+import { countTokens, type Tokenizer, type TokenizerPool } from '../tokenizer/index.ts';
 
-export { CompletionRequest, CompletionPrompt, SteeringVector, TensorCodec, StreamOptions } from './schema.ts';
+export { CompletionRequest, CompletionPrompt, SteeringVector, TensorCodec, StreamOptions, MAX_SEED } from './schema.ts';
 export { captureBodyBytes, captureBytesPerPosition, largestCaptureBytes, captureDModel, tokenTextJsonBytes } from './capture-size.ts';
 
 export interface CompletionContext {
   registry: ModelRegistry;
+  /** Where long text prompts are tokenized (prepareValidCompletionAsync); without one, everything is tokenized in place. */
+  tokenizers?: TokenizerPool;
   /** The non-streaming request window (the contract's 14 minutes). */
   requestWindowMs: number;
   /** Generation speed the deadline feasibility check assumes (the contract's 20 tokens/s). */
@@ -111,14 +114,8 @@ export function needsEngineContextLength(prepared: PreparedCompletion): boolean 
 export function fitDefaultToContext(prepared: PreparedCompletion, engineMaxModelLen: number): PreparedCompletion {
   if (!needsEngineContextLength(prepared)) return prepared;
   const longest = Math.max(...prepared.promptTokenCounts);
+  checkContext('prompt', String(longest), longest, null, engineMaxModelLen, prepared.model.id, ' (as its engine reports it)');
   const room = engineMaxModelLen - longest;
-  if (room < 1) {
-    throw apiError(
-      'context_length_exceeded',
-      `prompt: ${longest} prompt tokens leave no room to generate within the context length ${engineMaxModelLen} of model ${prepared.model.id} (as its engine reports it)`,
-      { fields: { param: 'prompt' } },
-    );
-  }
   if (room >= prepared.maxTokensRequested) return prepared;
   const maxTokens = Math.min(prepared.maxTokens, room);
   const clampReason = maxTokens < room ? prepared.maxTokensClampReason : null;
@@ -150,6 +147,31 @@ export function completionRequestError(body: unknown): ApiError | null {
 
 /** `prepareCompletion` for a body that already passed `completionRequestError` (the route's validator). */
 export function prepareValidCompletion(req: CompletionRequest, ctx: CompletionContext): PreparedCompletion {
+  const counting = beginCompletion(req, ctx);
+  return counting.finish(counting.texts.map((text) => counting.tokenizer.encode(text, counting.addSpecialTokens).length));
+}
+
+/**
+ * `prepareValidCompletion`, with text prompts longer than OFF_THREAD_UNITS in total tokenized in the context's
+ * tokenizer pool (worker threads), so that the event loop goes on serving other requests meanwhile.
+ */
+export async function prepareValidCompletionAsync(req: CompletionRequest, ctx: CompletionContext): Promise<PreparedCompletion> {
+  const counting = beginCompletion(req, ctx);
+  return counting.finish(await countTokens(ctx.tokenizers, counting.model.tokenizer, counting.tokenizer, counting.texts, counting.addSpecialTokens));
+}
+
+/** Every check up to counting the text prompts' tokens, and the rest of the preparation once they are counted. */
+interface CountingCompletion {
+  model: ModelConfig;
+  tokenizer: Tokenizer;
+  addSpecialTokens: boolean;
+  /** The text prompts (none for token-id prompts). */
+  texts: string[];
+  /** `counts`: the tokens of each of `texts`. */
+  finish(counts: number[]): PreparedCompletion;
+}
+
+function beginCompletion(req: CompletionRequest, ctx: CompletionContext): CountingCompletion {
   const model = ctx.registry.resolve(req.model);
   const caps = model.capabilities;
 
@@ -245,162 +267,189 @@ export function prepareValidCompletion(req: CompletionRequest, ctx: CompletionCo
     );
   }
 
-  // Pre-flight: count prompt tokens once.
+  // Pre-flight: token-id prompts against the vocabulary; text prompts proved too long for the context by a lower
+  // bound on their tokens are refused before they are tokenized, the others are counted once (finish).
   const tokenizer = ctx.registry.tokenizer(model.id);
   const addSpecialTokens = req.add_special_tokens ?? true;
-  const promptTokenCounts: number[] = [];
+  const maxModelLen = caps.max_model_len;
+  const texts = typeof prompt === 'string' ? [prompt] : typeof prompt[0] === 'string' ? (prompt as string[]) : [];
+  const idCounts: number[] = [];
   const vocab = tokenizer.vocabSize;
-  if (typeof prompt === 'string') {
-    promptTokenCounts.push(tokenizer.encode(prompt, addSpecialTokens).length);
-  } else if (typeof prompt[0] === 'string') {
-    for (const text of prompt as string[]) promptTokenCounts.push(tokenizer.encode(text, addSpecialTokens).length);
-  } else if (typeof prompt[0] === 'number') {
+  if (typeof prompt[0] === 'number') {
     checkVocab(prompt as number[], vocab, 'prompt');
-    promptTokenCounts.push(prompt.length);
-  } else {
+    idCounts.push(prompt.length);
+  } else if (typeof prompt !== 'string' && Array.isArray(prompt[0])) {
     (prompt as number[][]).forEach((ids, i) => {
       checkVocab(ids, vocab, `prompt[${i}]`);
-      promptTokenCounts.push(ids.length);
+      idCounts.push(ids.length);
     });
   }
-  let longest = 0;
-  for (let i = 1; i < promptTokenCounts.length; i++) if (promptTokenCounts[i] > promptTokenCounts[longest]) longest = i;
-  const longestTokens = promptTokenCounts[longest];
-  const promptName = batch ? `prompt[${longest}]` : 'prompt';
-  const maxModelLen = caps.max_model_len;
-
-  if (explicitMax !== null && maxModelLen !== null && longestTokens + explicitMax > maxModelLen) {
-    throw apiError(
-      'context_length_exceeded',
-      `${promptName}: ${longestTokens} prompt tokens + max_tokens ${explicitMax} = ${longestTokens + explicitMax} exceeds the context length ${maxModelLen} of model ${model.id}`,
-      { fields: { param: 'prompt' } },
-    );
+  if (maxModelLen !== null && texts.length > 0) {
+    let most = 0;
+    let at = 0;
+    texts.forEach((text, i) => {
+      const bound = tokenizer.minTokens(text, addSpecialTokens);
+      if (bound > most) (most = bound), (at = i);
+    });
+    // In the order the counted checks come (finishCompletion), so that a bound refuses what the count would.
+    const name = batch ? `prompt[${at}]` : 'prompt';
+    const said = tokenizer.minTokensExact ? String(most) : `at least ${most}`;
+    if (explicitMax !== null) checkContext(name, said, most, explicitMax, maxModelLen, model.id);
+    else if (promptLogprobs === -1) checkFullVocab(name, said, most, caps.full_vocab_max_prompt_tokens);
+    else checkContext(name, said, most, null, maxModelLen, model.id);
   }
-  if (promptLogprobs === -1 && longestTokens > caps.full_vocab_max_prompt_tokens) {
-    throw apiError(
-      'full_vocab_prompt_too_long',
-      `${promptName}: ${longestTokens} tokens is longer than the ${caps.full_vocab_max_prompt_tokens} tokens allowed with prompt_logprobs -1 (full vocabulary)`,
-      { fields: { param: 'prompt' } },
-    );
-  }
+  return { model, tokenizer, addSpecialTokens, texts, finish: (counts) => finishCompletion(texts.length > 0 ? counts : idCounts) };
 
-  // Capture length: prompt + max_tokens - 1 positions, more of them when fewer layers are captured, and
-  // no more than the model's largest capture in bytes allows.
-  let capturePositions: number | null = null;
-  let captureBoundByBytes = false;
-  if (capture && act) {
-    const requested = captureLayers === 'all' ? act.n_layers : captureLayers!.length;
-    capturePositions = capturePositionLimit(model, requested);
-    const byBytes = captureBytePositionLimit(model, requested, tokenizer);
-    if (byBytes < capturePositions) {
-      capturePositions = byBytes;
-      captureBoundByBytes = true;
+  function finishCompletion(promptTokenCounts: number[]): PreparedCompletion {
+    let longest = 0;
+    for (let i = 1; i < promptTokenCounts.length; i++) if (promptTokenCounts[i] > promptTokenCounts[longest]) longest = i;
+    const longestTokens = promptTokenCounts[longest];
+    const promptName = batch ? `prompt[${longest}]` : 'prompt';
+
+    if (explicitMax !== null && maxModelLen !== null) checkContext(promptName, String(longestTokens), longestTokens, explicitMax, maxModelLen, model.id);
+    if (promptLogprobs === -1) checkFullVocab(promptName, String(longestTokens), longestTokens, caps.full_vocab_max_prompt_tokens);
+
+    // Capture length: prompt + max_tokens - 1 positions, more of them when fewer layers are captured, and
+    // no more than the model's largest capture in bytes allows.
+    let capturePositions: number | null = null;
+    let captureBoundByBytes = false;
+    if (capture && act) {
+      const requested = captureLayers === 'all' ? act.n_layers : captureLayers!.length;
+      capturePositions = capturePositionLimit(model, requested);
+      const byBytes = captureBytePositionLimit(model, requested, tokenizer);
+      if (byBytes < capturePositions) {
+        capturePositions = byBytes;
+        captureBoundByBytes = true;
+      }
     }
-  }
 
-  // max_tokens: the client's, or the injected default.
-  let maxTokensRequested: number;
-  let maxTokens: number;
-  let clampReason: ClampReason | null = null;
-  const source: MaxTokensSource = explicitMax === null ? 'default' : 'client';
-  if (explicitMax !== null) {
-    maxTokensRequested = maxTokens = explicitMax;
-  } else {
-    let room = Math.min(DEFAULT_MAX_TOKENS_CAP, caps.max_output_work_tokens);
-    if (maxModelLen !== null) {
-      const remaining = maxModelLen - longestTokens;
-      if (remaining < 1) {
-        throw apiError(
-          'context_length_exceeded',
-          `${promptName}: ${longestTokens} prompt tokens leave no room to generate within the context length ${maxModelLen} of model ${model.id}`,
-          { fields: { param: 'prompt' } },
+    // max_tokens: the client's, or the injected default.
+    let maxTokensRequested: number;
+    let maxTokens: number;
+    let clampReason: ClampReason | null = null;
+    const source: MaxTokensSource = explicitMax === null ? 'default' : 'client';
+    if (explicitMax !== null) {
+      maxTokensRequested = maxTokens = explicitMax;
+    } else {
+      let room = Math.min(DEFAULT_MAX_TOKENS_CAP, caps.max_output_work_tokens);
+      if (maxModelLen !== null) {
+        checkContext(promptName, String(longestTokens), longestTokens, null, maxModelLen, model.id);
+        room = Math.min(room, maxModelLen - longestTokens);
+      }
+      if (capturePositions !== null) room = Math.min(room, capturePositions - longestTokens + 1);
+      maxTokensRequested = maxTokens = room;
+      if (!stream && maxTokens > feasible) {
+        maxTokens = feasible;
+        clampReason = 'deadline';
+      }
+    }
+    if (capturePositions !== null && (maxTokens < 1 || longestTokens + maxTokens - 1 > capturePositions)) {
+      const layers = captureLayers === 'all' ? 'all layers' : `${captureLayerCount} layer(s)`;
+      const needs = longestTokens + Math.max(maxTokens, 1) - 1;
+      const message = captureBoundByBytes
+        ? `output_residual_stream: captures of model ${model.id} are served up to ${act!.max_capture_bytes} bytes (activations.max_capture_bytes); capturing ${layers} fits ${capturePositions} positions (prompt tokens + max_tokens - 1) in that bound; this request needs ${needs}`
+        : `output_residual_stream: capturing ${layers} of model ${model.id} allows ${capturePositions} positions (prompt tokens + max_tokens - 1); this request needs ${needs}`;
+      throw apiError('activation_prompt_too_long', message, { fields: { param: 'output_residual_stream' } });
+    }
+
+    const engineBody: Record<string, unknown> = {
+      model: model.checkpoint,
+      prompt,
+      max_tokens: maxTokens,
+      n,
+      temperature: req.temperature ?? 1.0,
+      top_p: req.top_p ?? 1.0,
+      top_k: req.top_k ?? -1,
+      min_p: req.min_p ?? 0.0,
+      presence_penalty: req.presence_penalty ?? 0.0,
+      frequency_penalty: req.frequency_penalty ?? 0.0,
+      repetition_penalty: req.repetition_penalty ?? 1.0,
+      seed: forwardableSeed(req.seed ?? null),
+      stop: req.stop ?? null,
+      logprobs,
+      prompt_logprobs: promptLogprobs,
+      echo: req.echo ?? false,
+      add_special_tokens: addSpecialTokens,
+      stream,
+    };
+    if (stream) {
+      // The engine always reports usage on a stream (every stream is billed); the gateway drops that
+      // frame when the client did not ask for it (clientWantsUsage).
+      engineBody.stream_options = {
+        include_usage: true,
+        continuous_usage_stats: req.stream_options?.continuous_usage_stats ?? false,
+      };
+    }
+    if (capture || steering) {
+      const xargs: Record<string, string> = {};
+      if (capture) xargs.output_residual_stream = captureLayers === 'all' ? 'true' : JSON.stringify(captureLayers);
+      if (steeringVectors !== null) {
+        xargs.apply_steering_vectors = JSON.stringify(
+          steeringVectors.map((v) => ({
+            activations: v.activations,
+            layer_indices: v.layer_indices,
+            scale: v.scale ?? 1.0,
+            norm_match: v.norm_match ?? false,
+            position_indices: v.position_indices ?? null,
+          })),
         );
       }
-      room = Math.min(room, remaining);
+      engineBody.vllm_xargs = xargs;
     }
-    if (capturePositions !== null) room = Math.min(room, capturePositions - longestTokens + 1);
-    maxTokensRequested = maxTokens = room;
-    if (!stream && maxTokens > feasible) {
-      maxTokens = feasible;
-      clampReason = 'deadline';
-    }
-  }
-  if (capturePositions !== null && (maxTokens < 1 || longestTokens + maxTokens - 1 > capturePositions)) {
-    const layers = captureLayers === 'all' ? 'all layers' : `${captureLayerCount} layer(s)`;
-    const needs = longestTokens + Math.max(maxTokens, 1) - 1;
-    const message = captureBoundByBytes
-      ? `output_residual_stream: captures of model ${model.id} are served up to ${act!.max_capture_bytes} bytes (activations.max_capture_bytes); capturing ${layers} fits ${capturePositions} positions (prompt tokens + max_tokens - 1) in that bound; this request needs ${needs}`
-      : `output_residual_stream: capturing ${layers} of model ${model.id} allows ${capturePositions} positions (prompt tokens + max_tokens - 1); this request needs ${needs}`;
-    throw apiError('activation_prompt_too_long', message, { fields: { param: 'output_residual_stream' } });
-  }
 
-  const engineBody: Record<string, unknown> = {
-    model: model.checkpoint,
-    prompt,
-    max_tokens: maxTokens,
-    n,
-    temperature: req.temperature ?? 1.0,
-    top_p: req.top_p ?? 1.0,
-    top_k: req.top_k ?? -1,
-    min_p: req.min_p ?? 0.0,
-    presence_penalty: req.presence_penalty ?? 0.0,
-    frequency_penalty: req.frequency_penalty ?? 0.0,
-    repetition_penalty: req.repetition_penalty ?? 1.0,
-    seed: forwardableSeed(req.seed ?? null),
-    stop: req.stop ?? null,
-    logprobs,
-    prompt_logprobs: promptLogprobs,
-    echo: req.echo ?? false,
-    add_special_tokens: addSpecialTokens,
-    stream,
-  };
-  if (stream) {
-    // The engine always reports usage on a stream (every stream is billed); the gateway drops that
-    // frame when the client did not ask for it (clientWantsUsage).
-    engineBody.stream_options = {
-      include_usage: true,
-      continuous_usage_stats: req.stream_options?.continuous_usage_stats ?? false,
+    const promptTokens = promptTokenCounts.reduce((a, b) => a + b, 0);
+    return {
+      model,
+      stream,
+      engineBody,
+      clientWantsUsage: stream && (req.stream_options?.include_usage ?? false),
+      promptCount,
+      promptTokenCounts,
+      promptTokens,
+      n,
+      maxTokens,
+      maxTokensRequested,
+      maxTokensSource: source,
+      maxTokensClampReason: clampReason,
+      maxTokensClamped: clampReason ? formatMaxTokensClamped(maxTokensRequested, maxTokens, clampReason, source) : null,
+      fullVocab: promptLogprobs === -1,
+      capture,
+      captureLayerCount,
+      steering,
+      workTokens: promptTokens + promptCount * n * maxTokens,
+      user: req.user ?? null,
     };
   }
-  if (capture || steering) {
-    const xargs: Record<string, string> = {};
-    if (capture) xargs.output_residual_stream = captureLayers === 'all' ? 'true' : JSON.stringify(captureLayers);
-    if (steeringVectors !== null) {
-      xargs.apply_steering_vectors = JSON.stringify(
-        steeringVectors.map((v) => ({
-          activations: v.activations,
-          layer_indices: v.layer_indices,
-          scale: v.scale ?? 1.0,
-          norm_match: v.norm_match ?? false,
-          position_indices: v.position_indices ?? null,
-        })),
-      );
-    }
-    engineBody.vllm_xargs = xargs;
-  }
+}
 
-  const promptTokens = promptTokenCounts.reduce((a, b) => a + b, 0);
-  return {
-    model,
-    stream,
-    engineBody,
-    clientWantsUsage: stream && (req.stream_options?.include_usage ?? false),
-    promptCount,
-    promptTokenCounts,
-    promptTokens,
-    n,
-    maxTokens,
-    maxTokensRequested,
-    maxTokensSource: source,
-    maxTokensClampReason: clampReason,
-    maxTokensClamped: clampReason ? formatMaxTokensClamped(maxTokensRequested, maxTokens, clampReason, source) : null,
-    fullVocab: promptLogprobs === -1,
-    capture,
-    captureLayerCount,
-    steering,
-    workTokens: promptTokens + promptCount * n * maxTokens,
-    user: req.user ?? null,
-  };
+/**
+ * The contract's context rule: prompt tokens + max_tokens within max_model_len, or, for an injected default, at
+ * least one token of room. `tokens` is the prompt's count, or a lower bound on it (`said` then says "at least").
+ */
+function checkContext(promptName: string, said: string, tokens: number, explicitMax: number | null, maxModelLen: number, modelId: string, reportedBy = ''): void {
+  if (explicitMax !== null && tokens + explicitMax > maxModelLen) {
+    throw apiError(
+      'context_length_exceeded',
+      `${promptName}: ${said} prompt tokens + max_tokens ${explicitMax} = ${tokens + explicitMax} exceeds the context length ${maxModelLen} of model ${modelId}${reportedBy}`,
+      { fields: { param: 'prompt' } },
+    );
+  }
+  if (explicitMax === null && tokens >= maxModelLen) {
+    throw apiError(
+      'context_length_exceeded',
+      `${promptName}: ${said} prompt tokens leave no room to generate within the context length ${maxModelLen} of model ${modelId}${reportedBy}`,
+      { fields: { param: 'prompt' } },
+    );
+  }
+}
+
+/** prompt_logprobs -1 is served up to the model's full-vocabulary prompt cap. */
+function checkFullVocab(promptName: string, said: string, tokens: number, cap: number): void {
+  if (tokens > cap) {
+    throw apiError('full_vocab_prompt_too_long', `${promptName}: ${said} tokens is longer than the ${cap} tokens allowed with prompt_logprobs -1 (full vocabulary)`, {
+      fields: { param: 'prompt' },
+    });
+  }
 }
 
 function checkVocab(ids: readonly number[], vocabSize: number, name: string): void {

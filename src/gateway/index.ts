@@ -30,6 +30,7 @@ import { KeyService } from '../keys/index.ts';
 import { BackendService } from '../backends/index.ts';
 import { EngineClient } from '../engine-client/index.ts';
 import { ModelRegistry } from '../registry/index.ts';
+import { TokenizerPool } from '../tokenizer/index.ts';
 import { openEventStore, serveReadOnlySql, type EventLog, type EventStore } from '../store/index.ts';
 import { openConfiguredEventLog } from './event-log.ts';
 import { platformFor, type BootStageListener, type EngineBootKnobs, type Platform } from '../platforms/index.ts';
@@ -179,6 +180,9 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     // The store, the tokenizers and the engine processes start side by side; startup is the slowest of them.
     const registry = new ModelRegistry(settings.models);
     stoppers.push(async () => registry.close());
+    // Long prompts are tokenized in worker threads, off the event loop (src/tokenizer/pool.ts).
+    const tokenizers = new TokenizerPool();
+    stoppers.push(() => tokenizers.close());
     const engineUrls = new Map<string, string>();
     const enginePids = new Map<string, number>();
     const restarts = new EventEmitter();
@@ -333,7 +337,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
         transport,
         registry,
         engines,
-        context: { registry, requestWindowMs: settings.requestWindowMs, deadlineTokensPerSecond: settings.deadlineTokensPerSecond },
+        context: { registry, tokenizers, requestWindowMs: settings.requestWindowMs, deadlineTokensPerSecond: settings.deadlineTokensPerSecond },
         settings: settings.harvest,
         platformOf: (modelId) => platforms.get(modelId),
         backends: backendService,
@@ -386,13 +390,14 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
       logger,
       timeouts: settings.http,
       trustedProxies: settings.trustedProxies,
+      parseLargeJson: (bytes) => tokenizers.parseJson(bytes),
       // The database's round trip, and EventStoreDB's beside it: /health's `database` is down when either is.
       health: { pingStore: (timeoutMs) => pingBoth(store, esdb, timeoutMs), backends },
       routes: async (scope) => {
         decorateAuthenticatedRequest(scope);
         completionRoutes(scope, {
           authenticate,
-          context: { registry, requestWindowMs: settings.requestWindowMs, deadlineTokensPerSecond: settings.deadlineTokensPerSecond },
+          context: { registry, tokenizers, requestWindowMs: settings.requestWindowMs, deadlineTokensPerSecond: settings.deadlineTokensPerSecond },
           engines,
           requestWindowMs: settings.requestWindowMs,
           onServed: (modelId, addedMs) => {

@@ -18,6 +18,7 @@ import type { Platform } from '../platforms/index.ts';
 import type { Metering, MeteredKey, Reservation } from '../metering/index.ts';
 import type { KeyBudgetValues, KeyView } from '../keys/index.ts';
 import { prepareValidCompletion, type CompletionContext, type CompletionRequest } from '../completion-request/index.ts';
+import { encodeTexts } from '../tokenizer/index.ts';
 import type { DispatchConsumer, DispatchMessage, DispatchTransport } from '../dispatch/index.ts';
 import { chargeMicros, toMicros } from '../../commands/billing.ts';
 import type { HarvestState } from '../../commands/index.ts';
@@ -176,8 +177,9 @@ export class HarvestWorker {
           buffers,
           stats: await resumeStats(storage, jobId, state.shards, job.layers),
           fileNameFor: (shard) => shardFileName(shard, claimId),
-          captureBatch: (first, count, batchSignal) =>
-            this.#captureBatch(job, claimId, first, prompts.slice(first, first + count).map((p) => tokenizer.encode(p, true)), batchSignal, buffers),
+          // A batch's prompts are tokenized in the tokenizer pool when they are long (off the event loop).
+          captureBatch: async (first, count, batchSignal) =>
+            this.#captureBatch(job, claimId, first, await encodeTexts(this.#options.context.tokenizers, model.tokenizer, tokenizer, prompts.slice(first, first + count), true), batchSignal, buffers),
           onShardWritten: async (record) => {
             const outcome = await service.command(jobId, {
               type: 'RecordShard',

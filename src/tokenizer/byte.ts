@@ -30,6 +30,8 @@ export function byteTokenizer(): Tokenizer {
       for (let i = 0; i < raw.length; i++) out[at++] = raw[i];
       return out;
     },
+    minTokens: (text, addSpecialTokens) => Buffer.byteLength(text, 'utf8') + (addSpecialTokens ? 1 : 0),
+    minTokensExact: true,
     ...table.lookups(),
   };
 }

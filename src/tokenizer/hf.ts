@@ -5,6 +5,7 @@ import { readFile, stat } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import type { Tokenizer } from './types.ts';
 import { TokenTable, byteToUnicode, unicodeToByte } from './table.ts';
+import { PairTable, mergeIds } from './merge.ts';
 
 interface AddedToken {
   id: number;
@@ -16,6 +17,8 @@ type Json = Record<string, any>; // eslint-disable-line @typescript-eslint/no-ex
 
 const GPT2_PATTERN = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 const PIECE_CACHE_LIMIT = 200_000;
+/** Words of at least this many characters merge through the heap (fewer: the plain scan is faster). */
+const LONG_WORD = 48;
 const EOS_CANDIDATES = ['<|end_of_text|>', '<|endoftext|>', '</s>', '<eos>', '<|eot_id|>'];
 const BOS_CANDIDATES = ['<|begin_of_text|>', '<s>', '<bos>', '<|startoftext|>'];
 
@@ -70,6 +73,8 @@ export function buildHfTokenizer(json: Json, config: Json = {}): Tokenizer {
     ranks.set(`${a}\u0000${b}`, rank);
   });
   const ignoreMerges = model.ignore_merges === true;
+  const idMerges = idMergeTable(model.merges as (string | [string, string])[], vocab);
+  const minUnitsPerToken = unitsPerTokenBound(json, vocab, ranks, added, decoding.byteLevel);
   const byteFallback = model.byte_fallback === true;
   const unkId = typeof model.unk_token === 'string' ? vocab[model.unk_token] : undefined;
 
@@ -89,18 +94,34 @@ export function buildHfTokenizer(json: Json, config: Json = {}): Tokenizer {
     if (direct !== undefined && (ignoreMerges || word.length === 1)) {
       ids = [direct];
     } else {
-      const symbols = mergeSymbols(Array.from(word), ranks);
+      const chars = Array.from(word);
       ids = [];
-      for (const s of symbols) {
-        const id = vocab[s];
-        if (id !== undefined) ids.push(id);
-        else if (byteFallback) {
+      const unknown = (s: string) => {
+        if (byteFallback) {
           for (const byte of encoder.encode(s)) {
             const fb = vocab[`<0x${byte.toString(16).toUpperCase().padStart(2, '0')}>`];
             if (fb !== undefined) ids.push(fb);
             else if (unkId !== undefined) ids.push(unkId);
           }
         } else if (unkId !== undefined) ids.push(unkId);
+      };
+      if (idMerges && chars.length >= LONG_WORD) {
+        // A long word (a whole prompt, without a pre-tokenizer) merges over ids: no string is built per pair.
+        const symbols = new Int32Array(chars.length);
+        for (let i = 0; i < chars.length; i++) {
+          const id = vocab[chars[i]];
+          symbols[i] = typeof id === 'number' ? id : -1;
+        }
+        for (const at of mergeIds(symbols, idMerges.rank, idMerges.merged)) {
+          if (symbols[at] >= 0) ids.push(symbols[at]);
+          else unknown(chars[at]);
+        }
+      } else {
+        for (const s of mergeSymbols(chars, ranks)) {
+          const id = vocab[s];
+          if (id !== undefined) ids.push(id);
+          else unknown(s);
+        }
       }
     }
     // Long "words" (a whole prompt when there is no pre-tokenizer) are not worth keeping.
@@ -142,10 +163,77 @@ export function buildHfTokenizer(json: Json, config: Json = {}): Tokenizer {
       if (addSpecialTokens) ids.push(...template.suffix);
       return ids;
     },
+    minTokens: (text, addSpecialTokens) =>
+      (addSpecialTokens ? template.prefix.length + template.suffix.length : 0) + (minUnitsPerToken === null ? 0 : Math.ceil(text.length / minUnitsPerToken)),
+    minTokensExact: false,
     ...table.lookups(),
     decode: (ids, skip) => strip(table.decode(ids, skip)),
     tokenString: (id) => strip(table.tokenString(id)),
   };
+}
+
+/**
+ * The most UTF-16 units of a prompt one token can stand for, or null when no such bound holds. It holds when no
+ * step shortens the text (no Unicode normalization, no replacement by something shorter, no Split that removes)
+ * and every symbol the merges leave becomes at least one id (an unknown token, byte fallback, or a byte-level
+ * alphabet and merges all in the vocabulary): each id then covers at most the longest vocabulary entry, merge
+ * result or added token (ByteLevel's alphabet spells a unit as one to four characters, never fewer).
+ */
+function unitsPerTokenBound(json: Json, vocab: Record<string, number>, ranks: Map<string, number>, added: AddedToken[], byteLevel: boolean): number | null {
+  if (!keepsLength(json.normalizer) || !keepsLength(json.pre_tokenizer)) return null;
+  const model = json.model as Json;
+  const mergedPieces = [...ranks.keys()].map((k) => k.replace('\u0000', ''));
+  const fallbacks = Array.from({ length: 256 }, (_, b) => `<0x${b.toString(16).toUpperCase().padStart(2, '0')}>`);
+  const covered =
+    (typeof model.unk_token === 'string' && vocab[model.unk_token] !== undefined) ||
+    (model.byte_fallback === true && fallbacks.every((f) => vocab[f] !== undefined)) ||
+    (byteLevel && usesType(json.pre_tokenizer, 'ByteLevel') && byteToUnicode.every((c) => vocab[c] !== undefined) && mergedPieces.every((p) => vocab[p] !== undefined));
+  if (!covered) return null;
+  let most = 2; // a symbol is at least one code point
+  for (const piece of Object.keys(vocab)) most = Math.max(most, piece.length);
+  for (const piece of mergedPieces) most = Math.max(most, piece.length);
+  for (const t of added) most = Math.max(most, t.content.length);
+  return most;
+}
+
+/** True when a normalizer or pre-tokenizer never makes the text (the sum of its pieces) shorter. */
+function keepsLength(node: Json | null | undefined): boolean {
+  if (!node) return true;
+  switch (node.type) {
+    case 'Sequence':
+      return ((node.normalizers ?? node.pretokenizers ?? []) as Json[]).every(keepsLength);
+    case 'Prepend':
+    case 'ByteLevel':
+      return true;
+    case 'Replace':
+      return typeof node.pattern?.String === 'string' && String(node.content).length >= node.pattern.String.length;
+    case 'Split':
+      return node.behavior !== 'Removed' && !node.invert;
+    case 'Metaspace':
+      return ((node.replacement as string | undefined) ?? '\u2581').length >= 1;
+    default:
+      return false; // NFC, NFKC, ...: composition shortens
+  }
+}
+
+/**
+ * The merges over ids: pair (left id, right id) -> its rank, rank -> the id it makes. Null unless every merge's
+ * parts and result are in the vocabulary (Hugging Face refuses a file where they are not), so that a symbol
+ * outside it never merges and the ids say all the strings would.
+ */
+function idMergeTable(merges: (string | [string, string])[], vocab: Record<string, number>): { rank: (l: number, r: number) => number; merged: (rank: number) => number } | null {
+  const triples: number[] = [];
+  const result = new Int32Array(merges.length);
+  for (let rank = 0; rank < merges.length; rank++) {
+    const m = merges[rank];
+    const [a, b] = typeof m === 'string' ? splitMerge(m) : m;
+    const [left, right, joined] = [vocab[a], vocab[b], vocab[a + b]];
+    if (typeof left !== 'number' || typeof right !== 'number' || typeof joined !== 'number') return null;
+    triples.push(left, right, rank);
+    result[rank] = joined;
+  }
+  const table = new PairTable(triples);
+  return { rank: (l, r) => table.get(l, r), merged: (rank) => result[rank] };
 }
 
 function pieceBytes(piece: string, encoder: InstanceType<typeof TextEncoder>): Uint8Array {
@@ -165,7 +253,7 @@ function pieceBytes(piece: string, encoder: InstanceType<typeof TextEncoder>): U
  * merge creates a pair ranked before the one being applied (Gemma's runs of "▁" do), that pair must go first.
  */
 export function mergeSymbols(symbols: string[], ranks: Map<string, number>): string[] {
-  if (symbols.length < 48) {
+  if (symbols.length < LONG_WORD) {
     while (symbols.length > 1) {
       let best = Infinity;
       let at = -1;

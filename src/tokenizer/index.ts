@@ -42,3 +42,5 @@ async function load(spec: TokenizerSpec): Promise<Tokenizer> {
     }
   }
 }
+
+export { TokenizerPool, TokenizerThreadError, OFF_THREAD_UNITS, OFF_THREAD_JSON_BYTES, countTokens, encodeTexts } from './pool.ts';

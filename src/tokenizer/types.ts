@@ -12,6 +12,13 @@ export interface Tokenizer {
   readonly eosId: number;
   /** `addSpecialTokens` adds what the tokenizer adds (BOS for byte and r50k_base); false encodes verbatim. */
   encode(text: string, addSpecialTokens: boolean): number[];
+  /**
+   * A lower bound on `encode(text, addSpecialTokens).length` that costs no tokenization (O(1), or one native pass
+   * over the text): what proves a prompt too long for a context before it is tokenized.
+   */
+  minTokens(text: string, addSpecialTokens: boolean): number;
+  /** True when minTokens is the count itself (the byte tokenizer). */
+  readonly minTokensExact: boolean;
   /** Like `tokenizer.decode(ids)`; special tokens are rendered unless `skipSpecialTokens`. */
   decode(ids: ArrayLike<number>, skipSpecialTokens?: boolean): string;
   /** `decoded_token` as vLLM shows it: `decode([id])`, partial UTF-8 as U+FFFD. */

@@ -681,6 +681,37 @@ test('an injected default on a model of unknown context is sized to the context 
   assert.is(fitDefaultToContext(explicit, 10), explicit);
 });
 
+test('a prompt a lower bound proves too long is refused before it is tokenized, with the error the count would give', async () => {
+  const refusal = (body: Record<string, unknown>) => {
+    try {
+      prepareCompletion(body, ctx);
+    } catch (error) {
+      return error as ApiError;
+    }
+    assert.unreachable(`accepted ${JSON.stringify(body).slice(0, 80)}`);
+  };
+  const gpt2 = registry.tokenizer('ref-gpt2');
+  // GPT-2 (2,048 tokens, at most 128 bytes a token): 300,000 bytes are at least 2,345 tokens with BOS.
+  const long = 'x'.repeat(300_000);
+  assert.is(gpt2.minTokens(long, true), 2345);
+  let error = refusal({ model: 'ref-gpt2', prompt: long, max_tokens: 1 })!;
+  assert.is(error.code, 'context_length_exceeded');
+  assert.is(error.status, 400);
+  assert.is(error.message, 'prompt: at least 2345 prompt tokens + max_tokens 1 = 2346 exceeds the context length 2048 of model ref-gpt2');
+  error = refusal({ model: 'ref-gpt2', prompt: long })!;
+  assert.is(error.message, 'prompt: at least 2345 prompt tokens leave no room to generate within the context length 2048 of model ref-gpt2');
+  // A batch names the prompt with the largest bound.
+  error = refusal({ model: 'ref-gpt2', prompt: ['short', long, 'x'.repeat(1000)], max_tokens: 1 })!;
+  assert.match(error.message, /^prompt\[1\]: at least 2345 prompt tokens/);
+  // With prompt_logprobs -1 and no max_tokens, the full-vocabulary cap is the first check a count would fail.
+  error = refusal({ model: 'ref-gpt2', prompt: long, prompt_logprobs: -1 })!;
+  assert.is(error.code, 'full_vocab_prompt_too_long');
+  assert.match(error.message, /^prompt: at least 2345 tokens is longer than the \d+ tokens allowed/);
+  // The byte tokenizer's bound is its count: the message is the counted one.
+  error = refusal({ model: 'ref-byte', prompt: 'x'.repeat(40_000), max_tokens: 1 })!;
+  assert.is(error.message, 'prompt: 40001 prompt tokens + max_tokens 1 = 40002 exceeds the context length 32768 of model ref-byte');
+});
+
 test.after(() => {
   registry.close();
   brokenRegistry.close();
