@@ -21,7 +21,7 @@
  *   never written by the port.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { constants } from 'node:fs';
+import { constants, readFileSync } from 'node:fs';
 import { cp, mkdir, rm, writeFile } from 'node:fs/promises';
 import { createRequire } from 'node:module';
 import { join } from 'node:path';
@@ -55,10 +55,22 @@ export interface SnapshotSource {
   directory: string | null;
 }
 
-/** Where snapshots go: a private directory the port owns (removed and remade when it opens). */
 const minIntervalMs = 1_000;
 const startTimeoutMs = 120_000;
 const jsHeapMb = 128;
+
+/** What the snapshot process holds besides its database memory: PGlite's code, Node, its JavaScript heap. */
+const processOverheadBytes = 384 * 1024 * 1024;
+
+/** A process's resident memory (Linux /proc), or null where it cannot be read. */
+function residentBytes(pid: number | undefined): number | null {
+  try {
+    const kb = /VmRSS:\s*(\d+)\s*kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+    return kb ? Number(kb[1]) * 1024 : null;
+  } catch {
+    return null;
+  }
+}
 
 function simpleQuery(sql: string): Buffer {
   const body = Buffer.from(`${sql}\0`, 'utf8');
@@ -126,26 +138,41 @@ export function openSnapshotReader(source: SnapshotSource, snapshotsDir: string,
     await rm(child.path, { recursive: true, force: true });
   };
 
-  /** Sends one request; resolves with its `done`, or rejects (and kills the process) on failure, timeout or exit. */
+  /**
+   * Sends one request; resolves with its `done`, or rejects (and kills the process) on failure,
+   * timeout, exit, or the process's resident memory past its bound (what the WebAssembly bound does
+   * not cover: replies queued for the gateway, JavaScript buffers), watched where /proc tells it.
+   */
   const ask = (child: Child, request: object, timeoutMs: number, onData?: (chunk: Buffer) => void) =>
     new Promise<Record<string, unknown>[] | undefined>((resolve, reject) => {
-      const timer = setTimeout(() => {
+      const fail = (error: SqlPortError) => {
+        clearTimeout(timer);
+        clearInterval(watch);
         child.listener = null;
-        reject(new SqlPortError('57014', `canceling statement due to statement timeout: the SQL port ends a statement after ${options.statementTimeoutMs} ms (SVC_SQL_STATEMENT_TIMEOUT_MS)`));
+        reject(error);
         void retire(child);
-      }, timeoutMs);
+      };
+      const timer = setTimeout(
+        () => fail(new SqlPortError('57014', `canceling statement due to statement timeout: the SQL port ends a statement after ${timeoutMs} ms (SVC_SQL_STATEMENT_TIMEOUT_MS)`)),
+        timeoutMs,
+      );
+      const watch = setInterval(() => {
+        const rss = residentBytes(child.process.pid);
+        if (rss !== null && rss > options.memoryBytes + processOverheadBytes) fail(new SqlPortError('53200', `out of memory: the SQL port's process passed its bound (SVC_SQL_MEMORY_MB, ${Math.round(options.memoryBytes / 1048576)} MiB, plus its own code)`));
+      }, 250);
       child.listener = (message) => {
         if (message.type === 'data') return onData?.(Buffer.from(message.chunk));
+        if (message.type === 'exit') {
+          // The process died under the statement: its memory ran out (JavaScript heap; the WebAssembly heap fails inside PostgreSQL instead).
+          const heap = /out of memory|heap limit/i.test(child.stderr);
+          return fail(new SqlPortError('53200', `out of memory: the SQL port's process ended under the statement (its memory is bounded, SVC_SQL_MEMORY_MB)${heap ? '' : `: ${child.stderr.slice(-300).trim()}`}`));
+        }
         clearTimeout(timer);
+        clearInterval(watch);
         child.listener = null;
         if (message.type === 'done') resolve(message.rows);
         else if (message.type === 'failed') reject(new SqlPortError(message.code ?? 'XX000', message.message));
-        else {
-          // The process died under the statement: its memory ran out (JavaScript heap; the WebAssembly heap fails inside PostgreSQL instead).
-          const heap = /out of memory|heap limit/i.test(child.stderr);
-          reject(new SqlPortError('53200', `out of memory: the SQL port's process ended under the statement (its memory is bounded, SVC_SQL_MEMORY_MB)${heap ? '' : `: ${child.stderr.slice(-300).trim()}`}`));
-          void retire(child);
-        }
+        else reject(new SqlPortError('XX000', `the SQL port's process answered ${message.type}`));
       };
       child.process.send(request);
     });
