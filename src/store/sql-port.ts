@@ -372,6 +372,9 @@ export async function serveSqlPort(source: SnapshotSource, options: SqlPortOptio
       server.off('error', reject);
       resolve();
     });
+  }).catch(async (error: unknown) => {
+    await reader.close();
+    throw error;
   });
   const address = server.address();
   const port = typeof address === 'object' && address ? address.port : options.port;
