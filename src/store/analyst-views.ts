@@ -7,7 +7,11 @@
  * keys removed at any depth. Analysts' queries run as role `svc_analyst`, which may read these views
  * and nothing else of the store (SQL port, sql-port.ts).
  */
-import type { PGlite } from '@electric-sql/pglite';
+/** The database the views are made in: the SQL port's snapshot (sql-snapshot.ts). */
+export interface ViewsDatabase {
+  query<T>(sql: string, params?: unknown[]): Promise<{ rows: T[] }>;
+  exec(sql: string): Promise<void>;
+}
 
 export const ANALYST_ROLE = 'svc_analyst';
 export const ANALYST_SCHEMA = 'analyst';
@@ -19,7 +23,7 @@ const quote = (name: string) => `"${name.replaceAll('"', '""')}"`;
 const literal = (text: string) => `'${text.replaceAll("'", "''")}'`;
 
 /** (Re)creates the role, the schema and a view per table; tables added since the last call get theirs. */
-export async function refreshAnalystViews(db: PGlite, storeSchema = 'public'): Promise<void> {
+export async function refreshAnalystViews(db: ViewsDatabase, storeSchema = 'public'): Promise<void> {
   const { rows } = await db.query<{ table_name: string; column_name: string; data_type: string }>(
     `SELECT c.table_name, c.column_name, c.data_type
        FROM information_schema.columns c
@@ -54,7 +58,6 @@ export async function refreshAnalystViews(db: PGlite, storeSchema = 'public'): P
     `GRANT SELECT ON ALL TABLES IN SCHEMA ${ANALYST_SCHEMA} TO ${ANALYST_ROLE}`,
     `GRANT EXECUTE ON FUNCTION ${ANALYST_SCHEMA}.scrub(jsonb) TO ${ANALYST_ROLE}`,
   ];
-  await db.transaction(async (tx) => {
-    for (const sql of statements) await tx.exec(sql);
-  });
+  // One simple-protocol exec is one transaction: all of it or none.
+  await db.exec(statements.join(';\n'));
 }

@@ -4,6 +4,9 @@
  * a database URL is given, otherwise the embedded PGlite under the data directory. Processors and the
  * command handler depend on the ports, not on the log being SQL.
  */
+import { randomUUID } from 'node:crypto';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
 import { acquireDataDirLock, type DataDirLock } from './data-dir-lock.ts';
 import { createPgliteDriver, type PgliteDriver } from './pglite.ts';
 import { serveSqlPort, type SqlPort, type SqlPortOptions } from './sql-port.ts';
@@ -39,12 +42,32 @@ const embedded = new WeakMap<EventStore, { driver: PgliteDriver; lock: DataDirLo
  * Serves an embedded store read-only over the PostgreSQL wire protocol (sql-port.ts), and writes the
  * port into the data directory's lock so that the CLI's read-only commands find it. Close it before the store.
  */
-export async function serveReadOnlySql(store: EventStore, options: SqlPortOptions): Promise<SqlPort> {
+export async function serveReadOnlySql(store: EventStore, options: SqlPortOptions & Partial<SqlPortLimits>): Promise<SqlPort> {
   const opened = embedded.get(store);
   if (!opened) throw new Error('the SQL port serves the embedded store only; with PostgreSQL, give analysts a read-only role (svc sql-role NAME)');
-  const port = await serveSqlPort(opened.driver.database, options);
+  const { driver } = opened;
+  const limits = {
+    statementTimeoutMs: options.statementTimeoutMs ?? envMs('SVC_SQL_STATEMENT_TIMEOUT_MS') ?? 5_000,
+    memoryBytes: (options.memoryMb ?? envMs('SVC_SQL_MEMORY_MB') ?? 512) * 1024 * 1024,
+    maxAgeMs: options.snapshotMaxAgeMs ?? envMs('SVC_SQL_SNAPSHOT_MAX_AGE_MS') ?? 5_000,
+  };
+  if (limits.statementTimeoutMs < 1) throw new Error('SVC_SQL_STATEMENT_TIMEOUT_MS must be at least 1');
+  if (limits.memoryBytes < 256 * 1024 * 1024) throw new Error('SVC_SQL_MEMORY_MB must be at least 256 (PGlite alone takes about 200 MB)');
+  // Snapshots beside the store's files (private like them); an in-memory store's in a private temporary directory.
+  const snapshotsDir = driver.directory !== null ? join(dirname(driver.directory), 'sql-snapshots') : join(tmpdir(), `svc-sql-snapshots-${process.pid}-${randomUUID()}`);
+  const port = await serveSqlPort({ database: driver.database, directory: driver.directory }, { ...options, snapshotsDir, limits });
   opened.lock?.advertise({ sqlPort: port.port });
   return port;
+}
+
+/** The SQL port's bounds; each defaults to its environment variable, then to the documented default. */
+export interface SqlPortLimits {
+  /** A statement is ended after this long (SVC_SQL_STATEMENT_TIMEOUT_MS, default 5,000). */
+  statementTimeoutMs: number;
+  /** The snapshot process's database memory, MiB (SVC_SQL_MEMORY_MB, default 512). */
+  memoryMb: number;
+  /** A statement reads a snapshot at most this old (SVC_SQL_SNAPSHOT_MAX_AGE_MS, default 5,000). */
+  snapshotMaxAgeMs: number;
 }
 
 export interface OpenEventStoreOptions {

@@ -54,16 +54,18 @@ class OwnerOnlyNodeFS extends NodeFS {
   }
 }
 
-/** The driver, and its PGlite for the read-only SQL port (sql-port.ts), which shares it. */
+/** The driver, and its PGlite for the read-only SQL port (sql-port.ts), which serves snapshots of it. */
 export interface PgliteDriver extends SqlDriver {
   readonly database: PGlite;
+  /** The directory of its files; null in memory. */
+  readonly directory: string | null;
 }
 
 export async function createPgliteDriver(options: PgliteDriverOptions): Promise<PgliteDriver> {
   let db: PGlite;
-  if (options.dataDir === null) db = await PGlite.create();
+  const dir = options.dataDir === null ? null : join(resolve(options.dataDir), 'pglite');
+  if (dir === null) db = await PGlite.create();
   else {
-    const dir = join(resolve(options.dataDir), 'pglite');
     if (!existsSync(join(dir, 'PG_VERSION'))) {
       await initDataDir(dir);
       tightenDataDir(dir); // initdb's child wrote its files with PGlite's own modes
@@ -75,6 +77,7 @@ export async function createPgliteDriver(options: PgliteDriverOptions): Promise<
   return {
     kind: 'pglite',
     database: db,
+    directory: dir,
     // Every reader lives in this process and is woken directly; no NOTIFY needed.
     hint() {},
     // PGlite runs one statement at a time; batching still saves a statement per append.

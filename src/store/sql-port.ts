@@ -2,15 +2,17 @@
  * The embedded store's SQL port: the gateway's PGlite served read-only over the PostgreSQL wire
  * protocol on loopback, so `psql`, notebooks and BI tools read the tables while the gateway runs.
  *
- * PGlite has one session, shared with the gateway. So each client's Query (or extended-protocol batch
- * up to its Sync) runs alone, holding PGlite's transaction lock (the gateway's queries and transactions
- * wait; the client never lands inside one of them), inside a transaction this port opens READ ONLY
- * and always rolls back: a write fails (25006), and anything a statement changed in the session
- * (SET, set_config) is undone with it. Statements are checked before they run: only SELECT, WITH,
- * TABLE, VALUES, SHOW and EXPLAIN pass, so no COMMIT, SET TRANSACTION or procedure can end or
- * reopen the port's transaction; BEGIN/COMMIT/ROLLBACK alone are answered without running (clients
- * that wrap reads in a transaction work). The client's startup parameters are not applied to the
- * shared session.
+ * Statements run on a snapshot of the database in a process of their own (sql-snapshot.ts), never on
+ * the gateway's PGlite: a statement cannot hold the gateway's store, is ended after the statement
+ * timeout (57014), and cannot grow past the port's memory bound (53200); the port serves on after
+ * either. Analysts read data up to the snapshot's age old. Each client's Query (or extended-protocol
+ * batch up to its Sync) runs alone on the snapshot's one session, inside a transaction this port
+ * opens READ ONLY and always rolls back: a write fails (25006), and anything a statement changed in
+ * the session (SET, set_config) is undone with it. Statements are checked before they run: only
+ * SELECT, WITH, TABLE, VALUES, SHOW and EXPLAIN pass, so no COMMIT, SET TRANSACTION or procedure can
+ * end or reopen the port's transaction; BEGIN/COMMIT/ROLLBACK alone are answered without running
+ * (clients that wrap reads in a transaction work). The client's startup parameters are not applied
+ * to the shared session.
  *
  * Clients authenticate with a password (AuthenticationCleartextPassword, on loopback): the one the
  * port was opened with (`svc serve` keeps it in DATA_DIR/sql-password, or takes SVC_SQL_PASSWORD);
@@ -18,14 +20,12 @@
  *
  * Written on PGlite's `execProtocolRawStream` rather than `@electric-sql/pglite-socket`: every
  * release of that package pins an exact PGlite peer version (none the one installed) and seven
- * extension packages as peers, and its queue takes PGlite's query lock per message, which is not the
- * lock `query`/`transaction` take, so a client's statement could run inside one of the gateway's
- * transactions.
+ * extension packages as peers.
  */
 import { createHash, timingSafeEqual } from 'node:crypto';
 import { createServer, type Server, type Socket } from 'node:net';
-import type { PGlite } from '@electric-sql/pglite';
-import { ANALYST_ROLE, ANALYST_SCHEMA, refreshAnalystViews } from './analyst-views.ts';
+import { ANALYST_ROLE, ANALYST_SCHEMA } from './analyst-views.ts';
+import { openSnapshotReader, SqlPortError, type SnapshotOptions, type SnapshotSource } from './sql-snapshot.ts';
 
 export interface SqlPortOptions {
   /** 0: any free port. */
@@ -76,16 +76,46 @@ const int32 = (n: number) => {
 function errorResponse(code: string, text: string): Buffer {
   return message('E', Buffer.concat([cstring('SERROR'), cstring('VERROR'), cstring(`C${code}`), cstring(`M${text}`), Buffer.from([0])]));
 }
+/** Bytes of reply a client may leave unread before it is disconnected. */
+const maxUnreadBytes = 64 * 1024 * 1024;
+
+/**
+ * Forwards a backend reply message by message as its bytes come (a message's bytes are not held,
+ * however long it is), all but ReadyForQuery ('Z'), which is dropped.
+ */
+class ReplyForwarder {
+  private header = Buffer.alloc(0);
+  private remaining = 0;
+  private dropping = false;
+  constructor(private readonly out: (bytes: Buffer) => void) {}
+  push(chunk: Buffer): void {
+    let at = 0;
+    while (at < chunk.length) {
+      if (this.remaining > 0) {
+        const n = Math.min(this.remaining, chunk.length - at);
+        if (!this.dropping) this.out(chunk.subarray(at, at + n));
+        this.remaining -= n;
+        at += n;
+        continue;
+      }
+      const part = chunk.subarray(at, at + 5 - this.header.length);
+      this.header = Buffer.concat([this.header, part]);
+      at += part.length;
+      if (this.header.length < 5) continue;
+      this.dropping = this.header[0] === 0x5a;
+      if (!this.dropping) this.out(this.header);
+      this.remaining = this.header.readInt32BE(1) - 4;
+      this.header = Buffer.alloc(0);
+    }
+  }
+  /** Part of a message was forwarded and the rest has not come. */
+  get midMessage(): boolean {
+    return this.remaining > 0 && !this.dropping;
+  }
+}
+
 const readyForQuery = () => message('Z', Buffer.from('I', 'latin1'));
 const commandComplete = (tag: string) => message('C', cstring(tag));
-const simpleQuery = (sql: string) => message('Q', cstring(sql));
-
-/** The message types of a backend reply. */
-function replyTypes(reply: Buffer): string[] {
-  const types: string[] = [];
-  for (let at = 0; at + 5 <= reply.length; at += 1 + reply.readInt32BE(at + 1)) types.push(String.fromCharCode(reply[at]));
-  return types;
-}
 
 /**
  * The statements of a SQL text, split on semicolons outside strings, quoted identifiers, dollar
@@ -172,7 +202,8 @@ function passwordsMatch(given: Buffer, expected: string): boolean {
   return timingSafeEqual(digest(given), digest(expected));
 }
 
-export async function serveSqlPort(db: PGlite, options: SqlPortOptions): Promise<SqlPort> {
+export async function serveSqlPort(source: SnapshotSource, options: SqlPortOptions & { snapshotsDir: string; limits: SnapshotOptions }): Promise<SqlPort> {
+  const db = source.database;
   const host = options.host ?? '127.0.0.1';
   if (!options.passwords.owner || !options.passwords.analyst) throw new Error('the SQL port needs its passwords');
   const { rows } = await db.query<{ server_version: string; timezone: string }>(`SELECT current_setting('server_version') AS server_version, current_setting('TimeZone') AS timezone`);
@@ -198,33 +229,34 @@ export async function serveSqlPort(db: PGlite, options: SqlPortOptions): Promise
 
   const sessions = new Set<Session>();
 
-  /** Runs `messages` in a read-only transaction that is rolled back, PGlite held meanwhile; the reply streams to the socket. */
-  const runReading = (session: Session, messages: Buffer[]) =>
-    db._runExclusiveTransaction(async () => {
-      const opened: Buffer[] = [];
-      // An analyst reads as svc_analyst, through the analyst schema's views only (analyst-views.ts).
-      const open = session.analyst
-        ? `BEGIN READ ONLY; SET LOCAL ROLE ${ANALYST_ROLE}; SET LOCAL search_path = ${ANALYST_SCHEMA}, pg_catalog; SELECT 1`
-        : 'BEGIN READ ONLY; SELECT 1';
-      await db.execProtocolRawStream(simpleQuery(open), { onRawData: (d) => opened.push(Buffer.from(d)), syncToFs: false });
-      try {
-        // `SELECT 1` took the snapshot: from here SET TRANSACTION READ WRITE is refused too.
-        if (replyTypes(Buffer.concat(opened)).includes('E')) throw new Error('the SQL port could not open its read-only transaction');
-        // ReadyForQuery is the reply's last 6 bytes: held back to say "idle", which the client is once the port rolls back.
-        let held = Buffer.alloc(0);
-        const forward = (data: Uint8Array) => {
-          const all = Buffer.concat([held, data]);
-          const cut = Math.max(0, all.length - 6);
-          if (cut > 0 && session.socket.writable) session.socket.write(all.subarray(0, cut));
-          held = Buffer.from(all.subarray(cut));
-        };
-        for (const m of messages) await db.execProtocolRawStream(m, { onRawData: forward, syncToFs: false });
-        if (held.length === 6 && held[0] === 0x5a) held[5] = 0x49; // 'Z' ... 'I'
-        if (session.socket.writable) session.socket.write(held);
-      } finally {
-        await db.execProtocolRawStream(simpleQuery('ROLLBACK'), { onRawData: () => {}, syncToFs: false });
-      }
+  const reader = openSnapshotReader(source, options.snapshotsDir, options.limits);
+
+  /**
+   * Runs `messages` on the snapshot, in a read-only transaction that is rolled back. The reply's
+   * messages are forwarded as they come but its ReadyForQuery, which said "in a transaction": the
+   * port sends its own, "idle", which the client is once the transaction is rolled back.
+   */
+  const runReading = async (session: Session, messages: Buffer[]) => {
+    // An analyst reads as svc_analyst, through the analyst schema's views only (analyst-views.ts).
+    const open = session.analyst
+      ? `BEGIN READ ONLY; SET LOCAL ROLE ${ANALYST_ROLE}; SET LOCAL search_path = ${ANALYST_SCHEMA}, pg_catalog; SELECT 1`
+      : 'BEGIN READ ONLY; SELECT 1';
+    const reply = new ReplyForwarder((b) => {
+      if (!session.socket.writable) return;
+      session.socket.write(b);
+      // A client that does not read its reply: cut off, rather than the reply held in the gateway's memory.
+      if (session.socket.writableLength > maxUnreadBytes) session.socket.destroy();
     });
+    try {
+      await reader.read({ open, messages, onData: (chunk) => reply.push(chunk) });
+    } catch (error) {
+      // Part of a message sent: the stream cannot be mended, only closed.
+      if (reply.midMessage) return void session.socket.destroy();
+      const e = error instanceof SqlPortError ? error : new SqlPortError('XX000', (error as Error).message);
+      if (session.socket.writable) session.socket.write(errorResponse(e.code, e.message));
+    }
+    if (session.socket.writable) session.socket.write(readyForQuery());
+  };
 
   const refuse = (session: Session, text: string) => {
     if (session.socket.writable) session.socket.write(Buffer.concat([errorResponse('25006', text), readyForQuery()]));
@@ -314,15 +346,7 @@ export async function serveSqlPort(db: PGlite, options: SqlPortOptions): Promise
           return;
         }
         session.authenticating = false;
-        if (session.analyst) {
-          // The views follow the tables: any added since the last analyst connected get theirs.
-          session.work = session.work
-            .then(() => refreshAnalystViews(db))
-            .then(
-              () => void session.socket.write(greeting),
-              (error: unknown) => void session.socket.end(errorResponse('XX000', `the analysts' views could not be prepared: ${(error as Error).message}`)),
-            );
-        } else session.socket.write(greeting);
+        session.socket.write(greeting);
         continue;
       }
       session.work = session.work
@@ -348,6 +372,9 @@ export async function serveSqlPort(db: PGlite, options: SqlPortOptions): Promise
       server.off('error', reject);
       resolve();
     });
+  }).catch(async (error: unknown) => {
+    await reader.close();
+    throw error;
   });
   const address = server.address();
   const port = typeof address === 'object' && address ? address.port : options.port;
@@ -357,7 +384,7 @@ export async function serveSqlPort(db: PGlite, options: SqlPortOptions): Promise
     close: async () => {
       const closed = new Promise<void>((resolve) => server.close(() => resolve()));
       for (const s of sessions) s.socket.destroy();
-      // a reply being written holds PGlite: let it finish before the store closes
+      await reader.close(); // ends a statement under way, and waits for a snapshot being copied
       await Promise.all([...sessions].map((s) => s.work));
       await closed;
     },

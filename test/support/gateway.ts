@@ -31,7 +31,7 @@ export async function issueKey(url: string, adminToken: string, body: Record<str
 }
 
 /** A real gateway on port 0 with a fresh PGlite data directory and real reference engine processes. */
-export async function startTestGateway(overrides: Partial<Settings> = {}, options: Pick<GatewayOptions, 'chaosEngines' | 'engineBootKnobs'> = {}): Promise<TestGateway> {
+export async function startTestGateway(overrides: Partial<Settings> = {}, options: Pick<GatewayOptions, 'chaosEngines' | 'engineBootKnobs' | 'sqlPort' | 'sqlPasswords'> = {}): Promise<TestGateway> {
   const dataDir = await freshDataDir();
   const chunks: string[] = [];
   const logDestination = new Writable({
@@ -45,7 +45,7 @@ export async function startTestGateway(overrides: Partial<Settings> = {}, option
   // boot is given up only after two minutes here, unless the test is about that bound.
   const settings = loadSettings({ SVC_ENGINE_WARM_AT_START: 'on', SVC_COLD_BOOT_ACK_TIMEOUT_MS: '120000', ...process.env, DATA_DIR: dataDir, PORT: '0', HOST: '127.0.0.1', DATABASE_URL: '' }, overrides);
   const adminToken = `svc_admin_test_${randomBytes(12).toString('hex')}`;
-  const gateway = await startGateway(settings, { logDestination: logDestination as never, chaosEngines: options.chaosEngines, engineBootKnobs: options.engineBootKnobs, adminToken });
+  const gateway = await startGateway(settings, { logDestination: logDestination as never, chaosEngines: options.chaosEngines, engineBootKnobs: options.engineBootKnobs, sqlPort: options.sqlPort, sqlPasswords: options.sqlPasswords, adminToken });
   let apiKey: string;
   try {
     apiKey = await issueKey(gateway.url, adminToken);
