@@ -494,7 +494,8 @@ export function kafkaTransport(options: KafkaDispatchOptions): KafkaDispatchTran
     let made = topics.get(topic);
     if (!made) {
       made = ready()
-        .then(() => admin.createTopics({ topics: [{ topic, numPartitions: partitions, replicationFactor: options.replicationFactor ?? -1 }], waitForLeaders: true }))
+        // (again on a retriable error: a fresh KRaft broker can answer UNKNOWN_TOPIC_OR_PARTITION while it waits for the leaders)
+        .then(() => adminRead(() => admin.createTopics({ topics: [{ topic, numPartitions: partitions, replicationFactor: options.replicationFactor ?? -1 }], waitForLeaders: true })))
         .then(() => undefined);
       made.catch(() => topics.delete(topic));
       topics.set(topic, made);
@@ -507,17 +508,27 @@ export function kafkaTransport(options: KafkaDispatchOptions): KafkaDispatchTran
   const publishing = new Map<string, Promise<unknown>>();
   let sequence = 0;
 
+  /** A broker's answer that holds only for a moment (kafkajs's protocol error, or that error under its retrier's). */
+  const momentaryTypes = new Set(['UNKNOWN_TOPIC_OR_PARTITION', 'NOT_LEADER_FOR_PARTITION', 'NOT_LEADER_OR_FOLLOWER', 'LEADER_NOT_AVAILABLE']);
+  function momentary(error: unknown): boolean {
+    const seen = error as { retriable?: boolean; type?: string; cause?: unknown } | null;
+    if (!seen) return false;
+    if (seen.retriable === true || (seen.type !== undefined && momentaryTypes.has(seen.type))) return true;
+    return seen.cause !== undefined && seen.cause !== error && momentary(seen.cause);
+  }
+
   /**
-   * An admin read, tried again (up to 5 times, 100 ms doubling) on an error Kafka calls retriable: a
+   * An admin call, tried again (up to 5 times, 100 ms doubling) on an error Kafka calls retriable: a
    * partition's leader moving, or a fresh topic's metadata not yet in the client's cache, answer
-   * NOT_LEADER_OR_FOLLOWER for a moment (seen on a loaded single broker).
+   * NOT_LEADER_OR_FOLLOWER or UNKNOWN_TOPIC_OR_PARTITION for a moment (seen on a loaded single broker).
+   * Only for calls that may be repeated: reads, and creating a topic (one that exists is left as it is).
    */
   async function adminRead<T>(read: () => Promise<T>): Promise<T> {
     for (let attempt = 0; ; attempt++) {
       try {
         return await read();
       } catch (error) {
-        if (attempt >= 4 || (error as { retriable?: boolean }).retriable !== true) throw error;
+        if (attempt >= 4 || !momentary(error)) throw error;
         await new Promise((resolve) => setTimeout(resolve, 100 * 2 ** attempt));
       }
     }
