@@ -229,6 +229,12 @@ export function postgresTransport(db: SqlDatabase, options: PostgresDispatchOpti
         });
     }
 
+    /** Extends the visibility of messages still held under their claims; the ids of those it extended (the others were lost). */
+    async function extend(ids: string[], claims: string[]): Promise<Set<string>> {
+      const { rows } = await db.query<{ id: string }>(heartbeatSql, [ids, claims, visibilityMs]);
+      return new Set(rows.map((r) => r.id));
+    }
+
     /**
      * A claim that took long to come back (a busy process, a slow database) may have lapsed before any
      * heartbeat could extend it, and another consumer may hold the message by now: the claimed rows are
@@ -236,8 +242,7 @@ export function postgresTransport(db: SqlDatabase, options: PostgresDispatchOpti
      */
     async function stillHeld(claimed: ClaimedRow[], claim: string): Promise<ClaimedRow[]> {
       const ids = claimed.map((r) => r.id!);
-      const { rows } = await db.query<{ id: string }>(heartbeatSql, [ids, ids.map(() => claim), visibilityMs]);
-      const kept = new Set(rows.map((r) => r.id));
+      const kept = await extend(ids, ids.map(() => claim));
       return claimed.filter((r) => kept.has(r.id!));
     }
 
@@ -246,9 +251,8 @@ export function postgresTransport(db: SqlDatabase, options: PostgresDispatchOpti
       if (running.size === 0 || beating) return;
       beating = true;
       const held = [...running];
-      db.query<{ id: string }>(heartbeatSql, [held.map((d) => d.message.id), held.map((d) => d.claim), visibilityMs]).then(
-        ({ rows }) => {
-          const kept = new Set(rows.map((r) => r.id));
+      extend(held.map((d) => d.message.id), held.map((d) => d.claim)).then(
+        (kept) => {
           for (const delivery of held) {
             // (one acknowledged since the beat was sent is gone too, and its signal no longer matters)
             if (!kept.has(delivery.message.id) && running.has(delivery)) delivery.controller.abort(new DispatchLeaseLost(delivery.message.id));
