@@ -7,6 +7,7 @@
 // Run: npm run bench -- tokenize
 // (BENCH_TOKENIZE_ONLY=r50k_base,byte: only those tokenizers; BENCH_TOKENIZE_CUTOFF_MS: the row cut-off, 20 s)
 import { dirname } from 'node:path';
+import { Prng } from '../src/reference-engine/prng.ts';
 import { createRequire } from 'node:module';
 import { loadTokenizer, type Tokenizer } from '../src/tokenizer/index.ts';
 
@@ -14,16 +15,6 @@ const require = createRequire(import.meta.url);
 const SIZES = [1 << 10, 16 << 10, 128 << 10, 1 << 20, 8 << 20];
 const CUTOFF_MS = Number(process.env.BENCH_TOKENIZE_CUTOFF_MS ?? 20_000);
 
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 const WORDS = (
   'the of and to in is was that for on with as by at from his her they this which be are have had not but were it one ' +
@@ -34,7 +25,8 @@ const WORDS = (
 
 /** English-like text of `bytes` UTF-8 bytes: sentences of common words, capitalized, punctuated, in paragraphs. */
 function english(bytes: number): string {
-  const rand = prng(42);
+  const prng = new Prng(42);
+  const rand = () => prng.next();
   const parts: string[] = [];
   let length = 0;
   while (length < bytes) {
@@ -52,7 +44,8 @@ function english(bytes: number): string {
 
 /** Random bytes, each as the Latin-1 character of that value, `bytes` UTF-8 bytes in all (about). */
 function randomBytes(bytes: number): string {
-  const rand = prng(7);
+  const prng = new Prng(7);
+  const rand = () => prng.next();
   const codes = new Uint16Array(Math.floor(bytes / 1.5));
   for (let i = 0; i < codes.length; i++) codes[i] = Math.floor(rand() * 256);
   let s = '';

@@ -14,17 +14,10 @@ import { fileURLToPath } from 'node:url';
 import { freshDataDir } from '../support/data-dir.ts';
 import { until } from '../support/until.ts';
 import { within } from '../support/within.ts';
+import { freePort } from '../support/ports.ts';
 
 const root = fileURLToPath(new URL('../..', import.meta.url));
 const graceMs = 5_000;
-
-async function freePort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address() as { port: number };
-  await new Promise((resolve) => server.close(resolve));
-  return port;
-}
 
 async function portFree(port: number): Promise<boolean> {
   const server = createServer();

@@ -5,12 +5,12 @@
  */
 import { execFile } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { Kafka, logLevel } from 'kafkajs';
+import { freePort } from './ports.ts';
 
 const services = fileURLToPath(new URL('../../infra/dev/services.sh', import.meta.url));
 const run = promisify(execFile);
@@ -67,13 +67,6 @@ export interface PrivateKafka {
   wipe(): Promise<void>;
 }
 
-async function freePort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address() as { port: number };
-  await new Promise((resolve) => server.close(resolve));
-  return port;
-}
 
 /** One KRaft node of this test's own, started (services.sh can take a minute or more on a busy machine). */
 export async function startPrivateKafka(name: string): Promise<PrivateKafka> {

@@ -6,6 +6,7 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { readFileSync } from 'node:fs';
 import { dirname } from 'node:path';
+import { Prng } from '../../src/reference-engine/prng.ts';
 import { createRequire } from 'node:module';
 import { Tokenizer as HfTokenizer } from '@huggingface/tokenizers';
 import * as r50k from 'gpt-tokenizer/encoding/r50k_base';
@@ -18,16 +19,6 @@ const HF_MODELS = ['llama3', 'qwen3', 'gemma3', 'llama2'];
 const UNITS = ['a', 'Z', ' ', '\n', '\t', '1', '!', '-', '=', '.', '日', 'é', '🙂', 'ab', ' a', 'a ', '\r\n', '\ud800', '<|endoftext|>'];
 const LENGTHS = [1, 2, 3, 63, 64, 65, 127, 128, 129, 130, 255, 256, 257, 1000, 2500];
 
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 /** Mixed text with long runs in it: words, spaces, runs of one letter or digit, any code point, special-token text. */
 function mixed(rand: () => number, length: number): string {
@@ -45,7 +36,8 @@ function mixed(rand: () => number, length: number): string {
 }
 
 function cases(seed: number, count: number, length: number): string[] {
-  const rand = prng(seed);
+  const prng = new Prng(seed);
+  const rand = () => prng.next();
   const out: string[] = [];
   for (const unit of UNITS) for (const n of LENGTHS) out.push(unit.repeat(n));
   for (let i = 0; i < count; i++) out.push(mixed(rand, length));

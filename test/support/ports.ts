@@ -1,0 +1,10 @@
+/** A TCP port free on 127.0.0.1 at the time of asking (the OS picks it; the listener is closed again). */
+import { createServer } from 'node:net';
+
+export async function freePort(): Promise<number> {
+  const server = createServer();
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as { port: number };
+  await new Promise((resolve) => server.close(resolve));
+  return port;
+}
