@@ -15,11 +15,11 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import pg from 'pg';
-import { ProjectionRunner } from '../src/projection-runner/index.ts';
+import { ProjectionRunner } from '../src/processors/index.ts';
 import { openEventStore, type EventStore } from '../src/store/index.ts';
 import { projections } from '../projections/index.ts';
 import { meterStream } from '../events/meter.ts';
-import { ledgerProjection } from '../test/projection-runner/fixtures.ts';
+import { ledgerProjection } from '../test/processors/fixtures.ts';
 import { scratchDatabase } from '../test/support/postgres.ts';
 
 const total = Number(process.argv[2] ?? process.env.BENCH_EVENTS ?? 200_000);

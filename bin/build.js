@@ -11,7 +11,7 @@ import { fileURLToPath } from 'node:url';
 
 export const root = fileURLToPath(new URL('..', import.meta.url));
 const stamp = join(root, 'dist', '.built');
-const sources = ['src', 'events', 'commands', 'projections'];
+const sources = ['src', 'events', 'deciders', 'workflows', 'projections'];
 
 function newestSource(path) {
   const stat = statSync(path);

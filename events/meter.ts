@@ -165,7 +165,7 @@ export const ReservationRenewed = defineEvent(
   Type.Object({ request_id: Type.String(), expires_at: Instant, at: Instant }, { additionalProperties: false }),
 );
 
-/** Where a settlement's token counts come from (commands/billing.ts). */
+/** Where a settlement's token counts come from (deciders/billing.ts). */
 export const BillingBasisSchema = Type.Union([Type.Literal('engine_usage'), Type.Literal('relayed_frames'), Type.Literal('whole_hold'), Type.Literal('not_run')]);
 const Micros = Type.Integer({ minimum: 0, description: 'integer micro-units (millionths) of the configured currency unit' });
 
@@ -258,7 +258,7 @@ export const CarriedHoldReleased = defineEvent(
 /**
  * A hold still open when this day closed has ended here (settled or expired, the event before this
  * one): the days opened from this one carried it, and must release it (the carried-holds workflow,
- * commands/carried-holds.ts, sends them ReleaseCarried). Its tokens are what was charged here.
+ * workflows/carried-holds.ts, sends them ReleaseCarried). Its tokens are what was charged here.
  */
 export const CarriedHoldEnded = defineEvent(
   'CarriedHoldEnded',

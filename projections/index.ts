@@ -1,8 +1,8 @@
 /**
  * Every projection the service runs and `svc projections` knows. Each projection module exports a
- * `Projection` (src/projection-runner): its tables, `init`, and an idempotent `apply`.
+ * `Projection` (src/processors): its tables, `init`, and an idempotent `apply`.
  */
-import type { Projection } from '../src/projection-runner/index.ts';
+import type { Projection } from '../src/processors/index.ts';
 import { apiKeys } from './api-keys.ts';
 import { dailySpendProjection } from './daily-spend.ts';
 import { keyUsageProjection } from './key-usage.ts';

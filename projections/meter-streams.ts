@@ -3,7 +3,7 @@
  * of them idempotent, and the pairing of a batch's reservations with their closes.
  */
 import type { Queryable } from '../src/event-sourcing/index.ts';
-import { internalSchemaOf } from '../src/projection-runner/index.ts';
+import { internalSchemaOf } from '../src/processors/index.ts';
 
 export interface MeterDay {
   keyId: string;

@@ -9,7 +9,7 @@ import type { CompletionContext, PreparedCompletion } from '../completion-reques
 import { CompletionRequest, completionRequestError, lowerMaxTokens, prepareValidCompletionAsync } from '../completion-request/index.ts';
 import { refusalOf, type Admission, type MeteredKey, type Metering, type Reservation, type Voiding } from '../metering/index.ts';
 import type { RequestFactsData } from '../../events/index.ts';
-import { billingBasis } from '../../commands/billing.ts';
+import { billingBasis } from '../../deciders/billing.ts';
 import { apiKeySecurity, compileRouteSchema, errorResponses, okResponse } from './route-schema.ts';
 import { checkCapture, type CheckedCapture } from './capture-relay.ts';
 import { EngineContextLengths } from './engine-context.ts';

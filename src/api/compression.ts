@@ -6,7 +6,7 @@
 import { pipeline, Readable, type Writable } from 'node:stream';
 import { createGzip, gzip, gzipSync, type Gzip } from 'node:zlib';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { drained } from '../streams/index.ts';
+import { drained } from '../backpressure/index.ts';
 
 const level = 1;
 /** Bodies up to this size are compressed on the event loop: cheaper than a trip to the thread pool. */

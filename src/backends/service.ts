@@ -7,7 +7,7 @@
  * failure, or a success after failures, or a probe's end); the decider appends nothing otherwise.
  */
 import { randomUUID } from 'node:crypto';
-import { backendDecider, breakerAdmission, failureCounts, halfOpenBreakers, successCounts, type BackendCommand, type BackendRejection, type BackendState } from '../../commands/backend.ts';
+import { backendDecider, breakerAdmission, failureCounts, halfOpenBreakers, successCounts, type BackendCommand, type BackendRejection, type BackendState } from '../../deciders/backend.ts';
 import { backendStream, type BackendEvent, type BackendKind, type BootStage } from '../../events/backend.ts';
 import type { CommandHandler, Outcome } from '../command-handler/index.ts';
 import { backendOutcomeOf } from '../engine-client/index.ts';
@@ -264,7 +264,7 @@ export class BackendService {
     this.#scheduleHalfOpen(entry);
   }
 
-  /** The timed half-open (commands/backend.ts halfOpenBreakers), run when the cooldown of an open breaker ends. */
+  /** The timed half-open (deciders/backend.ts halfOpenBreakers), run when the cooldown of an open breaker ends. */
   #scheduleHalfOpen(entry: Entry): void {
     if (entry.halfOpenTimer) clearTimeout(entry.halfOpenTimer);
     entry.halfOpenTimer = null;

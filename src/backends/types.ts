@@ -1,5 +1,5 @@
 import type { BackendKind, BootStage } from '../../events/backend.ts';
-import type { BreakerStatus } from '../../commands/backend.ts';
+import type { BreakerStatus } from '../../deciders/backend.ts';
 
 export type { BackendKind, BootStage, BreakerStatus };
 

@@ -13,7 +13,7 @@ import { comparePositions, formatPosition, internalTable, openEventStore, type E
 import { withEventLog } from './read-store.ts';
 import { meterEvents, meterStream, type MeterEvent } from '../../events/meter.ts';
 import { keyEvents, keyStream, type KeyEvent } from '../../events/key.ts';
-import { keyDecider, type KeyState } from '../../commands/key.ts';
+import { keyDecider, type KeyState } from '../../deciders/key.ts';
 import { byUser, differences, foldStatement, ledgerSide, statementCsv, totalsOf } from './audit-statement.ts';
 import { foldKeyUsage, toUsageRow, usageCounters, type KeyUsageRow } from '../../projections/key-usage.ts';
 

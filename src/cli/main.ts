@@ -187,7 +187,7 @@ async function main(argv: string[]): Promise<number> {
       if (args[0] === 'status') {
         const [{ readThroughRunningGateway }, { runProjectionsCommand }, { projections }] = await Promise.all([
           import('./read-store.ts'),
-          import('../projection-runner/index.ts'),
+          import('../processors/index.ts'),
           import('../../projections/index.ts'),
         ]);
         const read = await readThroughRunningGateway(settings, 'projections status', (store, log) => runProjectionsCommand(args, { store, log, projections, stdout: process.stdout, stderr: process.stderr }));

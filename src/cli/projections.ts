@@ -1,6 +1,6 @@
 /** `svc projections ...`: opens the store as the server would; the commands themselves live in the projection runner. */
 import type { Settings } from '../config/index.ts';
-import { isProjectionsCommand, projectionsUsage, runProjectionsCommand } from '../projection-runner/index.ts';
+import { isProjectionsCommand, projectionsUsage, runProjectionsCommand } from '../processors/index.ts';
 import { openEventStore } from '../store/index.ts';
 import { withEventLog } from './read-store.ts';
 import { projections } from '../../projections/index.ts';

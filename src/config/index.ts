@@ -55,7 +55,7 @@ export interface Settings {
    * the tables stand still until a process runs them again, and catch up from their checkpoints then.
    */
   projections: boolean;
-  /** A projection's or workflow's lease (src/projection-runner/leases.ts) lasts this long unless its process renews it; another process takes it over after. */
+  /** A projection's or workflow's lease (src/processors/leases.ts) lasts this long unless its process renews it; another process takes it over after. */
   processorLeaseMs: number;
   /** A hold whose request died (its process was killed) is expired this long after it was made or renewed. */
   reservationTtlMs: number;

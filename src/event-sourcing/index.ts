@@ -1,12 +1,12 @@
 /**
- * What `events/`, `commands/` and `projections/` build on, and the pattern each domain follows (the
- * meter is the worked example: events/meter.ts, commands/meter.ts, commands/carried-holds.ts,
+ * What `events/`, `deciders/` and `projections/` build on, and the pattern each domain follows (the
+ * meter is the worked example: events/meter.ts, deciders/meter.ts, workflows/carried-holds.ts,
  * projections/usage-ledger.ts):
  * - events: versioned TypeBox schemas in a catalogue that checks and upcasts every stored event;
- * - deciders: every rule of one stream, pure, rejections as values (commands/<category>.ts);
+ * - deciders: every rule of one stream, pure, rejections as values (deciders/<category>.ts);
  * - workflows: reactions across streams, pure decide/evolve over inputs, commands out with derived
- *   ids, state on a stream of their own (workflow.ts; driven by src/workflow-processor);
- * - projections: SQL tables and idempotent handlers (driven by src/projection-runner).
+ *   ids, state on a stream of their own (workflow.ts; driven by src/processors);
+ * - projections: SQL tables and idempotent handlers (driven by src/processors).
  * Processors take the store's two ports (src/store/types.ts: the event log they read, the SQL database
  * where their rows and checkpoints live). Domain folders import this module and nothing else of
  * `src/`; the arrows run one way.
@@ -26,7 +26,7 @@ export {
   type WorkflowInput,
   type WorkflowMessage,
 } from './workflow.ts';
-export type { Projection } from '../projection-runner/index.ts';
+export type { Projection } from '../processors/index.ts';
 export type { Queryable } from '../store/index.ts';
 /** For projections that copy client strings into `text` columns (which cannot hold U+0000 or a lone surrogate). */
 export { toStorableText } from '../store/index.ts';

@@ -1,4 +1,4 @@
-import type { Projection } from '../projection-runner/index.ts';
+import type { Projection } from '../processors/index.ts';
 import type { BatchedStatement, Queryable, RecordedEvent, StoreTransaction } from '../store/index.ts';
 import type { DomainEvent, EventCatalogue } from './events.ts';
 

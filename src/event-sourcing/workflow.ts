@@ -6,7 +6,7 @@
  * a command sent again after a crash appends nothing twice. A workflow instance's state lives on a
  * stream of its own (`workflow-<name>-<instance>`), inbox and outbox at once: each input that
  * mattered is recorded there with the commands it caused, and the state is those messages folded.
- * A processor (src/workflow-processor) drives it from a checkpoint: send the commands, then record the
+ * A processor (src/processors) drives it from a checkpoint: send the commands, then record the
  * messages and move the checkpoint in one transaction; a crash anywhere in between replays the input
  * against the same state and sends the same commands, which their ids make harmless.
  */

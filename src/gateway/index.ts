@@ -35,9 +35,9 @@ import { openEventStore, serveReadOnlySql, type EventLog, type EventStore } from
 import { openConfiguredEventLog } from './event-log.ts';
 import { platformFor, type BootStageListener, type EngineBootKnobs, type Platform } from '../platforms/index.ts';
 import { portBlocked } from './preflight.ts';
-import { ProjectionRunner } from '../projection-runner/index.ts';
-import { WorkflowProcessor } from '../workflow-processor/index.ts';
-import { workflows } from '../../commands/index.ts';
+import { ProjectionRunner } from '../processors/index.ts';
+import { WorkflowProcessor } from '../processors/index.ts';
+import { workflows } from '../../workflows/index.ts';
 import { projections } from '../../projections/index.ts';
 import { lastCompletions } from '../../projections/backend-health.ts';
 import { fileHarvestStorage, HarvestResumer, HarvestService, HarvestWorker } from '../harvest/index.ts';

@@ -10,7 +10,7 @@
  * their files removed (`RemoveFiles`, reason `retention`), at most once a minute (each tick when the
  * retention is shorter than ten ticks).
  */
-import { resumeHarvests } from '../../commands/index.ts';
+import { resumeHarvests } from '../../workflows/index.ts';
 import { expiredHarvestJobs, resumableHarvestJobs } from '../../projections/index.ts';
 import type { SqlDatabase } from '../store/index.ts';
 import type { HarvestService } from './service.ts';

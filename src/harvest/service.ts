@@ -1,6 +1,6 @@
 /**
  * The harvest application service: submit, read, wait, list, cancel, download. Every rule is in the
- * deciders (commands/harvest.ts on `harvest-<jobId>`, commands/harvest-quota.ts on
+ * deciders (deciders/harvest.ts on `harvest-<jobId>`, deciders/harvest-quota.ts on
  * `harvest-quota-<keyId>`); this loads, decides, appends and maps a rejection to the API's error.
  * Every command on a job goes through `command`, which also wakes this process's long-polls.
  */
@@ -13,7 +13,7 @@ import type { HarvestSettings } from '../config/index.ts';
 import type { ModelRegistry } from '../registry/index.ts';
 import type { DispatchTransport } from '../dispatch/index.ts';
 import { harvestStream, harvestQuotaStream, type HarvestEvent, type HarvestQuotaEvent } from '../../events/index.ts';
-import { harvestDecider, harvestQuotaDecider, type HarvestCommand, type HarvestRejection, type HarvestState } from '../../commands/index.ts';
+import { harvestDecider, harvestQuotaDecider, type HarvestCommand, type HarvestRejection, type HarvestState } from '../../deciders/index.ts';
 import { listHarvestJobs } from '../../projections/index.ts';
 import { HarvestStorageError, isStorageFull, type HarvestStorage } from './storage.ts';
 import { LongPolls } from './long-poll.ts';

@@ -5,7 +5,7 @@
  * Other gateway processes may change a key: a subscription to the global log forgets the cached
  * state of every key stream another event touched, so the next request reloads it.
  */
-import { keyDecider, type KeyCommand, type KeyState } from '../../commands/key.ts';
+import { keyDecider, type KeyCommand, type KeyState } from '../../deciders/key.ts';
 import { keyStream } from '../../events/key.ts';
 import type { CommandHandler } from '../command-handler/index.ts';
 import { apiError, type ApiError } from '../errors/index.ts';

@@ -1,9 +1,9 @@
 /** What the keys folder hands out: a key's public view, the answer to an issue, an authenticated caller. */
 import type { KeyBudgetValues } from '../../events/key.ts';
-import type { KeyStatus } from '../../commands/key.ts';
+import type { KeyStatus } from '../../deciders/key.ts';
 
 export type { KeyBudgetValues } from '../../events/key.ts';
-export type { KeyStatus } from '../../commands/key.ts';
+export type { KeyStatus } from '../../deciders/key.ts';
 
 /** A key as the service knows it: never its secret, nor the secret's hash. */
 export interface KeyView {

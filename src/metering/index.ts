@@ -1,5 +1,5 @@
 /**
- * Metering, the admission service over the meter decider (commands/meter.ts): reserve before the
+ * Metering, the admission service over the meter decider (deciders/meter.ts): reserve before the
  * engine runs, settle with its real usage. It loads, decides (in memory, through the command handler;
  * concurrent reservations on one key leave in one append), and maps a rejection to the contract's
  * error. A reservation that fits in this process's standing slot lease lets the engine start at once,
@@ -10,8 +10,8 @@
  * - retry.ts: a settlement survives a passing store failure;
  * - rejections.ts: the decider's rejections as the contract's errors.
  * Reactions across streams are workflows, not steps here: a hold carried over midnight is released by
- * commands/carried-holds.ts (driven by src/workflow-processor); the reaper and the spend watcher are
- * the timed workflows of commands/timed-workflows.ts, ticked by this service's sweep, which also renews
+ * workflows/carried-holds.ts (driven by src/processors); the reaper and the spend watcher are
+ * the timed workflows of workflows/timed-workflows.ts, ticked by this service's sweep, which also renews
  * the holds of requests still running in this process.
  */
 import { randomUUID } from 'node:crypto';
@@ -20,7 +20,7 @@ import type { Logger } from 'pino';
 import { apiError } from '../errors/index.ts';
 import type { CommandHandler } from '../command-handler/index.ts';
 import type { EventLog, EventStore, Queryable } from '../store/index.ts';
-import { meterDayAfterRefusal, meterDecider, secondsUntilUtcTurn, spendCapPauses } from '../../commands/index.ts';
+import { meterDayAfterRefusal, meterDecider, secondsUntilUtcTurn, spendCapPauses } from '../../deciders/index.ts';
 import { meterStream, meterStreamParts, utcDay, type RequestFactsData } from '../../events/index.ts';
 import { RequestQueue } from './queue.ts';
 import { Sweeper } from './sweeper.ts';
@@ -343,7 +343,7 @@ export class Metering {
       // Decided, the slot is free in memory: a request waiting here takes it now, not once the lingering
       // append is stored (its reservation's append takes this one along).
       this.#wake(reservation.keyId);
-      // A hold carried into a later day is released there by the carried-holds workflow (commands/carried-holds.ts).
+      // A hold carried into a later day is released there by the carried-holds workflow (workflows/carried-holds.ts).
       await decision.durable;
     }, {
       giveUpAfterMs: this.#ttlMs / 2,

@@ -10,7 +10,7 @@
 import type { Logger } from 'pino';
 import { apiError } from '../errors/index.ts';
 import type { CommandHandler, PendingDecision } from '../command-handler/index.ts';
-import { meterDayAfterRefusal, meterDecider, type MeterCommand, type MeterRejection, type MeterState } from '../../commands/index.ts';
+import { meterDayAfterRefusal, meterDecider, type MeterCommand, type MeterRejection, type MeterState } from '../../deciders/index.ts';
 import { meterStream, utcDay, type MeterEvent } from '../../events/index.ts';
 
 /** What the queue needs of a request (src/metering/index.ts, AdmitRequest). */

@@ -1,6 +1,6 @@
 /** The one place meter rejections (the decider's values) become the contract's errors. */
 import { apiError, ApiError } from '../errors/index.ts';
-import type { MeterRejection } from '../../commands/index.ts';
+import type { MeterRejection } from '../../deciders/index.ts';
 import type { Refusal } from './types.ts';
 
 export function rejectionToApiError(rejection: MeterRejection): ApiError {

@@ -1,7 +1,7 @@
 /**
  * The day rollover: a key's first reservation of a UTC day opens that day's meter with the
  * month-to-date balance of its latest earlier meter day (of the last 31), closing that day first so
- * that no reservation can land there unseen once its balance is read (commands/meter.ts balanceFrom).
+ * that no reservation can land there unseen once its balance is read (deciders/meter.ts balanceFrom).
  *
  * It runs on the request path, before the day's first reservation, not in a processor: a reservation
  * cannot wait for one. Its steps are idempotent commands in order (close D, then open D + 1 from D's
@@ -10,7 +10,7 @@
  */
 import type { CommandHandler } from '../command-handler/index.ts';
 import type { EventLog } from '../store/index.ts';
-import { balanceFrom, meterDecider } from '../../commands/index.ts';
+import { balanceFrom, meterDecider } from '../../deciders/index.ts';
 import { dayAfter, meterStream, type MeterOpening } from '../../events/index.ts';
 
 const opened = Promise.resolve();

@@ -1,7 +1,7 @@
 /**
  * The metering service's sweep, on a timer: it renews the holds of requests still running in this
  * process and its slot leases on their keys (their liveness is this process's to tell), and ticks
- * the timed workflows of commands/timed-workflows.ts: the reaper (holds past their expiry or whose
+ * the timed workflows of workflows/timed-workflows.ts: the reaper (holds past their expiry or whose
  * slot lease lapsed, from the meter_holds projection, expired on their own day's stream) and the
  * spend watcher (the day's spend, from the daily_spend projection, reported to the spend decider,
  * whose rule reaches the cap). Their commands carry ids
@@ -10,8 +10,9 @@
 import type { Logger } from 'pino';
 import type { CommandHandler } from '../command-handler/index.ts';
 import type { Queryable } from '../store/index.ts';
-import { meterDecider, reapHolds, spendDecider, watchSpend } from '../../commands/index.ts';
-import { toMicros } from '../../commands/billing.ts';
+import { meterDecider, spendDecider } from '../../deciders/index.ts';
+import { reapHolds, watchSpend } from '../../workflows/index.ts';
+import { toMicros } from '../../deciders/billing.ts';
 import { expiredHolds, spendOfDay } from '../../projections/index.ts';
 import { meterStreamParts, utcDay } from '../../events/index.ts';
 import type { Reservation } from './types.ts';

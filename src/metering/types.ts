@@ -1,5 +1,5 @@
 /** What the metering service takes and gives: shared by its face (index.ts) and its modules. */
-import type { KeyStatus, MeterCommand } from '../../commands/index.ts';
+import type { KeyStatus, MeterCommand } from '../../deciders/index.ts';
 import type { KeyBudgetValues, RequestFactsData } from '../../events/index.ts';
 
 /** The key as metering needs it, read again at every (re)decision: the reservation re-check. */

@@ -2,7 +2,7 @@
 // logprobs, gigabytes) never sits in memory whole and makes little garbage: token fragments are pre-encoded
 // bytes, numbers are written digit by digit. Rejects once the client has gone.
 import type { ServerResponse } from 'node:http';
-import { drained } from '../streams/index.ts';
+import { drained } from '../backpressure/index.ts';
 
 const PIECE = 64 * 1024;
 const HEADROOM = 16 * 1024;

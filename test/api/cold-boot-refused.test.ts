@@ -12,7 +12,7 @@ import { issueKey, json, startTestGateway, type TestGateway } from '../support/g
 import { until } from '../support/until.ts';
 import { loadSettings } from '../../src/config/index.ts';
 import type { EngineBootKnobs, LocalProcessPlatform } from '../../src/platforms/index.ts';
-import { meterDecider } from '../../commands/meter.ts';
+import { meterDecider } from '../../deciders/meter.ts';
 import { foldEvents } from '../../src/event-sourcing/index.ts';
 import { meterEvents, meterStream, utcDay, type MeterEvent } from '../../events/meter.ts';
 

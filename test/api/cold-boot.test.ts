@@ -10,7 +10,7 @@ import { issueKey, json, startTestGateway, type TestGateway } from '../support/g
 import { until } from '../support/until.ts';
 import { loadSettings } from '../../src/config/index.ts';
 import type { EngineBootKnobs, LocalProcessPlatform } from '../../src/platforms/index.ts';
-import { meterDecider } from '../../commands/meter.ts';
+import { meterDecider } from '../../deciders/meter.ts';
 import { foldEvents } from '../../src/event-sourcing/index.ts';
 import { meterEvents, meterStream, utcDay } from '../../events/meter.ts';
 import { backendEvents, backendStream } from '../../events/backend.ts';

@@ -14,11 +14,11 @@ import { fileURLToPath } from 'node:url';
 import { ConfigError, loadSettings } from '../../src/config/index.ts';
 import { EventLogUnreachable, redactedEventStoreUrl, startGateway } from '../../src/gateway/index.ts';
 import { comparePositions, internalTable, openEventStore, openEventStoreDbLog, type RecordedEvent } from '../../src/store/index.ts';
-import { sqlCheckpoints } from '../../src/projection-runner/index.ts';
-import { checkpointOf } from '../../src/workflow-processor/index.ts';
+import { sqlCheckpoints } from '../../src/processors/index.ts';
+import { checkpointOf } from '../../src/processors/index.ts';
 import { runEventsCommand } from '../../src/cli/events.ts';
 import { projections } from '../../projections/index.ts';
-import { workflows } from '../../commands/index.ts';
+import { workflows } from '../../workflows/index.ts';
 import { freshDataDir, issueKey, json } from '../support/gateway.ts';
 import { within } from '../support/within.ts';
 

@@ -10,7 +10,7 @@ import { startTestGateway, json, type TestGateway } from '../support/gateway.ts'
 import { startFailingEngine, staticModel, type FailingEngine } from '../support/failing-engine.ts';
 import { until } from '../support/until.ts';
 import { CommandHandler } from '../../src/command-handler/index.ts';
-import { backendDecider } from '../../commands/backend.ts';
+import { backendDecider } from '../../deciders/backend.ts';
 import { backendStream } from '../../events/backend.ts';
 
 const it = suite('model status of a static platform');

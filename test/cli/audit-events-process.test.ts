@@ -8,7 +8,7 @@ import { spawn } from 'node:child_process';
 import { rmSync } from 'node:fs';
 import { svcCommand, packageRoot } from '../../src/config/index.ts';
 import { openEventStore } from '../../src/store/index.ts';
-import { ProjectionRunner } from '../../src/projection-runner/index.ts';
+import { ProjectionRunner } from '../../src/processors/index.ts';
 import { meterStream } from '../../events/meter.ts';
 import { projections } from '../../projections/index.ts';
 import { mixedWorkload } from '../support/meter-workload.ts';

@@ -2,7 +2,7 @@
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import type { EventStore } from '../../src/store/index.ts';
-import { ProjectionRunner } from '../../src/projection-runner/index.ts';
+import { ProjectionRunner } from '../../src/processors/index.ts';
 import { runAuditCommand } from '../../src/cli/audit.ts';
 import { projections } from '../../projections/index.ts';
 import { adaptersUnderTest } from '../store/adapters.ts';

@@ -11,7 +11,7 @@ import { promisify } from 'node:util';
 import pg from 'pg';
 import { svcCommand, packageRoot } from '../../src/config/index.ts';
 import { openEventStore } from '../../src/store/index.ts';
-import { ProjectionRunner } from '../../src/projection-runner/index.ts';
+import { ProjectionRunner } from '../../src/processors/index.ts';
 import { projections } from '../../projections/index.ts';
 
 const run = promisify(execFile);

@@ -20,7 +20,7 @@ import { seriesValue } from '../support/metrics.ts';
 import { until } from '../support/until.ts';
 import { harvestEvents, harvestStream } from '../../events/harvest.ts';
 import { meterEvents, meterStream, utcDay } from '../../events/meter.ts';
-import { meterDecider } from '../../commands/meter.ts';
+import { meterDecider } from '../../deciders/meter.ts';
 
 const databaseUrl = process.env.DATABASE_URL;
 const variants = [

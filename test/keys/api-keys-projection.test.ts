@@ -6,7 +6,7 @@ import { projections } from '../../projections/index.ts';
 import type { EventStore } from '../../src/store/index.ts';
 import { CommandHandler } from '../../src/command-handler/index.ts';
 import { KeyService } from '../../src/keys/index.ts';
-import { ProjectionRunner } from '../../src/projection-runner/index.ts';
+import { ProjectionRunner } from '../../src/processors/index.ts';
 import { applyTwice, recorded } from '../support/projection-specification.ts';
 import { adaptersUnderTest } from '../store/adapters.ts';
 

@@ -12,7 +12,7 @@ import { randomUUID } from 'node:crypto';
 import pino from 'pino';
 import { CommandHandler } from '../../src/command-handler/index.ts';
 import { Metering } from '../../src/metering/index.ts';
-import { ProjectionRunner } from '../../src/projection-runner/index.ts';
+import { ProjectionRunner } from '../../src/processors/index.ts';
 import { meterHoldsProjection } from '../../projections/index.ts';
 import { meterEvents, meterStream, type MeterEvent } from '../../events/meter.ts';
 import type { EventStore } from '../../src/store/index.ts';

@@ -7,7 +7,7 @@ import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { issueKey, json, startTestGateway, type TestGateway } from '../support/gateway.ts';
 import { loadSettings } from '../../src/config/index.ts';
-import { meterDecider } from '../../commands/meter.ts';
+import { meterDecider } from '../../deciders/meter.ts';
 import { foldEvents } from '../../src/event-sourcing/index.ts';
 import { meterEvents, meterStream, utcDay, type MeterEvent } from '../../events/meter.ts';
 import { assertRollingMinuteLimit } from '../support/rate-window.ts';

@@ -15,7 +15,7 @@ import pino from 'pino';
 import { CommandHandler } from '../../src/command-handler/index.ts';
 import { Metering, type AdmitRequest, type Admission } from '../../src/metering/index.ts';
 import type { EventStore } from '../../src/store/index.ts';
-import { meterDecider } from '../../commands/meter.ts';
+import { meterDecider } from '../../deciders/meter.ts';
 import { foldEvents } from '../../src/event-sourcing/index.ts';
 import { meterEvents, meterStream, utcDay, type MeterEvent } from '../../events/meter.ts';
 import { ApiError } from '../../src/errors/index.ts';

@@ -8,7 +8,7 @@
  */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { meterDecider, queuedRequests } from '../../commands/meter.ts';
+import { meterDecider, queuedRequests } from '../../deciders/meter.ts';
 import { issueKey } from '../support/gateway.ts';
 import { startGatewayCluster, type GatewayCluster } from '../support/gateway-cluster.ts';
 import { until } from '../support/until.ts';

@@ -14,7 +14,7 @@ import pino from 'pino';
 import { CommandHandler } from '../../src/command-handler/index.ts';
 import { Metering } from '../../src/metering/index.ts';
 import type { EventStore } from '../../src/store/index.ts';
-import { meterDecider } from '../../commands/meter.ts';
+import { meterDecider } from '../../deciders/meter.ts';
 import { foldEvents } from '../../src/event-sourcing/index.ts';
 import { meterEvents, meterStream, utcDay } from '../../events/meter.ts';
 import { admitRequest } from '../support/admit-request.ts';

@@ -6,7 +6,7 @@
  */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { meterDecider, type MeterState } from '../../commands/meter.ts';
+import { meterDecider, type MeterState } from '../../deciders/meter.ts';
 import { foldEvents } from '../../src/event-sourcing/index.ts';
 import { meterEvents, type MeterEvent } from '../../events/meter.ts';
 import { issueKey } from '../support/gateway.ts';

@@ -8,7 +8,7 @@ import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { readFileSync } from 'node:fs';
 import type { EventStore } from '../../src/store/index.ts';
-import { ProjectionRunner } from '../../src/projection-runner/index.ts';
+import { ProjectionRunner } from '../../src/processors/index.ts';
 import { projections } from '../../projections/index.ts';
 import { adaptersUnderTest } from '../store/adapters.ts';
 import { mixedWorkload } from '../support/meter-workload.ts';

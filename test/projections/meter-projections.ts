@@ -6,7 +6,7 @@
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { internalTable, logStart, type EventStore, type Queryable, type RecordedEvent } from '../../src/store/index.ts';
-import { ProjectionRunner, runProjectionsCommand } from '../../src/projection-runner/index.ts';
+import { ProjectionRunner, runProjectionsCommand } from '../../src/processors/index.ts';
 import { dailySpendProjection, expiredHolds, keyUsageOfMonth, keyUsageProjection, meterHoldsProjection, projections, usageLedgerProjection } from '../../projections/index.ts';
 import type { AdapterUnderTest } from '../store/adapters.ts';
 import { applyTwice } from '../support/projection-specification.ts';

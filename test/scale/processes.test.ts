@@ -16,14 +16,14 @@ import { postgresUnavailable } from '../support/postgres.ts';
 import { json } from '../support/gateway.ts';
 import { until } from '../support/until.ts';
 import { assertRollingMinuteLimit } from '../support/rate-window.ts';
-import { sqlLeases, type LeaseRow } from '../../src/projection-runner/index.ts';
+import { sqlLeases, type LeaseRow } from '../../src/processors/index.ts';
 import type { EventStore } from '../../src/store/index.ts';
 import { meterEvents, meterStream, utcDay, type MeterEvent } from '../../events/meter.ts';
-import { meterDecider } from '../../commands/meter.ts';
+import { meterDecider } from '../../deciders/meter.ts';
 import { harvestEvents, harvestStream } from '../../events/harvest.ts';
 import { backendEvents, backendStream } from '../../events/backend.ts';
 import { projections } from '../../projections/index.ts';
-import { workflows } from '../../commands/index.ts';
+import { workflows } from '../../workflows/index.ts';
 
 const databaseUrl = process.env.DATABASE_URL;
 const unavailable = await postgresUnavailable(databaseUrl);

@@ -21,10 +21,10 @@ import {
   validateAppend,
   versionOf,
 } from '../../src/store/eventstoredb-positions.ts';
-import { ProjectionRunner, sqlCheckpoints } from '../../src/projection-runner/index.ts';
+import { ProjectionRunner, sqlCheckpoints } from '../../src/processors/index.ts';
 import { event, uniqueStream } from './adapters.ts';
 import { logContract, readEverythingAfter, rejectsWith, settledHead, waitLimitMs } from './log-contract.ts';
-import { ledgerProjection, tableRows } from '../projection-runner/fixtures.ts';
+import { ledgerProjection, tableRows } from '../processors/fixtures.ts';
 import { startTcpProxy } from '../support/tcp-proxy.ts';
 import { within } from '../support/within.ts';
 

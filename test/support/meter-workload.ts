@@ -1,6 +1,6 @@
 /**
- * A mixed metering workload written through the real deciders (CommandHandler + commands/key.ts +
- * commands/meter.ts on a real store): keys issued, meter days opened with the month's balance,
+ * A mixed metering workload written through the real deciders (CommandHandler + deciders/key.ts +
+ * deciders/meter.ts on a real store): keys issued, meter days opened with the month's balance,
  * reservations settled, expired, rejected, one carried over midnight at a month's turn (reserved
  * 2026-11-30 23:59:30, settled 2026-12-01 on its own stream, released on the next day's), one left open.
  */
@@ -8,8 +8,8 @@ import * as assert from 'uvu/assert';
 import { randomBytes } from 'node:crypto';
 import { CommandHandler } from '../../src/command-handler/index.ts';
 import type { EventStore } from '../../src/store/index.ts';
-import { keyDecider } from '../../commands/key.ts';
-import { meterDecider, type MeterCommand, type MeterState } from '../../commands/meter.ts';
+import { keyDecider } from '../../deciders/key.ts';
+import { meterDecider, type MeterCommand, type MeterState } from '../../deciders/meter.ts';
 import { keyStream } from '../../events/key.ts';
 import { meterStream, type MeterOpening, type RequestFactsData } from '../../events/meter.ts';
 import { unlimitedBudgets } from './admit-request.ts';

@@ -4,7 +4,7 @@
  */
 import * as assert from 'uvu/assert';
 import { randomUUID } from 'node:crypto';
-import type { Projection } from '../../src/projection-runner/index.ts';
+import type { Projection } from '../../src/processors/index.ts';
 import type { EventStore, RecordedEvent } from '../../src/store/index.ts';
 import { schemaVersionKey, type DomainEvent } from '../../src/event-sourcing/index.ts';
 

@@ -4,7 +4,7 @@
  */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { carriedHoldsWorkflow } from '../../commands/carried-holds.ts';
+import { carriedHoldsWorkflow } from '../../workflows/carried-holds.ts';
 import { CarriedHoldEnded, MeterOpened, meterStream } from '../../events/meter.ts';
 import { workflowSpecification } from '../support/workflow-specification.ts';
 

@@ -5,8 +5,8 @@
  */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { resumeHarvests, type ResumableHarvest } from '../../commands/timed-workflows.ts';
-import { harvestDecider } from '../../commands/harvest.ts';
+import { resumeHarvests, type ResumableHarvest } from '../../workflows/timed-workflows.ts';
+import { harvestDecider } from '../../deciders/harvest.ts';
 import { HarvestClaimed, HarvestStarted, harvestStream, HarvestSubmitted } from '../../events/harvest.ts';
 import { foldEvents } from '../../src/event-sourcing/index.ts';
 import type { ResumableHarvestRow } from '../../projections/harvest-jobs.ts';

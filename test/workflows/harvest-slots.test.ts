@@ -8,13 +8,13 @@ import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { randomBytes } from 'node:crypto';
 import { CommandHandler } from '../../src/command-handler/index.ts';
-import { WorkflowProcessor } from '../../src/workflow-processor/index.ts';
+import { WorkflowProcessor } from '../../src/processors/index.ts';
 import { workflowStream, type WorkflowInput } from '../../src/event-sourcing/index.ts';
 import type { EventStore } from '../../src/store/index.ts';
-import { harvestSlotsWorkflow } from '../../commands/harvest-slots.ts';
-import { harvestDecider, type HarvestCommand } from '../../commands/harvest.ts';
-import { harvestQuotaDecider } from '../../commands/harvest-quota.ts';
-import { workflows } from '../../commands/index.ts';
+import { harvestSlotsWorkflow } from '../../workflows/harvest-slots.ts';
+import { harvestDecider, type HarvestCommand } from '../../deciders/harvest.ts';
+import { harvestQuotaDecider } from '../../deciders/harvest-quota.ts';
+import { workflows } from '../../workflows/index.ts';
 import {
   HarvestCancelled,
   HarvestFailed,

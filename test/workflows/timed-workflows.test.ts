@@ -1,7 +1,7 @@
 /** The reaper and the spend watcher: a tick and what a read model says in, commands with derived ids out. */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { reapHolds, watchSpend } from '../../commands/timed-workflows.ts';
+import { reapHolds, watchSpend } from '../../workflows/timed-workflows.ts';
 
 const it = suite('timed workflows');
 const now = '2026-11-26T12:00:00.000Z';

@@ -1,5 +1,10 @@
-/** Projections follow the log: the runner, the projection shape, the checkpoint store (shared with workflows), and the `svc projections` commands. */
-export { ProjectionRunner, CheckpointMoved, type ProjectionRunnerOptions, type ProjectionStatus, type RebuildProgress, type RebuildReport } from './runner.ts';
+/**
+ * What follows the log: the projection runner and the workflow processor, and the leases and
+ * checkpoints both share (one process at a time runs each processor, from its checkpoint), with the
+ * `svc projections` commands.
+ */
+export { WorkflowProcessor, checkpointOf, type WorkflowProcessorOptions } from './workflow-processor.ts';
+export { ProjectionRunner, CheckpointMoved, type ProjectionRunnerOptions, type ProjectionStatus, type RebuildProgress, type RebuildReport } from './projection-runner.ts';
 export { internalSchemaOf, type Projection } from './projection.ts';
 export { ProcessorLeases, defaultLeaseMs, type LeaseSettings } from './leases.ts';
 export { caughtUpWith, logTarget } from './caught-up.ts';

@@ -123,10 +123,10 @@ export type MeterCommand =
       status: number;
       latencyMs: number;
       gpuSeconds: number;
-      /** The charge in micro-units (commands/billing.ts, chargeMicros) and the price per GPU-second it applied (null: nothing was priced). */
+      /** The charge in micro-units (deciders/billing.ts, chargeMicros) and the price per GPU-second it applied (null: nothing was priced). */
       costMicros: number;
       pricePerGpuSecondMicros: number | null;
-      /** What the token counts rest on (commands/billing.ts). */
+      /** What the token counts rest on (deciders/billing.ts). */
       basis: BillingBasisName;
       disconnected: boolean;
       /** A stream cut short: output tokens generated (billed) and content frames the client's socket took (absent or null: not a cut-short stream). */

@@ -2,7 +2,7 @@
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { randomUUID } from 'node:crypto';
-import { ProjectionRunner, runProjectionsCommand, type Projection } from '../../src/projection-runner/index.ts';
+import { ProjectionRunner, runProjectionsCommand, type Projection } from '../../src/processors/index.ts';
 import type { EventStore, RecordedEvent } from '../../src/store/index.ts';
 import { adaptersUnderTest, deferred } from '../store/adapters.ts';
 import { lastEventProjection, ledgerProjection, tableRows } from './fixtures.ts';

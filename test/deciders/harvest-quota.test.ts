@@ -5,7 +5,7 @@
  */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { harvestJobsCounted, harvestQuotaDecider, type HarvestQuotaCommand } from '../../commands/harvest-quota.ts';
+import { harvestJobsCounted, harvestQuotaDecider, type HarvestQuotaCommand } from '../../deciders/harvest-quota.ts';
 import { HarvestJobAdmitted, harvestQuotaStream, HarvestSlotReleased, utcMonth } from '../../events/harvest.ts';
 import { deciderSpecification } from '../support/decider-specification.ts';
 

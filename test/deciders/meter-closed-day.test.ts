@@ -5,7 +5,7 @@
  */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { meterDayAfterRefusal, meterDecider } from '../../commands/meter.ts';
+import { meterDayAfterRefusal, meterDecider } from '../../deciders/meter.ts';
 import { BudgetReserved, CarriedHoldEnded, dayAfter, MeterClosed, MeterOpened, ReservationExpired, UsageSettled, type RequestFactsData } from '../../events/meter.ts';
 import { deciderSpecification } from '../support/decider-specification.ts';
 

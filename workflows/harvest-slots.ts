@@ -8,7 +8,7 @@
  */
 import type { Workflow, WorkflowCommand, WorkflowInput } from '../src/event-sourcing/index.ts';
 import { harvestEvents, harvestQuotaStream, type HarvestEnded } from '../events/harvest.ts';
-import { harvestQuotaDecider, type HarvestQuotaCommand } from './harvest-quota.ts';
+import { harvestQuotaDecider, type HarvestQuotaCommand } from '../deciders/harvest-quota.ts';
 
 type Release = Extract<HarvestQuotaCommand, { type: 'Release' }>;
 export type HarvestSlotsState = Readonly<Record<string, never>>;

@@ -5,7 +5,7 @@
  */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { harvestDecider, harvestLeaseLapsed, plannedShard, type HarvestCommand } from '../../commands/harvest.ts';
+import { harvestDecider, harvestLeaseLapsed, plannedShard, type HarvestCommand } from '../../deciders/harvest.ts';
 import {
   HarvestCancelled,
   HarvestClaimed,

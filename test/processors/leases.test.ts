@@ -8,13 +8,13 @@
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { randomBytes, randomUUID } from 'node:crypto';
-import { ProjectionRunner, runProjectionsCommand, sqlLeases, type LeaseStore, type Projection } from '../../src/projection-runner/index.ts';
-import { WorkflowProcessor } from '../../src/workflow-processor/index.ts';
+import { ProjectionRunner, runProjectionsCommand, sqlLeases, type LeaseStore, type Projection } from '../../src/processors/index.ts';
+import { WorkflowProcessor } from '../../src/processors/index.ts';
 import { CommandHandler } from '../../src/command-handler/index.ts';
 import { internalTable, type EventStore, type RecordedEvent } from '../../src/store/index.ts';
-import { harvestSlotsWorkflow } from '../../commands/harvest-slots.ts';
-import { harvestDecider, type HarvestCommand } from '../../commands/harvest.ts';
-import { harvestQuotaDecider } from '../../commands/harvest-quota.ts';
+import { harvestSlotsWorkflow } from '../../workflows/harvest-slots.ts';
+import { harvestDecider, type HarvestCommand } from '../../deciders/harvest.ts';
+import { harvestQuotaDecider } from '../../deciders/harvest-quota.ts';
 import { harvestQuotaStream, harvestStream } from '../../events/harvest.ts';
 import { adaptersUnderTest, deferred } from '../store/adapters.ts';
 import { ledgerProjection } from './fixtures.ts';

@@ -7,10 +7,10 @@
  */
 import type { WorkflowCommand } from '../src/event-sourcing/index.ts';
 import { spendStream, utcDay } from '../events/index.ts';
-import type { MeterCommand } from './meter.ts';
-import type { SpendCommand } from './spend.ts';
+import type { MeterCommand } from '../deciders/meter.ts';
+import type { SpendCommand } from '../deciders/spend.ts';
 import { harvestStream } from '../events/harvest.ts';
-import type { HarvestCommand } from './harvest.ts';
+import type { HarvestCommand } from '../deciders/harvest.ts';
 
 export interface Tick {
   readonly now: string;

@@ -50,7 +50,7 @@ import {
   type LeaseSettings,
   type ProcessorSources,
   type ResolvedSources,
-} from '../projection-runner/index.ts';
+} from '../processors/index.ts';
 
 type AnyWorkflow = Workflow<DomainEvent, unknown, unknown>;
 

@@ -5,7 +5,7 @@
  */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { billingBasis, chargeMicros, toMicros, type BilledRequest, type BillingBasis, type RelayedOutcome } from '../../commands/billing.ts';
+import { billingBasis, chargeMicros, toMicros, type BilledRequest, type BillingBasis, type RelayedOutcome } from '../../deciders/billing.ts';
 
 /** Two prompts of 12 tokens in all, n = 3, max_tokens 50 after any clamp: a hold of 2 × 3 × 50 = 300 output tokens. */
 const request = (stream: boolean): BilledRequest => ({ stream, promptTokens: 12, promptCount: 2, n: 3, maxTokens: 50 });

@@ -4,7 +4,7 @@
  */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { balanceFrom, heldTokens, meterDecider, queuedRequests, type MeterCommand, type MeterState } from '../../commands/meter.ts';
+import { balanceFrom, heldTokens, meterDecider, queuedRequests, type MeterCommand, type MeterState } from '../../deciders/meter.ts';
 import type { KeyBudgetValues } from '../../events/key.ts';
 import {
   BudgetReserved,

@@ -11,7 +11,7 @@
  */
 import type { Workflow, WorkflowCommand, WorkflowInput } from '../src/event-sourcing/index.ts';
 import { dayAfter, meterEvents, meterStream, meterStreamParts, type MeterEvent } from '../events/meter.ts';
-import { meterDecider, type MeterCommand } from './meter.ts';
+import { meterDecider, type MeterCommand } from '../deciders/meter.ts';
 
 type Input = Extract<MeterEvent, { type: 'MeterOpened' | 'CarriedHoldEnded' }>;
 type Release = Extract<MeterCommand, { type: 'ReleaseCarried' }>;

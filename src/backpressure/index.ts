@@ -1,4 +1,4 @@
-/** Small stream helpers shared by the gateway's relays and the reference engine's body writer. */
+/** Backpressure: waiting for a refused write to drain, shared by the gateway's relays and the reference engine's body writer. */
 import type { Writable } from 'node:stream';
 
 /**

@@ -1,7 +1,7 @@
 /** `svc projections status|rebuild [name]`: lag and lease per projection (and the workflows' leases); replay-and-swap with a progress bar. */
 import { formatPosition, type EventLog, type EventStore } from '../store/index.ts';
 import type { Projection } from './projection.ts';
-import { ProjectionRunner, type RebuildProgress } from './runner.ts';
+import { ProjectionRunner, type RebuildProgress } from './projection-runner.ts';
 import { sqlCheckpoints } from './checkpoints.ts';
 import { sqlLeases, type LeaseRow } from './lease-store.ts';
 

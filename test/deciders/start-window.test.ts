@@ -1,7 +1,7 @@
 /** The meter's minute of request starts: a value that is cheap to extend. */
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { StartWindow } from '../../commands/start-window.ts';
+import { StartWindow } from '../../deciders/start-window.ts';
 
 test('extending a window leaves it and every other window as they were', () => {
   const a = StartWindow.of([10, 20]);

@@ -1,7 +1,7 @@
 /** The key decider's rules, given / when / then: issue, pause, resume, revoke, budgets. */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { keyDecider, type KeyCommand, type KeyState } from '../../commands/key.ts';
+import { keyDecider, type KeyCommand, type KeyState } from '../../deciders/key.ts';
 import { KeyBudgetsChanged, KeyIssued, KeyPaused, KeyResumed, KeyRevoked, keyEvents, keyStream, type KeyBudgetValues, type KeyEvent } from '../../events/key.ts';
 import { decisionEvents, foldEvents, isRejection } from '../../src/event-sourcing/index.ts';
 import { deciderSpecification } from '../support/decider-specification.ts';

@@ -1,5 +1,5 @@
 /** Projections used by the runner's tests and benchmark: one set-based, one handler-per-event. */
-import type { Projection } from '../../src/projection-runner/index.ts';
+import type { Projection } from '../../src/processors/index.ts';
 import { defineEvent, defineProjection, eventCatalogue, Type, type EventOf, type Queryable } from '../../src/event-sourcing/index.ts';
 
 const RequestSettled = defineEvent('RequestSettled', Type.Object({ tokens: Type.Integer() }));

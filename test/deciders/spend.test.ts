@@ -1,7 +1,7 @@
 /** The spend decider, given / when / then: the daily cap's threshold is its rule, in integer micro-units. */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { spendCapPauses, spendDecider } from '../../commands/spend.ts';
+import { spendCapPauses, spendDecider } from '../../deciders/spend.ts';
 import { SpendCapReached, spendEvents } from '../../events/spend.ts';
 import { deciderSpecification } from '../support/decider-specification.ts';
 

@@ -1,7 +1,7 @@
 /** The backend decider, given / when / then: every breaker transition, and boot stages published once each. */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { backendDecider, breakerAdmission, failureCounts, halfOpenBreakers, successCounts, type BackendCommand, type BackendState } from '../../commands/backend.ts';
+import { backendDecider, breakerAdmission, failureCounts, halfOpenBreakers, successCounts, type BackendCommand, type BackendState } from '../../deciders/backend.ts';
 import {
   BackendFailed,
   BackendFailuresCleared,
