@@ -1,9 +1,9 @@
 /**
- * Every fenced shell (`sh`, `bash`, `shell`) and TypeScript (`ts`, `typescript`) block of README.md
- * runs, in order, against a started gateway, as a reader would run it: from a directory that looks
- * like the checkout after `npm ci` (`npx svc ...` works there, `data/admin-token` holds the admin
- * token), with the README's `127.0.0.1:8080` / `localhost:8080` pointed at the test's gateway (port
- * 0). Shell blocks run with bash (-e, pipefail; curl fails on an HTTP error status through a
+ * Every fenced shell (`sh`, `bash`, `shell`) and TypeScript (`ts`, `typescript`) block of README.md,
+ * then of each page of docs/ (in name order), runs in order against a started gateway, as a reader
+ * would run it: from a directory that looks like the checkout after `npm ci` (`npx svc ...` works
+ * there, `data/admin-token` holds the admin token), with `127.0.0.1:8080` / `localhost:8080` pointed
+ * at the test's gateway (port 0). Shell blocks run with bash (-e, pipefail; curl fails on an HTTP error status through a
  * `.curlrc`), TypeScript blocks with `node --import tsx`; what one block exports (SVC_API_KEY) the
  * next ones see. A non-zero exit fails the block's test. Only blocks marked with an HTML comment
  * `<!-- not run: why -->` right before the fence are skipped, and they are listed.
@@ -14,40 +14,8 @@ import { spawn } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { startTestGateway, type TestGateway } from '../support/gateway.ts';
-
-const repo = fileURLToPath(new URL('../../', import.meta.url));
-
-interface Snippet {
-  index: number;
-  lang: 'shell' | 'ts';
-  line: number;
-  code: string;
-  notRun: string | null;
-}
-
-/** The README's fenced shell and TypeScript blocks, with the `<!-- not run: ... -->` mark before each, if any. */
-export function readmeSnippets(text: string): Snippet[] {
-  const lines = text.split('\n');
-  const snippets: Snippet[] = [];
-  for (let i = 0; i < lines.length; i++) {
-    const open = /^(\s*)```(\S*)\s*$/.exec(lines[i]);
-    if (!open) continue;
-    let end = i + 1;
-    while (end < lines.length && !/^\s*```\s*$/.test(lines[end])) end++;
-    const tag = open[2].toLowerCase();
-    const lang = ['sh', 'bash', 'shell'].includes(tag) ? 'shell' : ['ts', 'typescript'].includes(tag) ? 'ts' : null;
-    if (lang) {
-      let before = i - 1;
-      while (before >= 0 && lines[before].trim() === '') before--;
-      const mark = before >= 0 ? /^<!--\s*not run:\s*(.*?)\s*-->$/.exec(lines[before].trim()) : null;
-      snippets.push({ index: snippets.length + 1, lang, line: i + 1, code: lines.slice(i + 1, end).join('\n'), notRun: mark ? mark[1] : null });
-    }
-    i = end;
-  }
-  return snippets;
-}
+import { markdownFiles, repo, runnableBlocks, type Snippet } from './markdown.ts';
 
 function run(command: string, args: string[], options: { cwd: string; env: NodeJS.ProcessEnv; timeoutMs: number }): Promise<{ code: number | null; output: string }> {
   return new Promise((resolve, reject) => {
@@ -64,9 +32,12 @@ function run(command: string, args: string[], options: { cwd: string; env: NodeJ
   });
 }
 
-const snippets = readmeSnippets(readFileSync(join(repo, 'README.md'), 'utf8'));
+/** The README first (its blocks make the key later blocks use), then docs/ in name order. */
+const pages = ['README.md', ...markdownFiles().filter((f) => f.startsWith('docs/'))];
+const blocks: (Snippet & { page: string })[] = pages.flatMap((page) => runnableBlocks(readFileSync(join(repo, page), 'utf8')).map((b) => ({ ...b, page })));
+const snippets = blocks.filter((b) => b.page === 'README.md');
 
-const it = suite<{ gateway: TestGateway; dir: string; env: NodeJS.ProcessEnv }>('README snippets');
+const it = suite<{ gateway: TestGateway; dir: string; env: NodeJS.ProcessEnv }>('runnable blocks of the README and docs/');
 
 it.before(async (context) => {
   context.gateway = await startTestGateway();
@@ -95,26 +66,26 @@ it('the README has shell and TypeScript blocks, and says how to call svc', () =>
   assert.not.ok(snippets.some((s) => /(^|[\s;&|(])svc keys\b/m.test(s.code.replace(/npx svc/g, ''))), 'a bare `svc` is not on PATH after npm ci');
 });
 
-const skipped = snippets.filter((s) => s.notRun !== null);
-it(`blocks marked "not run" (skipped): ${skipped.map((s) => `line ${s.line} (${s.notRun})`).join('; ') || 'none'}`, () => {
-  for (const s of skipped) assert.ok(s.notRun!.length > 0, `line ${s.line}: say why it is not run`);
+const skipped = blocks.filter((s) => s.notRun !== null);
+it(`blocks marked "not run" (skipped): ${skipped.map((s) => `${s.page}:${s.line} (${s.notRun})`).join('; ') || 'none'}`, () => {
+  for (const s of skipped) assert.ok(s.notRun!.length > 0, `${s.page}:${s.line}: say why it is not run`);
 });
 
-for (const snippet of snippets.filter((s) => s.notRun === null)) {
-  it(`README line ${snippet.line}: ${snippet.lang} block ${snippet.index} runs`, async ({ gateway, dir, env }) => {
+for (const [n, snippet] of blocks.filter((s) => s.notRun === null).entries()) {
+  it(`${snippet.page} line ${snippet.line}: ${snippet.lang} block ${snippet.index} runs`, async ({ gateway, dir, env }) => {
     const hostPort = new URL(gateway.url).host;
     const code = snippet.code.replace(/\b(127\.0\.0\.1|localhost):8080\b/g, hostPort);
     let script: string;
     if (snippet.lang === 'shell') {
-      writeFileSync(join(dir, `block-${snippet.index}.sh`), `${code}\n`);
-      script = `source ./exported.sh\nsource ./block-${snippet.index}.sh\nexport -p | grep -v '^declare -[a-zA-Z]*r' > ./exported.next && mv ./exported.next ./exported.sh\n`;
+      writeFileSync(join(dir, `block-${n}.sh`), `${code}\n`);
+      script = `source ./exported.sh\nsource ./block-${n}.sh\nexport -p | grep -v '^declare -[a-zA-Z]*r' > ./exported.next && mv ./exported.next ./exported.sh\n`;
     } else {
-      writeFileSync(join(dir, `block-${snippet.index}.ts`), `${code}\n`);
-      script = `source ./exported.sh\nexec node --import tsx ./block-${snippet.index}.ts\n`;
+      writeFileSync(join(dir, `block-${n}.ts`), `${code}\n`);
+      script = `source ./exported.sh\nexec node --import tsx ./block-${n}.ts\n`;
     }
     // A bound for a hung block, not a speed target: a block of four `npx svc` calls took 30 s on a 2-core machine under load.
     const { code: exit, output } = await run('bash', ['-e', '-o', 'pipefail', '-c', script], { cwd: dir, env, timeoutMs: 90_000 });
-    assert.is(exit, 0, `README line ${snippet.line} exited ${exit === null ? 'killed after 90 s' : exit}:\n${code}\n--- output ---\n${output}`);
+    assert.is(exit, 0, `${snippet.page} line ${snippet.line} exited ${exit === null ? 'killed after 90 s' : exit}:\n${code}\n--- output ---\n${output}`);
   });
 }
 
