@@ -3,7 +3,7 @@
 import { Type, type Static } from 'typebox';
 import { BASE64_PATTERN, CODEC_DTYPE_SIZES, type CodecDtype } from '../codec/index.ts';
 
-/** Largest seed the contract allows (2^63-1). As a JS number it reads as 2^63, see the README (completion requests: seed). */
+/** Largest seed the contract allows (2^63-1). As a JS number it reads as 2^63, see docs/completions.md (seed). */
 export const MAX_SEED = 9223372036854775807;
 /** Longest base64 `data` of one steering vector's tensor (characters). */
 export const MAX_STEERING_DATA_CHARS = 524_288;

@@ -3,8 +3,8 @@
  * streams are ESDB streams, the global log is `$all` without ESDB's own `$` events, and positions are
  * `$all`'s {commit, prepare} in the GlobalPosition shape (eventstoredb-positions.ts). It is a log only:
  * projections, checkpoints and workflow processors keep their rows in a SQL database beside it
- * (`{ log, db, checkpoints: sqlCheckpoints(db) }`, see src/README.md, "EventStoreDB / KurrentDB as
- * the log"), where the differences from the SQL adapters are listed.
+ * (`{ log, db, checkpoints: sqlCheckpoints(db) }`, see docs/event-store.md, "EventStoreDB / KurrentDB
+ * as the log"), where the differences from the SQL adapters are listed.
  */
 import type {
   AllStreamResolvedEvent,

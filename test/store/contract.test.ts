@@ -5,7 +5,7 @@
  *
  * PGlite runs one transaction at a time, so on PGlite no concurrency mutation can be caught: the race,
  * interleaving, deadlock and isolation tests check only their single-transaction outcome there, and
- * the PostgreSQL run (CI sets DATABASE_URL; see the README's "Tests and benchmarks") is the one that
+ * the PostgreSQL run (CI sets DATABASE_URL; see docs/development.md, "Tests") is the one that
  * can fail them.
  */
 import { suite } from 'uvu';
