@@ -94,7 +94,7 @@ async function serve(settings: Settings, args: string[], role: 'serve' | 'worker
   else process.stderr.write(`svc gateway listening on ${gateway.url}${gateway.sqlPort === null ? '' : ` and SQL (read-only) on 127.0.0.1:${gateway.sqlPort}`}\n`);
   if (gateway.sqlPort !== null) {
     process.stderr.write(
-      `analysts: psql "postgres://analyst@127.0.0.1:${gateway.sqlPort}/svc" with the password in ${join(settings.dataDir, 'sql-password')}${process.env.SVC_SQL_PASSWORD ? ' (here: SVC_SQL_PASSWORD)' : ''}; ` +
+      `analysts: psql "postgres://analyst@127.0.0.1:${gateway.sqlPort}/svc" with the password ${process.env.SVC_SQL_PASSWORD ? 'in SVC_SQL_PASSWORD' : `in ${join(settings.dataDir, 'sql-password')}`}; ` +
         '`svc sql` and `svc audit` read through it\n',
     );
   }
