@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The services the tests and a developer's gateway can use beside the embedded defaults: PostgreSQL
 # (Debian's package, local TCP trusted) and Apache Kafka (one KRaft node, broker and controller,
-# resolved from Maven Central), and the Python `openai` client the researchers' end-to-end test
-# drives (a virtual environment from PyPI). Idempotent: a service already answering is used as it is.
+# resolved from Maven Central), and a Python virtual environment from PyPI with the `openai` client the
+# researchers' end-to-end test drives and the `safetensors` and `numpy` the harvest page's example uses. Idempotent: a service already answering is used as it is.
 #
 #   infra/dev/services.sh [start]    install what is missing, start both, wait until each answers,
 #                                    print DATABASE_URL=..., KAFKA_BROKERS=... and SVC_PYTHON=...
@@ -14,7 +14,8 @@
 #   infra/dev/services.sh status     one line per service
 #
 # Skip a part with --no-postgres / --no-kafka / --no-python (or SVC_SERVICES_SKIP=postgres,kafka,python).
-# Settings (environment): PGPORT (5432), KAFKA_VERSION (the pom's), KAFKA_PORT (9092),
+# Settings (environment): PYTHON_OPENAI_VERSION, PYTHON_SAFETENSORS_VERSION, PYTHON_NUMPY_VERSION (the
+# pinned versions), PGPORT (5432), KAFKA_VERSION (the pom's), KAFKA_PORT (9092),
 # KAFKA_CONTROLLER_PORT (9093), KAFKA_HEAP (512m), SVC_SERVICES_HOME ($XDG_CACHE_HOME or
 # ~/.cache, then /svc-services): the broker's jars, data and log live there, outside the checkout;
 # KAFKA_DATA_DIR (SVC_SERVICES_HOME/kafka-data-KAFKA_PORT): the broker's data, log and pid file
@@ -211,21 +212,26 @@ kafka_stop() {
   rm -f "$kafka_pid_file"
 }
 
-# --- the Python openai client -------------------------------------------------------------------------
+# --- Python: the openai client, safetensors and NumPy ------------------------------------------------
 
-# Pinned so a run is repeatable; test/api/openai-python.test.ts drives the gateway with it.
+# Pinned so a run is repeatable; test/api/openai-python.test.ts drives the gateway with openai, and
+# test/docs/harvest-in-python.test.ts runs docs/harvest-in-python.md's Python (safetensors, NumPy).
+# The venv is named by its package set: a changed set is a new venv, never one half upgraded.
 python_openai_version="${PYTHON_OPENAI_VERSION:-3.63.0}"
-venv="$home/python-openai-$python_openai_version"
-python_ready() { [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import openai' 2>/dev/null; }
+python_safetensors_version="${PYTHON_SAFETENSORS_VERSION:-0.7.0}"
+python_numpy_version="${PYTHON_NUMPY_VERSION:-2.3.5}"
+venv="$home/python-openai-$python_openai_version-safetensors-$python_safetensors_version-numpy-$python_numpy_version"
+python_ready() { [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import openai, safetensors.numpy, numpy' 2>/dev/null; }
 
 python_start() {
   if python_ready; then return; fi
-  command -v python3 >/dev/null || die "python3 is needed for the Python client's test (or skip it: --no-python)"
-  say "installing the Python openai client $python_openai_version from PyPI into $venv"
+  command -v python3 >/dev/null || die "python3 is needed for the Python tests (or skip them: --no-python)"
+  say "installing openai $python_openai_version, safetensors $python_safetensors_version and numpy $python_numpy_version from PyPI into $venv"
   rm -rf "$venv"
   python3 -m venv "$venv" >&2 || die "python3 -m venv failed (Debian: apt-get install python3-venv)"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check "openai==$python_openai_version" >&2
-  python_ready || die "the openai package does not import from $venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+    "openai==$python_openai_version" "safetensors==$python_safetensors_version" "numpy==$python_numpy_version" >&2
+  python_ready || die "openai, safetensors or numpy does not import from $venv"
 }
 
 # --- commands -----------------------------------------------------------------------------------------
@@ -255,6 +261,6 @@ case "$command_name" in
   status)
     if pg_answers; then say "postgres: answers on 127.0.0.1:$pg_port"; else say "postgres: not answering on 127.0.0.1:$pg_port"; fi
     if kafka_listening; then say "kafka: listening on 127.0.0.1:$kafka_port"; else say "kafka: not listening on 127.0.0.1:$kafka_port"; fi
-    if python_ready; then say "python: $venv/bin/python imports openai"; else say "python: no client in $venv"; fi
+    if python_ready; then say "python: $venv/bin/python imports openai, safetensors and numpy"; else say "python: not installed in $venv"; fi
     ;;
 esac

@@ -5,7 +5,7 @@ export { breakerHealth, healthBody, HealthBody, BackendHealth, LastCompletions, 
 export { sendApiError, toApiError } from './error-handler.ts';
 export { completionRoutes, type CompletionRouteOptions, type RequestKey } from './completions.ts';
 export { adminKeyRoutes } from './admin-keys.ts';
-export { metricsRoutes, Observed, type MetricsSources } from './metrics.ts';
+export { metricsRoutes, Observed, readHarvestProgress, type MetricsSources } from './metrics.ts';
 export { decorateAuthenticatedRequest, requireApiKey, requireAdminToken } from './auth.ts';
 export { AuthFailureLimiter, type AuthFailureLimits } from './auth-failures.ts';
 export { modelRoutes } from './models.ts';

@@ -2,8 +2,8 @@
  * `GET /metrics`: the Prometheus text format (prom-client, as vLLM and LiteLLM expose theirs), for
  * operators; behind the admin token. Request counts and durations are kept by one onResponse hook
  * (a label lookup and an increment per request); everything else (breakers, boot stages, projection
- * lag, active and queued requests) is read when Prometheus scrapes, from memory and one small query
- * per projection. Two histograms are fed where their times are known, before the routes exist
+ * lag, active and queued requests in all and per key, harvest jobs' progress) is read when Prometheus
+ * scrapes, from memory, one small query per projection and two on the harvest_jobs table. Two histograms are fed where their times are known, before the routes exist
  * (`Observed`): each store append batch's time (the store's onAppend) and the time the gateway added
  * to each served completion (the completion route's onServed).
  */
@@ -23,10 +23,36 @@ export interface MetricsSources {
   backends(): BackendSnapshot[];
   /** Each projection's lag behind the log, in events (the projection runner's status). */
   projectionLag?(): Promise<{ name: string; lag: number }[]>;
-  /** This process's metered requests holding a reservation, and waiting in a key's queue (absent when metering is off). */
-  requests?(): { running: number; queued: number };
+  /** This process's metered requests holding a reservation, and waiting in a key's queue, in all and per key (absent when metering is off). */
+  requests?(): { running: number; queued: number; byKey?: { keyId: string; running: number; queued: number }[] };
+  /** Harvest jobs by status and each unfinished job's progress (the harvest_jobs projection; readHarvestProgress). */
+  harvests?(): Promise<HarvestProgress>;
   /** The histograms fed from the store and the completion route. */
   observed?: Observed;
+}
+
+export interface HarvestProgress {
+  jobs: { status: string; count: number }[];
+  /** Pending and running jobs. */
+  unfinished: { jobId: string; model: string; status: string; prompts: number; promptsDone: number }[];
+}
+
+const harvestStatuses = ['pending', 'running', 'succeeded', 'failed', 'cancelled'] as const;
+/** Per-job series are kept for this many unfinished jobs at most (the oldest first). */
+const maxJobSeries = 500;
+
+/** Reads HarvestProgress from the harvest_jobs projection's table; empty before the projection made it. */
+export async function readHarvestProgress(db: { query<T>(sql: string, params?: unknown[]): Promise<{ rows: T[] }> }): Promise<HarvestProgress> {
+  const { rows: exists } = await db.query<{ t: string | null }>(`SELECT to_regclass('harvest_jobs')::text AS t`);
+  if (!exists[0]?.t) return { jobs: [], unfinished: [] };
+  const { rows: jobs } = await db.query<{ status: string; count: string }>('SELECT status, count(*) AS count FROM harvest_jobs GROUP BY status');
+  const { rows: unfinished } = await db.query<{ job_id: string; model: string; status: string; prompt_count: number; prompts_done: number }>(
+    `SELECT job_id, model, status, prompt_count, prompts_done FROM harvest_jobs WHERE status IN ('pending', 'running') ORDER BY submitted_at, job_id LIMIT ${maxJobSeries}`,
+  );
+  return {
+    jobs: jobs.map((r) => ({ status: r.status, count: Number(r.count) })),
+    unfinished: unfinished.map((r) => ({ jobId: r.job_id, model: r.model, status: r.status, prompts: Number(r.prompt_count), promptsDone: Number(r.prompts_done) })),
+  };
 }
 
 const latencyBuckets = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10];
@@ -127,6 +153,69 @@ export function metricsRoutes(app: FastifyInstance, sources: MetricsSources): Re
       registers: [registry],
       collect() {
         this.set(counts().queued);
+      },
+    });
+  }
+  if (sources.requests) {
+    const counts = sources.requests;
+    // Only keys with a request running or waiting here have a series: the set of keys stays the active ones.
+    new Gauge({
+      name: 'svc_key_requests_active',
+      help: 'Metered requests of this process holding a reservation, per key (its 12-hex key id); keys with none have no series.',
+      labelNames: ['key_id'] as const,
+      registers: [registry],
+      collect() {
+        this.reset();
+        for (const k of counts().byKey ?? []) if (k.running > 0) this.set({ key_id: k.keyId }, k.running);
+      },
+    });
+    new Gauge({
+      name: 'svc_key_requests_queued',
+      help: 'Metered requests of this process waiting for one of their key\'s active slots, per key; keys with none have no series.',
+      labelNames: ['key_id'] as const,
+      registers: [registry],
+      collect() {
+        this.reset();
+        for (const k of counts().byKey ?? []) if (k.queued > 0) this.set({ key_id: k.keyId }, k.queued);
+      },
+    });
+  }
+  if (sources.harvests) {
+    const progressOf = sources.harvests;
+    // One read serves the three gauges of a scrape: prom-client collects them one after another.
+    let reading: Promise<HarvestProgress> | null = null;
+    const read = () => (reading ??= progressOf().finally(() => setImmediate(() => (reading = null))));
+    new Gauge({
+      name: 'svc_harvest_jobs',
+      help: 'Harvest jobs by status (the harvest_jobs projection: every process sharing the store reports the same).',
+      labelNames: ['status'] as const,
+      registers: [registry],
+      async collect() {
+        const { jobs } = await read();
+        this.reset();
+        for (const status of harvestStatuses) this.set({ status }, jobs.find((j) => j.status === status)?.count ?? 0);
+      },
+    });
+    new Gauge({
+      name: 'svc_harvest_job_prompts',
+      help: 'Prompts of each pending or running harvest job.',
+      labelNames: ['job_id', 'model', 'status'] as const,
+      registers: [registry],
+      async collect() {
+        const { unfinished } = await read();
+        this.reset();
+        for (const j of unfinished) this.set({ job_id: j.jobId, model: j.model, status: j.status }, j.prompts);
+      },
+    });
+    new Gauge({
+      name: 'svc_harvest_job_prompts_done',
+      help: 'Prompts harvested so far of each pending or running harvest job.',
+      labelNames: ['job_id', 'model', 'status'] as const,
+      registers: [registry],
+      async collect() {
+        const { unfinished } = await read();
+        this.reset();
+        for (const j of unfinished) this.set({ job_id: j.jobId, model: j.model, status: j.status }, j.promptsDone);
       },
     });
   }

@@ -1,14 +1,17 @@
 import { ConfigError, loadSettings, resolveAdminToken, resolveSqlPasswords, type Settings } from '../config/index.ts';
+import { join } from 'node:path';
 import { OWNER_ONLY_UMASK, tightenDataDir, tightenedLine } from '../config/data-dir-mode.ts';
 
 const usage = `usage: svc <command> [options]
 
 commands:
-  serve [--sql-port N] [--no-workers]
+  serve [--sql-port N|off] [--no-workers]
                                  run the gateway (store, reference engines, API, harvest workers) on HOST:PORT;
                                  --no-workers: leave harvest jobs to \`svc worker\` processes
-                                 --sql-port: the embedded store, read-only, over the PostgreSQL protocol on 127.0.0.1:N (0: any)
+                                 --sql-port: the embedded store, read-only, over the PostgreSQL protocol on 127.0.0.1:N (0: any;
+                                 \`npm start\` serves it on any free port unless told --sql-port N or off)
   sql "SELECT ..." [--json]      one read-only query (while the gateway runs: through its SQL port)
+  sql --url                      the running gateway's SQL port as a connection URL for psql (user analyst)
   sql-role NAME                  PostgreSQL: a login role that reads the analysts' tables and events only
   engine [--model ID] [--port N] run a reference engine for one model (default: the default model)
   projections status             lag of each projection behind the event log
@@ -32,19 +35,20 @@ environment: PORT (8080), HOST (127.0.0.1), DATA_DIR (./data), DATABASE_URL, SVC
 
 async function serve(settings: Settings, args: string[], role: 'serve' | 'worker' = 'serve'): Promise<number> {
   let sqlPort: number | null = null;
-  const usageLine = role === 'worker' ? 'usage: svc worker' : 'usage: svc serve [--sql-port N] [--no-workers]   (N: a TCP port on 127.0.0.1, 0 for any free one)';
+  const usageLine = role === 'worker' ? 'usage: svc worker' : 'usage: svc serve [--sql-port N|off] [--no-workers]   (N: a TCP port on 127.0.0.1, 0 for any free one)';
   for (let i = 0; i < args.length; i++) {
     const [flag, inline] = args[i].split('=', 2);
     if (role === 'serve' && flag === '--no-workers' && inline === undefined) {
       settings = { ...settings, harvest: { ...settings.harvest, workers: 0 } };
       continue;
     }
-    const value = role === 'serve' && flag === '--sql-port' ? Number(inline ?? args[++i]) : NaN;
-    if (!(Number.isInteger(value) && value >= 0 && value < 65536)) {
+    const given = role === 'serve' && flag === '--sql-port' ? (inline ?? args[++i]) : undefined;
+    const value = Number(given);
+    if (given !== 'off' && !(given !== undefined && /^\d+$/.test(given) && value < 65536)) {
       process.stderr.write(`${usageLine}\n`);
       return 2;
     }
-    sqlPort = value;
+    sqlPort = given === 'off' ? null : value;
   }
   if (sqlPort !== null && settings.databaseUrl) {
     process.stderr.write('svc serve: --sql-port serves the embedded store; with DATABASE_URL, give analysts a read-only role (svc sql-role NAME)\n');
@@ -80,13 +84,20 @@ async function serve(settings: Settings, args: string[], role: 'serve' | 'worker
   // The store's nested-call check costs promise hooks on every promise (see OpenEventStoreOptions.nestedCallCheck);
   // the in-process gateway of the tests keeps it, so a served gateway goes without.
   const gateway = await startGateway(settings, { chaosEngines: process.env.SVC_ENGINE_CHAOS === '1', adminToken: admin.token, storeNestedCallCheck: false, sqlPort, sqlPasswords: sql ?? undefined, role });
-  if (admin.created) {
-    // Printed once, on the first start; it is kept under DATA_DIR readable by the owner only.
-    process.stderr.write(`\nadmin token (shown once, stored in ${settings.dataDir}/admin-token): ${admin.token}\n\n`);
-  }
-  if (sql?.created) process.stderr.write(`\nSQL port password for analysts (shown once, stored in ${settings.dataDir}/sql-password): ${sql.analyst}\n\n`);
+  // Credentials are printed once, on the start that made them; they are kept under DATA_DIR readable by the owner only.
+  const shown = [
+    admin.created ? `admin token (shown once, stored in ${join(settings.dataDir, 'admin-token')}): ${admin.token}` : null,
+    sql?.created ? `SQL port password for analysts (shown once, stored in ${join(settings.dataDir, 'sql-password')}): ${sql.analyst}` : null,
+  ].filter((line) => line !== null);
+  if (shown.length > 0) process.stderr.write(`\n${shown.join('\n')}\n\n`);
   if (role === 'worker') process.stderr.write(`svc worker working on harvest jobs (${settings.harvest.workers} at a time)\n`);
-  else process.stderr.write(`svc gateway listening on ${gateway.url}${gateway.sqlPort === null ? '' : `, SQL (read-only) on 127.0.0.1:${gateway.sqlPort}`}\n`);
+  else process.stderr.write(`svc gateway listening on ${gateway.url}${gateway.sqlPort === null ? '' : ` and SQL (read-only) on 127.0.0.1:${gateway.sqlPort}`}\n`);
+  if (gateway.sqlPort !== null) {
+    process.stderr.write(
+      `analysts: psql "postgres://analyst@127.0.0.1:${gateway.sqlPort}/svc" with the password ${process.env.SVC_SQL_PASSWORD ? 'in SVC_SQL_PASSWORD' : `in ${join(settings.dataDir, 'sql-password')}`}; ` +
+        '`svc sql` and `svc audit` read through it\n',
+    );
+  }
   if (!stopSignal) await new Promise<void>((resolve) => (wake = resolve));
   gateway.logger.info({ signal: stopSignal }, 'shutting down: draining in-flight requests');
   // The drain closes connections at the grace; this is the backstop should a later step hang.

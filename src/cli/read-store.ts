@@ -3,6 +3,7 @@
  * they read through its SQL port instead of refusing; without a port they say, in one line, how to get one.
  * The log is the store's, or EventStoreDB's when SVC_EVENT_LOG=eventstoredb (opened beside it).
  */
+import { hostname } from 'node:os';
 import { resolveSqlPasswords, type Settings } from '../config/index.ts';
 import { DataDirLocked, openStoreThroughSqlPort, readDataDirLock, type EventLog, type EventStore } from '../store/index.ts';
 import { openConfiguredEventLog } from '../gateway/event-log.ts';
@@ -12,13 +13,21 @@ export function runningSqlPort(settings: Settings, command: string): number | nu
   if (settings.databaseUrl) return null;
   const holder = readDataDirLock(settings.dataDir);
   if (!holder) return null;
+  const inUse = `the embedded store in ${settings.dataDir} is in use by another process (pid ${holder.pid}${holder.host === hostname() ? '' : ` on ${holder.host}`}, ${holder.purpose}, since ${holder.since})`;
+  // A port on another host's loopback cannot be reached from here.
+  if (holder.host !== hostname()) throw new DataDirLocked(settings.dataDir, holder.pid, `${inUse}: run \`svc ${command}\` on ${holder.host}, where it serves its SQL port`);
   if (holder.sqlPort !== null) return holder.sqlPort;
   throw new DataDirLocked(
     settings.dataDir,
     holder.pid,
-    `the embedded store in ${settings.dataDir} is in use by another process (pid ${holder.pid}, ${holder.purpose}, since ${holder.since}), which serves no SQL port: ` +
-      `to run \`svc ${command}\` while it runs, start it with \`svc serve --sql-port N\` (or stop it first)`,
+    `${inUse}, which serves no SQL port: to run \`svc ${command}\` while it runs, stop it and start it again with \`npm start\` ` +
+      '(it serves one) or `svc serve --sql-port 0`; or stop it and run the command again',
   );
+}
+
+/** The running gateway's SQL port as a connection URL for analysts (their password is in DATA_DIR/sql-password). */
+export function analystUrl(port: number): string {
+  return `postgres://analyst@127.0.0.1:${port}/svc`;
 }
 
 /** The running gateway's SQL port password for its owner (user `svc`), kept in DATA_DIR. */

@@ -12,9 +12,11 @@ import pg from 'pg';
 import type { Settings } from '../config/index.ts';
 import { openEventStore, serveReadOnlySql } from '../store/index.ts';
 import { projections } from '../../projections/index.ts';
-import { runningSqlPort, sqlPortPassword } from './read-store.ts';
+import { analystUrl, runningSqlPort, sqlPortPassword } from './read-store.ts';
 
-export const sqlUsage = 'usage: svc sql "SELECT ..." [--json]      one read-only query (--json: one JSON object per row)\n';
+export const sqlUsage =
+  'usage: svc sql "SELECT ..." [--json]      one read-only query (--json: one JSON object per row)\n' +
+  '       svc sql --url                      the running gateway\'s SQL port as a URL for psql (user analyst; password in DATA_DIR/sql-password)\n';
 export const sqlRoleUsage = 'usage: svc sql-role NAME                   PostgreSQL: a login role that reads the analysts\' tables and events only\n';
 
 function cell(value: unknown): string {
@@ -59,6 +61,7 @@ async function onPort(port: number, password: string, sql: string): Promise<pg.Q
 }
 
 export async function sqlCommand(args: string[], settings: Settings): Promise<number> {
+  if (args.length === 1 && args[0] === '--url') return printUrl(settings);
   const json = args.includes('--json');
   const rest = args.filter((a) => a !== '--json');
   if (rest.length !== 1 || rest[0].startsWith('--')) {
@@ -106,6 +109,21 @@ export async function sqlCommand(args: string[], settings: Settings): Promise<nu
   return 0;
 }
 
+/** `svc sql --url`: where psql reaches the running gateway's SQL port (or, on PostgreSQL, what to use instead). */
+function printUrl(settings: Settings): number {
+  if (settings.databaseUrl) {
+    process.stderr.write('svc sql --url: the store is PostgreSQL (DATABASE_URL): give analysts a read-only role with `svc sql-role NAME`, which prints their connection string\n');
+    return 2;
+  }
+  const port = runningSqlPort(settings, 'sql --url');
+  if (port === null) {
+    process.stderr.write(`svc sql --url: no gateway runs on ${settings.dataDir}: start one with \`npm start\` (or \`svc serve --sql-port 0\`), then run this again\n`);
+    return 1;
+  }
+  process.stdout.write(`${analystUrl(port)}\n`);
+  return 0;
+}
+
 const quoteIdent = (name: string) => `"${name.replaceAll('"', '""')}"`;
 
 export async function sqlRoleCommand(args: string[], settings: Settings): Promise<number> {
@@ -115,7 +133,7 @@ export async function sqlRoleCommand(args: string[], settings: Settings): Promis
     return 2;
   }
   if (!settings.databaseUrl) {
-    process.stderr.write('svc sql-role: roles are for a PostgreSQL store (DATABASE_URL); on the embedded store, run `svc serve --sql-port N` and connect with psql -h 127.0.0.1 -p N\n');
+    process.stderr.write('svc sql-role: roles are for a PostgreSQL store (DATABASE_URL); on the embedded store, `npm start` serves a read-only SQL port: connect with psql "$(svc sql --url)" and the password in DATA_DIR/sql-password\n');
     return 2;
   }
   const client = new pg.Client({ connectionString: settings.databaseUrl });

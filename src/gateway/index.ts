@@ -9,6 +9,7 @@ import {
   buildApp,
   completionRoutes,
   metricsRoutes,
+  readHarvestProgress,
   Observed,
   LastCompletions,
   createLogger,
@@ -417,7 +418,7 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
         adminKeyRoutes(scope, { keys, adminToken, authFailures, db: store, projectionsCaughtUp });
         harvestRoutes(scope, { service: harvests, authenticate });
         // Prometheus metrics for operators, behind the admin token.
-        metricsRoutes(scope, { adminToken, authFailures, backends: () => backendService.snapshots(), projectionLag: () => runner.status(), requests: metering ? () => metering.counts() : undefined, observed });
+        metricsRoutes(scope, { adminToken, authFailures, backends: () => backendService.snapshots(), projectionLag: () => runner.status(), requests: metering ? () => metering.counts() : undefined, observed, harvests: () => readHarvestProgress(store) });
       },
     });
     const connections = trackConnections(app.server);

@@ -202,8 +202,12 @@ export class Metering {
   }
 
   /** This process's requests holding a reservation (running or settling) and waiting for a slot (for /metrics). */
-  counts(): { running: number; queued: number } {
-    return { running: this.#running.size, queued: this.#queue.waitingTotal() };
+  counts(): { running: number; queued: number; byKey: { keyId: string; running: number; queued: number }[] } {
+    const byKey = new Map<string, { keyId: string; running: number; queued: number }>();
+    const of = (keyId: string) => byKey.get(keyId) ?? byKey.set(keyId, { keyId, running: 0, queued: 0 }).get(keyId)!;
+    for (const { keyId } of this.#running.values()) of(keyId).running++;
+    for (const [keyId, waiting] of this.#queue.waitingByKey()) of(keyId).queued = waiting;
+    return { running: this.#running.size, queued: this.#queue.waitingTotal(), byKey: [...byKey.values()] };
   }
 
   /** Settles a reservation with the engine's real usage and releases the hold (also a hold carried into today). */

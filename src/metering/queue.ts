@@ -90,6 +90,13 @@ export class RequestQueue<Request extends QueueableRequest, Admitted> {
     return n;
   }
 
+  /** Requests waiting in this process per key, the keys with any (for /metrics). */
+  waitingByKey(): Map<string, number> {
+    const byKey = new Map<string, number>();
+    for (const [keyId, line] of this.#lines) if (line.waiters.length > 0) byKey.set(keyId, line.waiters.length);
+    return byKey;
+  }
+
   /** Records that the request waits (or refuses it `queue_full`), then waits, first come first served, for a slot. */
   async enqueue(request: Request): Promise<Admitted> {
     if (request.signal.aborted) throw leftQueue();

@@ -1,6 +1,6 @@
 /**
  * GET /metrics through real HTTP, the series that follow requests as they run: active and queued
- * requests (a key allowed one request at a time, the engine a listener that answers after a delay),
+ * requests, in all and per key (a key allowed one request at a time, the engine a listener that answers after a delay),
  * the store's append time per group commit, and the time the gateway added to each served completion
  * (the engine's own time left out).
  */
@@ -41,12 +41,19 @@ it('active and queued requests follow a key\'s one slot: one running, one waitin
     const t = await metrics();
     return value(t, 'svc_requests_active') === 1 && value(t, 'svc_requests_queued') === 1 ? t : null;
   }, 10_000, 50);
+  // The same, per key: the key's id (its public prefix) labels them.
+  const keyId = gw.apiKey.split('_')[1];
+  assert.is(value(text, `svc_key_requests_active{key_id="${keyId}"}`), 1, text);
+  assert.is(value(text, `svc_key_requests_queued{key_id="${keyId}"}`), 1);
   assert.equal(await both, [200, 200]);
   engine.delayMs = 0;
-  await until('no request running or queued once both settled', async () => {
+  text = await until('no request running or queued once both settled', async () => {
     const t = await metrics();
-    return value(t, 'svc_requests_active') === 0 && value(t, 'svc_requests_queued') === 0;
+    return value(t, 'svc_requests_active') === 0 && value(t, 'svc_requests_queued') === 0 ? t : null;
   }, 10_000, 50);
+  // A key with nothing running or waiting has no series (the set of keys stays the active ones).
+  assert.match(text, /# TYPE svc_key_requests_active gauge/);
+  assert.not.match(text, /^svc_key_requests_(active|queued)\{/m);
 });
 
 it('store append time: one observation per group commit, more after a metered request', async () => {

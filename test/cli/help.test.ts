@@ -26,10 +26,10 @@ it('the overview, with or without help', () => {
 
 it('every command of the overview, and its subcommands with flags, answer --help with their usage', () => {
   const cases: Array<[string[], RegExp]> = [
-    [['serve', '--help'], /svc serve[\s\S]*--sql-port/],
+    [['serve', '--help'], /serve \[--sql-port N\|off\][\s\S]*`npm start` serves it on any free port/],
     [['serve', '--sql-port', '5433', '-h'], /--no-workers/],
     [['worker', '--help'], /worker[\s\S]*SVC_HARVEST_TRANSPORT/],
-    [['sql', '--help'], /svc sql "SELECT \.\.\."/],
+    [['sql', '--help'], /svc sql "SELECT \.\.\."[\s\S]*svc sql --url/],
     [['sql-role', '--help'], /svc sql-role NAME/],
     [['engine', '--help'], /engine \[--model ID\]/],
     [['projections', '--help'], /projections rebuild/],
@@ -47,6 +47,14 @@ it('every command of the overview, and its subcommands with flags, answer --help
     assert.is(code, 0, `svc ${args.join(' ')}: ${err}`);
     assert.match(out, expected, `svc ${args.join(' ')}`);
     assert.not.match(out + err, /unknown/, `svc ${args.join(' ')}`);
+  }
+});
+
+it('svc serve --sql-port takes a port number or off, and says so before starting anything', () => {
+  for (const value of ['nope', '-1', '65536', '']) {
+    const { code, err } = run('serve', '--sql-port', value);
+    assert.is(code, 2, `--sql-port ${JSON.stringify(value)}`);
+    assert.match(err, /^usage: svc serve \[--sql-port N\|off\] \[--no-workers\]/);
   }
 });
 

@@ -57,7 +57,7 @@ function serve(args: string[]): Promise<{ child: ChildProcess; url: string; sqlP
     let stderr = '';
     child.stderr!.on('data', (d) => {
       stderr += d;
-      const m = /svc gateway listening on (\S+?)(?:, SQL \(read-only\) on 127\.0\.0\.1:(\d+))?\n/.exec(stderr);
+      const m = /svc gateway listening on (\S+?)(?: and SQL \(read-only\) on 127\.0\.0\.1:(\d+))?\n/.exec(stderr);
       if (m) resolve({ child, url: m[1], sqlPort: m[2] ? Number(m[2]) : null, stderr: () => stderr });
     });
     child.once('exit', (code) => reject(new Error(`svc serve exited (${code}): ${stderr}`)));
@@ -191,7 +191,7 @@ test('without --sql-port the read-only commands say in one line how to run them 
     const read = await svc(['events', 'read', 'anything']);
     assert.is(read.code, 1);
     assert.is(read.stderr.trim().split('\n').length, 1, read.stderr);
-    assert.match(read.stderr, /svc serve --sql-port N/);
+    assert.match(read.stderr, /stop it and start it again with `npm start` \(it serves one\) or `svc serve --sql-port 0`/);
   } finally {
     await stop(gateway.child);
   }
