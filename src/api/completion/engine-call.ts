@@ -17,8 +17,9 @@ import { cutShort, settle } from './settle.ts';
 /**
  * The engine's answer (its headers; the body follows), or null when there is nothing more to do: the
  * client left, or a cold boot's committed 200 carries the error in its body. Otherwise a failure is
- * thrown (502 `upstream_*`/`engine_*`, 504 `upstream_deadline`, 503 `wrapper_saturated`, or the
- * reservation's refusal on fresh state), settled first and told to the breaker.
+ * thrown (the engine's 400 `engine_*`, 502 `upstream_*`/`engine_*`, 504 `upstream_deadline`, 503
+ * `wrapper_saturated`, or the reservation's refusal on fresh state), settled first and told to the
+ * breaker.
  */
 export async function callEngine(call: CompletionCall): Promise<EngineResponse | null> {
   call.gpuStarted = performance.now();
