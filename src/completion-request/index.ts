@@ -4,131 +4,23 @@
 import { Compile } from 'typebox/compile';
 import type { ModelConfig } from '../config/index.ts';
 import { apiError, type ApiError } from '../errors/index.ts';
-import type { ModelRegistry } from '../registry/index.ts';
-import { CompletionRequest, MAX_SEED } from './schema.ts';
+import { CompletionRequest } from './schema.ts';
 import { schemaError, invalid } from './schema-errors.ts';
 import { steeringVectorError } from './steering.ts';
 import { captureBytePositionLimit, captureDModel, capturePositionLimit } from './capture-size.ts';
-import { countTokens, type Tokenizer, type TokenizerPool } from '../tokenizer/index.ts';
+import { countTokens, type Tokenizer } from '../tokenizer/index.ts';
+import { checkContext, checkFullVocab, checkVocab } from './prompt-limits.ts';
+import { DEFAULT_MAX_TOKENS_CAP, deadlineFeasibleTokens, formatMaxTokensClamped, windowText } from './max-tokens.ts';
+import { engineBodyOf } from './engine-body.ts';
+import type { ClampReason, CompletionContext, MaxTokensSource, PreparedCompletion } from './types.ts';
 
 export { CompletionRequest, CompletionPrompt, SteeringVector, TensorCodec, StreamOptions, MAX_SEED } from './schema.ts';
 export { captureBodyBytes, captureBytesPerPosition, largestCaptureBytes, captureDModel, tokenTextJsonBytes } from './capture-size.ts';
-
-export interface CompletionContext {
-  registry: ModelRegistry;
-  /** Where long text prompts are tokenized (prepareValidCompletionAsync); without one, everything is tokenized in place. */
-  tokenizers?: TokenizerPool;
-  /** The non-streaming request window (the contract's 14 minutes). */
-  requestWindowMs: number;
-  /** Generation speed the deadline feasibility check assumes (the contract's 20 tokens/s). */
-  deadlineTokensPerSecond: number;
-}
-
-export type MaxTokensSource = 'client' | 'default';
-export type ClampReason = 'deadline' | 'budget' | 'deadline+budget';
-
-export interface PreparedCompletion {
-  model: ModelConfig;
-  stream: boolean;
-  /** Ready to JSON.stringify and send to the engine's POST /v1/completions. */
-  engineBody: Record<string, unknown>;
-  /** A stream whose client asked for the usage frame (the engine is always asked for it). */
-  clientWantsUsage: boolean;
-  /** 1 for a single string or token-id list; otherwise the batch length. */
-  promptCount: number;
-  /** Tokens of each prompt as the engine will bill them (`add_special_tokens` applied). */
-  promptTokenCounts: number[];
-  promptTokens: number;
-  n: number;
-  /** The max_tokens sent to the engine. */
-  maxTokens: number;
-  /** The client's max_tokens, or the injected default before any deadline or budget cut. */
-  maxTokensRequested: number;
-  maxTokensSource: MaxTokensSource;
-  /** Why maxTokens is below maxTokensRequested, or null. */
-  maxTokensClampReason: ClampReason | null;
-  /** The exact `X-Svc-Max-Tokens-Clamped` header value, or null when nothing was reduced. */
-  maxTokensClamped: string | null;
-  /** prompt_logprobs = -1: the body is very large and must be streamed (and gzipped on request). */
-  fullVocab: boolean;
-  capture: boolean;
-  /** Layers the capture must return when known (for `capture_incomplete`); null when not capturing or unknown. */
-  captureLayerCount: number | null;
-  steering: boolean;
-  /** Prompt tokens + promptCount × n × maxTokens: the worst-case token work a budget reservation covers. */
-  workTokens: number;
-  /** Telemetry tag; never forwarded. */
-  user: string | null;
-}
-
-/** The contract's cap on an injected default max_tokens. */
-export const DEFAULT_MAX_TOKENS_CAP = 32_000;
-/** Largest double not above 2^63-1: what a seed that parsed as 2^63 is forwarded as. */
-const LARGEST_FORWARDABLE_SEED = 9223372036854774784;
+export type { ClampReason, CompletionContext, MaxTokensSource, PreparedCompletion } from './types.ts';
+export { DEFAULT_MAX_TOKENS_CAP, deadlineFeasibleTokens, fitDefaultToContext, formatMaxTokensClamped, lowerMaxTokens, needsEngineContextLength } from './max-tokens.ts';
+export { withExactSeed } from './engine-body.ts';
 
 const checkRequest = Compile(CompletionRequest);
-
-/**
- * Max tokens that finish inside the non-streaming window: one fourteenth of the window is kept for prompt
- * processing and queueing, so 14 minutes at 20 tokens/s gives the contract's "about 15,600".
- */
-export function deadlineFeasibleTokens(requestWindowMs: number, tokensPerSecond: number): number {
-  return Math.floor((requestWindowMs * tokensPerSecond * 13) / 14_000);
-}
-
-/** `requested=N,applied=M,reason=R,source=S`: the `X-Svc-Max-Tokens-Clamped` header. */
-export function formatMaxTokensClamped(requested: number, applied: number, reason: ClampReason, source: MaxTokensSource): string {
-  return `requested=${requested},applied=${applied},reason=${reason},source=${source}`;
-}
-
-/**
- * The same completion with max_tokens lowered to fit a per-key budget: engine body, work tokens and the
- * clamp header follow (`reason=budget`, or `deadline+budget` after a deadline cut). Never raises it.
- */
-export function lowerMaxTokens(prepared: PreparedCompletion, maxTokens: number): PreparedCompletion {
-  if (!Number.isInteger(maxTokens) || maxTokens < 1) throw new RangeError(`max_tokens must be a positive integer, got ${maxTokens}`);
-  if (maxTokens >= prepared.maxTokens) return prepared;
-  const reason: ClampReason = prepared.maxTokensClampReason === 'deadline' || prepared.maxTokensClampReason === 'deadline+budget' ? 'deadline+budget' : 'budget';
-  return {
-    ...prepared,
-    engineBody: { ...prepared.engineBody, max_tokens: maxTokens },
-    maxTokens,
-    maxTokensClampReason: reason,
-    maxTokensClamped: formatMaxTokensClamped(prepared.maxTokensRequested, maxTokens, reason, prepared.maxTokensSource),
-    workTokens: prepared.promptTokens + prepared.promptCount * prepared.n * maxTokens,
-  };
-}
-
-/** True when the default max_tokens was injected without knowing the model's context (`max_model_len` null): ask the engine. */
-export function needsEngineContextLength(prepared: PreparedCompletion): boolean {
-  return prepared.maxTokensSource === 'default' && prepared.model.capabilities.max_model_len === null;
-}
-
-/**
- * The contract's default is min(32,000, remaining model context); when the registry does not know the
- * context, the engine does (its /tokenize answer). This sizes an injected default to `engineMaxModelLen`:
- * lowered to the room the longest prompt leaves, never raised. A prompt that fills that context is 400
- * `context_length_exceeded`, as with a known `max_model_len`. A deadline cut keeps its header, now
- * naming the context-sized default as requested. Anything else is returned as it is.
- */
-export function fitDefaultToContext(prepared: PreparedCompletion, engineMaxModelLen: number): PreparedCompletion {
-  if (!needsEngineContextLength(prepared)) return prepared;
-  const longest = Math.max(...prepared.promptTokenCounts);
-  checkContext('prompt', String(longest), longest, null, engineMaxModelLen, prepared.model.id, ' (as its engine reports it)');
-  const room = engineMaxModelLen - longest;
-  if (room >= prepared.maxTokensRequested) return prepared;
-  const maxTokens = Math.min(prepared.maxTokens, room);
-  const clampReason = maxTokens < room ? prepared.maxTokensClampReason : null;
-  return {
-    ...prepared,
-    engineBody: { ...prepared.engineBody, max_tokens: maxTokens },
-    maxTokens,
-    maxTokensRequested: room,
-    maxTokensClampReason: clampReason,
-    maxTokensClamped: clampReason ? formatMaxTokensClamped(room, maxTokens, clampReason, prepared.maxTokensSource) : null,
-    workTokens: prepared.promptTokens + prepared.promptCount * prepared.n * maxTokens,
-  };
-}
 
 /**
  * Validates a parsed JSON body and runs the pre-flight checks; throws an ApiError (400 with the field
@@ -153,10 +45,11 @@ export function prepareValidCompletion(req: CompletionRequest, ctx: CompletionCo
 
 /**
  * `prepareValidCompletion`, with text prompts longer than OFF_THREAD_UNITS in total tokenized in the context's
- * tokenizer pool (worker threads), so that the event loop goes on serving other requests meanwhile.
+ * tokenizer pool (worker threads), so that the event loop goes on serving other requests meanwhile. `model`:
+ * the model `req.model` names, when the caller resolved it already (the route's own step).
  */
-export async function prepareValidCompletionAsync(req: CompletionRequest, ctx: CompletionContext): Promise<PreparedCompletion> {
-  const counting = beginCompletion(req, ctx);
+export async function prepareValidCompletionAsync(req: CompletionRequest, ctx: CompletionContext, model?: ModelConfig): Promise<PreparedCompletion> {
+  const counting = beginCompletion(req, ctx, model);
   return counting.finish(await countTokens(ctx.tokenizers, counting.model.tokenizer, counting.tokenizer, counting.texts, counting.addSpecialTokens));
 }
 
@@ -171,8 +64,7 @@ interface CountingCompletion {
   finish(counts: number[]): PreparedCompletion;
 }
 
-function beginCompletion(req: CompletionRequest, ctx: CompletionContext): CountingCompletion {
-  const model = ctx.registry.resolve(req.model);
+function beginCompletion(req: CompletionRequest, ctx: CompletionContext, model = ctx.registry.resolve(req.model)): CountingCompletion {
   const caps = model.capabilities;
 
   const stream = req.stream === true;
@@ -352,50 +244,7 @@ function beginCompletion(req: CompletionRequest, ctx: CompletionContext): Counti
       throw apiError('activation_prompt_too_long', message, { fields: { param: 'output_residual_stream' } });
     }
 
-    const engineBody: Record<string, unknown> = {
-      model: model.checkpoint,
-      prompt,
-      max_tokens: maxTokens,
-      n,
-      temperature: req.temperature ?? 1.0,
-      top_p: req.top_p ?? 1.0,
-      top_k: req.top_k ?? -1,
-      min_p: req.min_p ?? 0.0,
-      presence_penalty: req.presence_penalty ?? 0.0,
-      frequency_penalty: req.frequency_penalty ?? 0.0,
-      repetition_penalty: req.repetition_penalty ?? 1.0,
-      seed: forwardableSeed(req.seed ?? null),
-      stop: req.stop ?? null,
-      logprobs,
-      prompt_logprobs: promptLogprobs,
-      echo: req.echo ?? false,
-      add_special_tokens: addSpecialTokens,
-      stream,
-    };
-    if (stream) {
-      // The engine always reports usage on a stream (every stream is billed); the gateway drops that
-      // frame when the client did not ask for it (clientWantsUsage).
-      engineBody.stream_options = {
-        include_usage: true,
-        continuous_usage_stats: req.stream_options?.continuous_usage_stats ?? false,
-      };
-    }
-    if (capture || steering) {
-      const xargs: Record<string, string> = {};
-      if (capture) xargs.output_residual_stream = captureLayers === 'all' ? 'true' : JSON.stringify(captureLayers);
-      if (steeringVectors !== null) {
-        xargs.apply_steering_vectors = JSON.stringify(
-          steeringVectors.map((v) => ({
-            activations: v.activations,
-            layer_indices: v.layer_indices,
-            scale: v.scale ?? 1.0,
-            norm_match: v.norm_match ?? false,
-            position_indices: v.position_indices ?? null,
-          })),
-        );
-      }
-      engineBody.vllm_xargs = xargs;
-    }
+    const engineBody = engineBodyOf(req, { model, maxTokens, n, stream, logprobs, promptLogprobs, addSpecialTokens, capture, captureLayers });
 
     const promptTokens = promptTokenCounts.reduce((a, b) => a + b, 0);
     return {
@@ -420,69 +269,4 @@ function beginCompletion(req: CompletionRequest, ctx: CompletionContext): Counti
       user: req.user ?? null,
     };
   }
-}
-
-/**
- * The contract's context rule: prompt tokens + max_tokens within max_model_len, or, for an injected default, at
- * least one token of room. `tokens` is the prompt's count, or a lower bound on it (`said` then says "at least").
- */
-function checkContext(promptName: string, said: string, tokens: number, explicitMax: number | null, maxModelLen: number, modelId: string, reportedBy = ''): void {
-  if (explicitMax !== null && tokens + explicitMax > maxModelLen) {
-    throw apiError(
-      'context_length_exceeded',
-      `${promptName}: ${said} prompt tokens + max_tokens ${explicitMax} = ${tokens + explicitMax} exceeds the context length ${maxModelLen} of model ${modelId}${reportedBy}`,
-      { fields: { param: 'prompt' } },
-    );
-  }
-  if (explicitMax === null && tokens >= maxModelLen) {
-    throw apiError(
-      'context_length_exceeded',
-      `${promptName}: ${said} prompt tokens leave no room to generate within the context length ${maxModelLen} of model ${modelId}${reportedBy}`,
-      { fields: { param: 'prompt' } },
-    );
-  }
-}
-
-/** prompt_logprobs -1 is served up to the model's full-vocabulary prompt cap. */
-function checkFullVocab(promptName: string, said: string, tokens: number, cap: number): void {
-  if (tokens > cap) {
-    throw apiError('full_vocab_prompt_too_long', `${promptName}: ${said} tokens is longer than the ${cap} tokens allowed with prompt_logprobs -1 (full vocabulary)`, {
-      fields: { param: 'prompt' },
-    });
-  }
-}
-
-function checkVocab(ids: readonly number[], vocabSize: number, name: string): void {
-  for (let j = 0; j < ids.length; j++) {
-    if (ids[j] >= vocabSize) {
-      throw invalid('prompt', `${name}[${j}]: token id ${ids[j]} is out of range (the vocabulary has ${vocabSize} ids, 0..${vocabSize - 1})`);
-    }
-  }
-}
-
-/**
- * `JSON.parse` rounds integers above 2^53, so 2^63-1 (the largest seed) and 2^63 (out of range) both
- * read as the double 2^63. For a top-level `seed` read that way, its literal in the body's text decides:
- * above 2^63-1 it becomes Infinity, which the schema refuses with the seed's range like any other
- * out-of-range value. Anything else is returned as parsed.
- */
-export function withExactSeed(parsed: unknown, text: string): unknown {
-  const seed = (parsed as { seed?: unknown } | null)?.seed;
-  if (seed !== MAX_SEED) return parsed; // every other double is exact enough for the schema to judge
-  // The key as it can appear at any depth; only the top-level one parsed to this value, and nested
-  // objects of a completion body have no `seed`, so one match is the one (several: left to the schema).
-  const literals = [...text.matchAll(/"seed"\s*:\s*(\d+)\s*[,}]/g)];
-  if (literals.length === 1 && BigInt(literals[0][1]) > 2n ** 63n - 1n) (parsed as { seed: number }).seed = Infinity;
-  return parsed;
-}
-
-/** JSON numbers above 2^53 are already rounded when parsed; 2^63-1 parses as 2^63, which int64 engines reject. */
-function forwardableSeed(seed: number | null): number | null {
-  return seed !== null && seed >= MAX_SEED ? LARGEST_FORWARDABLE_SEED : seed;
-}
-
-function windowText(ms: number): string {
-  if (ms % 60_000 === 0) return `${ms / 60_000}-minute`;
-  if (ms % 1000 === 0) return `${ms / 1000}-second`;
-  return `${ms} ms`;
 }

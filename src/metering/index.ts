@@ -146,16 +146,16 @@ export class Metering {
    */
   sendDecisions(now: boolean): void {
     if (now) {
-      this.#handler.sendPending();
+      this.#handler.pendingAppends.sendNow();
       return;
     }
     // The decisions' own turn was queued before the engine call's write: it waits for this one.
-    this.#handler.holdPending();
+    this.#handler.pendingAppends.holdForOneTurn();
     if (this.#sendQueued) return;
     this.#sendQueued = true;
     setImmediate(() => {
       this.#sendQueued = false;
-      this.#handler.sendPending();
+      this.#handler.pendingAppends.sendNow();
     });
   }
 

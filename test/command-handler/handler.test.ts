@@ -292,7 +292,7 @@ it("a decision that may not wait takes along what lingers on other streams, into
   await handler.settled();
 });
 
-it('sendPending hands the pending decisions to the store at once, lingering ones along, and has it send them now', async ({ store }) => {
+it('pendingAppends.sendNow hands the pending decisions to the store at once, lingering ones along, and has it send them now', async ({ store }) => {
   const calls: string[] = [];
   const handler = new CommandHandler({
     store: {
@@ -307,7 +307,7 @@ it('sendPending hands the pending decisions to the store at once, lingering ones
   const lingering = await handler.decide(settledHere, { type: 'Note', text: 'settled' }, tickets, { lingerMs: 60_000 });
   const urgent = await handler.decide(reservedThere, issue, tickets);
   assert.equal(calls, [], 'nothing sent before the call');
-  handler.sendPending();
+  handler.pendingAppends.sendNow();
   assert.equal(calls.slice(0, 2).sort(), [`append ${settledHere}`, `append ${reservedThere}`].sort(), 'both handed over at the call');
   assert.equal(calls.slice(2), ['send now'], 'then the store is told to send them');
   const [a, b] = await Promise.all([lingering.durable, urgent.durable]);
@@ -316,7 +316,7 @@ it('sendPending hands the pending decisions to the store at once, lingering ones
   await handler.settled();
 });
 
-it("holdPending lets a write the caller queued for the same turn go first; the decisions leave one turn later, or with sendPending", async ({ store }) => {
+it("pendingAppends.holdForOneTurn lets a write the caller queued for the same turn go first; the decisions leave one turn later, or with sendNow", async ({ store }) => {
   const calls: string[] = [];
   const handler = new CommandHandler({ store: { ...store, append: (id, events, expected) => (calls.push('append'), store.append(id, events, expected)) } });
   const id = stream();
@@ -324,26 +324,26 @@ it("holdPending lets a write the caller queued for the same turn go first; the d
   // As the completion route does: decide, then queue its own write (undici's, from a setImmediate), then hold.
   const held = await handler.decide(id, issue, tickets);
   setImmediate(() => calls.push("the caller's write"));
-  handler.holdPending();
+  handler.pendingAppends.holdForOneTurn();
   await new Promise((resolve) => setImmediate(resolve));
   assert.equal(calls, ["the caller's write"], 'the append waits a turn');
   await held.durable;
-  assert.equal(calls, ["the caller's write", 'append'], 'and leaves on its own with nobody calling sendPending');
+  assert.equal(calls, ["the caller's write", 'append'], 'and leaves on its own with nobody calling sendNow');
 
   calls.length = 0;
   const sent = await handler.decide(id, issue, tickets);
   setImmediate(() => {
     calls.push("the caller's write");
-    handler.sendPending();
+    handler.pendingAppends.sendNow();
   });
-  handler.holdPending();
+  handler.pendingAppends.holdForOneTurn();
   await new Promise((resolve) => setImmediate(resolve));
-  assert.equal(calls, ["the caller's write", 'append'], 'sendPending sends them at once, right after the write');
+  assert.equal(calls, ["the caller's write", 'append'], 'sendNow sends them at once, right after the write');
   await sent.durable;
   await new Promise((resolve) => setImmediate(resolve));
   assert.is(calls.length, 2, 'not sent twice');
   // Nothing pending: a hold is nothing, and the next decision leaves at the next turn as usual.
-  handler.holdPending();
+  handler.pendingAppends.holdForOneTurn();
   calls.length = 0;
   const next = await handler.decide(id, issue, tickets);
   await new Promise((resolve) => setImmediate(resolve));
