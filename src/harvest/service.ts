@@ -30,7 +30,7 @@ import { HarvestStorageError, isStorageFull, type HarvestStorage } from './stora
 import { LongPolls } from './long-poll.ts';
 import { admissionRefused, harvestJobIdPattern, newHarvestJobId, plannedJob } from './request.ts';
 import { jobView, shardView } from './view.ts';
-import { harvestWorkKind, type HarvestCaller, type HarvestJobView, type HarvestRequest, type HarvestShardView, type HarvestStatus } from './types.ts';
+import { harvestWorkKind, type HarvestCaller, type HarvestJobView, type HarvestRequest, type HarvestShardView } from './types.ts';
 
 export { harvestJobIdPattern, newHarvestJobId, resolveLayers } from './request.ts';
 
