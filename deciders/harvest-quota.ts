@@ -5,11 +5,15 @@
  *
  * The month's count is the jobs admitted in that UTC month minus those released uncounted (their
  * start failed: no GPU was engaged); a new month starts it at 0. A job holds a running slot from its
- * admission until its release (by the harvest-slots workflow when the job ends, or by the next Admit
- * that is told the job ended: a slot never waits on the workflow's lag).
+ * admission until its release. One rule frees a slot (`harvestSlotFreed`): the job ended on its own
+ * stream (counted as it was), or its stream never appeared `harvestOrphanAdmissionMs` after the
+ * admission (the submit died or failed in between: not counted). It is applied by `Release` (the
+ * harvest-slots workflow, when a job ends) and by `Admit` to the key's active jobs as the submit read
+ * them, so a slot never waits on the workflow's lag; whichever comes first appends the release.
  */
 import { reject, type Decider, type Rejection } from '../src/event-sourcing/index.ts';
 import { HarvestJobAdmitted, harvestQuotaEvents, HarvestSlotReleased, utcMonth, type HarvestQuotaEvent } from '../events/harvest.ts';
+import { isHarvestTerminal, type HarvestStatus } from './harvest.ts';
 
 export interface HarvestQuotaState {
   /** Jobs holding a running slot, with the month they were admitted in. */
@@ -29,12 +33,29 @@ export type HarvestQuotaCommand =
       monthlyQuota: number | null;
       /** Jobs admitted and not yet released, at most; 0 or less: no cap. */
       runningCap: number;
-      /** Active jobs the caller found ended (terminal on their own stream): released first, in this decision. */
-      ended: ReadonlyArray<{ readonly jobId: string; readonly counted: boolean }>;
+      /** The key's active jobs as their own streams hold them (read just before): those ended are released first, in this decision. */
+      jobs: readonly ObservedJob[];
     }
   | { type: 'Release'; jobId: string; counted: boolean; now: string };
 
 export type HarvestQuotaRejection = Rejection<'harvest_quota_exceeded' | 'harvest_concurrency_exceeded'>;
+
+/** An admitted job as its stream `harvest-<jobId>` holds it (status `none`: no event there yet). */
+export interface ObservedJob {
+  readonly jobId: string;
+  readonly status: HarvestStatus;
+  readonly counted: boolean;
+}
+
+/** An admission whose job stream is still empty this long after it is an orphan: its submit died or failed in between. */
+export const harvestOrphanAdmissionMs = 60_000;
+
+/** Whether an admitted job's slot is free at `now`, and whether it counts against its month; null while it holds it. */
+export function harvestSlotFreed(admittedAt: string, job: ObservedJob, now: string): { counted: boolean } | null {
+  if (isHarvestTerminal(job.status)) return { counted: job.counted };
+  if (job.status === 'none' && Date.parse(now) - Date.parse(admittedAt) >= harvestOrphanAdmissionMs) return { counted: false };
+  return null;
+}
 
 const initialState: HarvestQuotaState = { active: new Map(), month: null, counted: 0 };
 
@@ -71,9 +92,11 @@ export const harvestQuotaDecider: Decider<HarvestQuotaState, HarvestQuotaCommand
         const at = command.now;
         const released: HarvestQuotaEvent[] = [];
         let next = state;
-        for (const ended of command.ended) {
-          if (!next.active.has(ended.jobId)) continue;
-          const event = HarvestSlotReleased({ job_id: ended.jobId, counted: ended.counted, at });
+        for (const job of command.jobs) {
+          const admitted = next.active.get(job.jobId);
+          const freed = admitted ? harvestSlotFreed(admitted.at, job, at) : null;
+          if (!freed) continue;
+          const event = HarvestSlotReleased({ job_id: job.jobId, counted: freed.counted, at });
           released.push(event);
           next = harvestQuotaDecider.evolve(next, event);
         }

@@ -11,8 +11,10 @@
  *
  * While running, a worker claims the job (a fencing token: a later claim supersedes it, and the
  * superseded worker's records are refused), renews its lease, and records shards one by one in
- * plan order. The resumer redispatches a job whose claim's lease lapsed (its worker died), and fails
- * it once its worker was lost too many times in a row without a shard written. A terminal state is final: whatever races it (a poll, a worker, the resumer) is
+ * plan order. `Redispatch` (the resumer's) starts a job whose start never happened, publishes again one
+ * no worker claimed within a lease, redispatches one whose claim's lease lapsed (its worker died), and
+ * fails it once its worker was lost too many times in a row without a shard written; the job is
+ * published on its transport exactly when it appends one of those (`harvestDispatched`). A terminal state is final: whatever races it (a poll, a worker, the resumer) is
  * refused or appends nothing, so it is never overwritten. Time, ids and limits come in on the
  * commands.
  */
@@ -26,6 +28,7 @@ import {
   HarvestFilesRemoved,
   harvestMessageMax,
   HarvestRedispatched,
+  HarvestRepublished,
   HarvestShardWritten,
   HarvestStarted,
   HarvestStartFailed,
@@ -121,13 +124,18 @@ export function plannedShard(job: Pick<HarvestSubmittedData, 'shard_size' | 'pro
 
 /**
  * Whether a running job's worker is gone at `now`: its claim's lease lapsed. An unclaimed job is
- * waiting in its transport (every worker busy, or none running): nothing was lost that an event could
- * fix; the resumer publishes it again, which a transport that holds it already ignores.
+ * waiting in its transport (every worker busy, or none running): no worker was lost; `Redispatch`
+ * publishes it again a lease after its dispatch (HarvestRepublished), which a transport that holds it
+ * already ignores.
  */
 export function harvestLeaseLapsed(state: HarvestState, now: string): boolean {
   if (state.status !== 'running') return false;
   return state.claim !== null && Date.parse(now) >= Date.parse(state.claim.leaseUntil);
 }
+
+/** Whether events a command appended dispatch the job (to be published on its transport): a start, a redispatch, a republish. */
+export const harvestDispatched = (events: readonly HarvestEvent[]): boolean =>
+  events.some((e) => e.type === 'HarvestStarted' || e.type === 'HarvestRedispatched' || e.type === 'HarvestRepublished');
 
 const finished = (state: HarvestState): HarvestRejection =>
   reject('job_finished', `the harvest job has already ${state.status === 'cancelled' ? 'been cancelled' : state.status}`, { status: state.status });
@@ -156,6 +164,8 @@ export const harvestDecider: Decider<HarvestState, HarvestCommand, HarvestEvent,
       }
       case 'HarvestRedispatched':
         return { ...state, claim: null, redispatches: event.data.attempt, redispatchedAt: event.data.at, lostInARow: state.lostInARow + 1 };
+      case 'HarvestRepublished':
+        return { ...state, redispatchedAt: event.data.at };
       case 'HarvestSucceeded':
         return { ...state, status: 'succeeded', finishedAt: event.data.at, claim: null };
       case 'HarvestFailed':
@@ -277,6 +287,10 @@ export const harvestDecider: Decider<HarvestState, HarvestCommand, HarvestEvent,
         if (state.status === 'pending') {
           // Submitted but never started: the process that was to start it died in between.
           return elapsed(job.at, at) >= command.leaseMs ? HarvestStarted({ job_id, key_id, transport: 'resumer', at }) : [];
+        }
+        if (state.status === 'running' && state.claim === null) {
+          // Unclaimed a lease after its dispatch: published again (a transport that holds it ignores that).
+          return elapsed(state.redispatchedAt ?? state.startedAt ?? job.at, at) >= command.leaseMs ? HarvestRepublished({ job_id, reason: cut(command.reason), at }) : [];
         }
         if (!harvestLeaseLapsed(state, at)) return [];
         if (state.lostInARow >= command.maxRedispatches) {

@@ -112,6 +112,16 @@ export const HarvestRedispatched = defineEvent(
   Type.Object({ job_id: JobId, attempt: Type.Integer({ minimum: 1 }), reason: Message, at: Instant }, { additionalProperties: false }),
 );
 
+/**
+ * A running job no worker has claimed within a lease of its dispatch (every worker busy, or its
+ * transport lost with a process that held it in memory) is published again. Not a lost worker: the
+ * job is not failed for it, however often.
+ */
+export const HarvestRepublished = defineEvent(
+  'HarvestRepublished',
+  Type.Object({ job_id: JobId, reason: Message, at: Instant }, { additionalProperties: false }),
+);
+
 /** Every shard written and the manifest after them: `succeeded`, with the totals summed from the shards. */
 export const HarvestSucceeded = defineEvent(
   'HarvestSucceeded',
@@ -175,6 +185,7 @@ export const harvestEvents = eventCatalogue('harvest', [
   HarvestFailed,
   HarvestCancelled,
   HarvestFilesRemoved,
+  HarvestRepublished,
 ]);
 export type HarvestEvent =
   | EventOf<typeof HarvestSubmitted>
@@ -187,7 +198,8 @@ export type HarvestEvent =
   | EventOf<typeof HarvestSucceeded>
   | EventOf<typeof HarvestFailed>
   | EventOf<typeof HarvestCancelled>
-  | EventOf<typeof HarvestFilesRemoved>;
+  | EventOf<typeof HarvestFilesRemoved>
+  | EventOf<typeof HarvestRepublished>;
 export type HarvestSubmittedData = EventOf<typeof HarvestSubmitted>['data'];
 export type HarvestShardWrittenData = EventOf<typeof HarvestShardWritten>['data'];
 

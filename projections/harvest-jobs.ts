@@ -91,7 +91,7 @@ export const harvestJobsProjection = defineProjection<HarvestEvent>({
       worker_id: 'The worker holding the job now (the last one, once finished); NULL when none does.',
       lease_until: 'While running: when the worker\'s claim lapses unless renewed (the resumer redispatches the job after it); NULL when none.',
       redispatches: 'Times the job was dispatched again after its worker was lost.',
-      redispatched_at: 'The last redispatch; NULL if none.',
+      redispatched_at: 'The last redispatch or republish (an unclaimed job published again); NULL if none.',
       error_code: 'Why it failed: start_failed, stale, worker_lost, or the worker\'s code; NULL otherwise.',
       error_message: 'The failure\'s message; NULL otherwise.',
       month: 'The UTC month the job counts against (its first day).',
@@ -183,6 +183,9 @@ export const harvestJobsProjection = defineProjection<HarvestEvent>({
         `UPDATE harvest_jobs SET worker_id = NULL, lease_until = NULL, redispatches = $2::int, redispatched_at = $3::timestamptz WHERE job_id = $1 AND status = 'running'`,
         [event.data.job_id, event.data.attempt, event.data.at],
       );
+    },
+    async HarvestRepublished(event, db) {
+      await db.query(`UPDATE harvest_jobs SET redispatched_at = $2::timestamptz WHERE job_id = $1 AND status = 'running'`, [event.data.job_id, event.data.at]);
     },
     async HarvestSucceeded(event, db) {
       await db.query(

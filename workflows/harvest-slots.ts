@@ -3,8 +3,9 @@
  * gives its running slot back on its key's quota stream; one whose start failed gives its month's
  * quota back too (it never engaged a GPU). One job ends once, so there is nothing to remember: the
  * command's id is derived from the job, and a release sent again (after a crash) appends nothing.
- * Whichever comes first, this release or a later Admit told the job ended, frees the slot; the other
- * finds it free and appends nothing.
+ * Whichever comes first, this release or the key's next Admit that finds the job ended (the quota
+ * decider's `harvestSlotFreed`, the one rule of both), frees the slot; the other finds it free and
+ * appends nothing.
  */
 import type { Workflow, WorkflowCommand, WorkflowInput } from '../src/event-sourcing/index.ts';
 import { harvestEvents, harvestQuotaStream, type HarvestEnded } from '../events/harvest.ts';

@@ -71,12 +71,13 @@ export interface ResumableHarvest {
 }
 
 /**
- * The harvest resumer: a running job whose worker is gone (its claim's lease lapsed, or no claim came
- * within a lease of its dispatch) is redispatched on its own stream, and a pending job that was never
- * started (the process that accepted it died) is started, both by `Redispatch`; the harvest decider
- * judges again on the stream's state (the view may lag) and fails a job lost too often. The command's
- * id names the lapse: the job and the attempt it would be (a pending job: its start), so every process
- * may send it and the first appends; a view that lags sends the same id again, which appends nothing.
+ * The harvest resumer: a running job whose worker is gone (its claim's lease lapsed) is redispatched on
+ * its own stream, one no worker claimed within a lease of its dispatch is published again, and a
+ * pending job that was never started (the process that accepted it died) is started, all by
+ * `Redispatch`; the harvest decider judges again on the stream's state (the view may lag) and fails a
+ * job lost too often. The command's id names the lapse: the job and the attempt it would be (an
+ * unclaimed job: the dispatch it follows; a pending job: its start), so every process may send it and
+ * the first appends; a view that lags sends the same id again, which appends nothing.
  */
 export function resumeHarvests(
   tick: Tick,
@@ -96,12 +97,14 @@ export function resumeHarvests(
       if (job.leaseUntil !== null) {
         if (job.leaseUntil.getTime() > now) continue;
         reason = `the claim's lease lapsed at ${job.leaseUntil.toISOString()}`;
+        commandId = `redispatch:${job.jobId}:${job.redispatches + 1}`;
       } else {
         const since = job.redispatchedAt ?? job.startedAt ?? job.submittedAt;
         if (since.getTime() + leaseMs > now) continue;
         reason = `no worker claimed it within ${Math.round(leaseMs / 1000)} s`;
+        // Named by the dispatch it follows: published again once a lease, however often.
+        commandId = `republish:${job.jobId}:${since.toISOString()}`;
       }
-      commandId = `redispatch:${job.jobId}:${job.redispatches + 1}`;
     } else continue;
     out.push({ stream: harvestStream(job.jobId), commandId, command: { type: 'Redispatch', now: tick.now, leaseMs, maxRedispatches, reason } });
   }

@@ -1,24 +1,38 @@
 /**
- * The harvest application service: submit, read, wait, list, cancel, download. Every rule is in the
- * deciders (deciders/harvest.ts on `harvest-<jobId>`, deciders/harvest-quota.ts on
- * `harvest-quota-<keyId>`); this loads, decides, appends and maps a rejection to the API's error.
- * Every command on a job goes through `command`, which also wakes this process's long-polls.
+ * The harvest application service: submit, read, wait, list, cancel, download. It sends commands and
+ * reads; every rule is in the deciders (deciders/harvest.ts on `harvest-<jobId>`,
+ * deciders/harvest-quota.ts on `harvest-quota-<keyId>`), and what happens after the submit's answer
+ * is the harvest-slots workflow's (a slot released when its job ends) and the resumer's (a start that
+ * never happened, a job nobody claimed, a worker lost: `Redispatch`). Every command on a job goes
+ * through `command`, which also wakes this process's long-polls.
  */
-import { randomBytes } from 'node:crypto';
 import type { Readable } from 'node:stream';
-import { apiError, type ApiError } from '../errors/index.ts';
+import { apiError } from '../errors/index.ts';
 import type { CommandHandler, Outcome } from '../command-handler/index.ts';
 import type { SqlDatabase } from '../store/index.ts';
 import type { HarvestSettings } from '../config/index.ts';
 import type { ModelRegistry } from '../registry/index.ts';
 import type { DispatchTransport } from '../dispatch/index.ts';
-import { harvestStream, harvestQuotaStream, type HarvestEvent, type HarvestQuotaEvent } from '../../events/index.ts';
-import { harvestDecider, harvestQuotaDecider, type HarvestCommand, type HarvestRejection, type HarvestState } from '../../deciders/index.ts';
+import { harvestJobOf, harvestStream, harvestQuotaStream, type HarvestEvent } from '../../events/index.ts';
+import {
+  harvestDecider,
+  harvestDispatched,
+  harvestQuotaDecider,
+  isHarvestTerminal,
+  type HarvestCommand,
+  type HarvestQuotaCommand,
+  type HarvestRejection,
+  type HarvestState,
+  type ObservedJob,
+} from '../../deciders/index.ts';
 import { listHarvestJobs } from '../../projections/index.ts';
 import { HarvestStorageError, isStorageFull, type HarvestStorage } from './storage.ts';
 import { LongPolls } from './long-poll.ts';
-import { estimateTokens } from './estimate.ts';
-import { harvestWorkKind, type HarvestCaller, type HarvestJobView, type HarvestRequest, type HarvestShardView, type HarvestStatus } from './types.ts';
+import { admissionRefused, harvestJobIdPattern, newHarvestJobId, plannedJob } from './request.ts';
+import { jobView, shardView } from './view.ts';
+import { harvestWorkKind, type HarvestCaller, type HarvestJobView, type HarvestRequest, type HarvestShardView } from './types.ts';
+
+export { harvestJobIdPattern, newHarvestJobId, resolveLayers } from './request.ts';
 
 export interface HarvestServiceOptions {
   handler: CommandHandler;
@@ -31,16 +45,8 @@ export interface HarvestServiceOptions {
   now?: () => Date;
 }
 
-const terminal: ReadonlySet<string> = new Set(['succeeded', 'failed', 'cancelled']);
-export const isTerminal = (status: string): boolean => terminal.has(status);
+export const isTerminal = (status: string): boolean => isHarvestTerminal(status as HarvestState['status']);
 
-/** An admission on the key's stream whose job stream never appeared (its process died in between) is released after this long. */
-const orphanAdmissionMs = 60_000;
-
-export const newHarvestJobId = (): string => `hj_${randomBytes(15).toString('hex').slice(0, 24)}`;
-
-/** Where a harvest job's id may come from: what `newHarvestJobId` makes (anything else is a 404, never a store read). */
-export const harvestJobIdPattern = '^hj_[0-9a-z]{24}$';
 const jobIdShape = new RegExp(harvestJobIdPattern);
 
 export class HarvestService {
@@ -78,7 +84,7 @@ export class HarvestService {
   /** Wakes long-polls on other processes' writes to job streams (the handler follows the log). */
   start(): void {
     this.#unfollow = this.#handler.onForeignEvent((event) => {
-      const jobId = jobIdOfStream(event.streamId);
+      const jobId = harvestJobOf(event.streamId);
       if (jobId) this.#changed(jobId);
     });
   }
@@ -90,111 +96,85 @@ export class HarvestService {
 
   // --- submit ---------------------------------------------------------------------------------
 
+  /**
+   * What the contract's answer needs, in order: the request's checks; the admission on the key's
+   * quota stream (stale jobs aged out first, ended ones released in it); the input stored and the job
+   * recorded `pending`; its compute job published; then `running` and 202. A publish that fails is
+   * `FailStart` and 503 (the harvest-slots workflow gives its slot and its count back); an input or a
+   * record that fails gives the admission back at once and is 507 (storage full) or 503.
+   */
   async submit(caller: HarvestCaller, request: HarvestRequest): Promise<HarvestJobView> {
-    const settings = this.#settings;
-    if (request.prompts.length > settings.maxPrompts) {
-      throw invalid('prompts', `prompts: ${request.prompts.length} prompts exceed the cap of ${settings.maxPrompts} per job`);
-    }
-    const estimatedTokens = estimateTokens(request.prompts);
-    if (estimatedTokens > settings.maxEstimatedTokens) {
-      throw invalid('prompts', `prompts: about ${estimatedTokens} tokens (characters / 4) exceed the cap of ${settings.maxEstimatedTokens} per job`);
-    }
-    const model = this.#registry.resolve(request.model);
-    const activations = model.activations;
-    if (!activations) throw apiError('activations_unsupported', `model ${model.id} has no activation engine: it cannot be harvested`, { fields: { param: 'model' } });
-    const layers = resolveLayers(request.layers ?? null, activations.n_layers);
-    const shardSize = request.shard_size ?? 32;
-    const batchSize = request.batch_size ?? settings.defaultBatchSize;
-
     const now = this.#now();
-    const jobId = newHarvestJobId();
-    const ended = await this.#endedJobs(caller.keyId, now);
+    const planned = plannedJob(caller, request, { settings: this.#settings, registry: this.#registry, jobId: newHarvestJobId(), now });
+    const jobId = planned.job_id;
     const quota = caller.budgets.monthly_harvest_jobs;
-    const admitted = await this.#handler.handle(
-      harvestQuotaStream(caller.keyId),
-      { type: 'Admit', jobId, now: now.toISOString(), monthlyQuota: quota === 0 ? null : quota, runningCap: settings.maxRunningPerKey, ended },
-      harvestQuotaDecider,
-      { commandId: `admit:${jobId}`, metadata: { key_prefix: caller.prefix } },
-    );
+    const admit: HarvestQuotaCommand = {
+      type: 'Admit',
+      jobId,
+      now: now.toISOString(),
+      monthlyQuota: quota === 0 ? null : quota,
+      runningCap: this.#settings.maxRunningPerKey,
+      jobs: await this.#activeJobs(caller.keyId, now),
+    };
+    const admitted = await this.#handler.handle(harvestQuotaStream(caller.keyId), admit, harvestQuotaDecider, { commandId: `admit:${jobId}`, metadata: { key_prefix: caller.prefix } });
     if (!admitted.accepted) throw admissionRefused(admitted.rejection, now);
 
-    let submitted = false;
+    let recorded = false;
     try {
       const input = await this.#storage.saveInput(jobId, request.prompts);
-      const outcome = await this.command(jobId, {
-        type: 'Submit',
-        job: {
-          job_id: jobId,
-          key_id: caller.keyId,
-          key_prefix: caller.prefix,
-          user_id: caller.userId,
-          model: model.id,
-          checkpoint: model.checkpoint,
-          prompt_count: request.prompts.length,
-          estimated_tokens: estimatedTokens,
-          layers,
-          d_model: activations.d_model ?? model.architecture?.d_model ?? null,
-          shard_size: shardSize,
-          batch_size: batchSize,
-          shard_count: Math.ceil(request.prompts.length / shardSize),
-          input_sha256: input.sha256,
-          month: now.toISOString().slice(0, 7),
-          at: now.toISOString(),
-        },
-      });
+      const outcome = await this.command(jobId, { type: 'Submit', job: { ...planned, input_sha256: input.sha256 } });
       if (!outcome.accepted) throw new Error(`job ${jobId} not recorded: ${outcome.rejection.rejected}`);
-      submitted = true;
-      // The compute job starts once the pending row is committed: a transport that refuses fails the job (never counted).
+      recorded = true;
+      // The compute job starts once the pending job is stored: a transport that refuses fails the job (never counted).
       await this.#transport.publish(harvestWorkKind, jobId, { job_id: jobId });
     } catch (error) {
-      const reason = `the job could not be ${submitted ? 'started' : 'recorded'}: ${(error as Error)?.message ?? 'unknown error'}`;
-      if (submitted) {
-        const failed = await this.command(jobId, { type: 'FailStart', reason, now: this.#now().toISOString() }).catch(() => null);
-        if (failed && !failed.accepted && failed.state.status !== 'pending' && failed.state.status !== 'none') {
-          // A publish slower than the lease: a resumer took the job for one whose process died and started it
-          // (it publishes it until a worker claims it). It runs and counts, so it is answered as started.
-          this.#logger.warn({ job_id: jobId, err: (error as Error)?.message }, 'harvest job start failed here, but a resumer had started it meanwhile');
-          return this.#view(failed.state);
-        }
-      }
-      this.#logger.error({ job_id: jobId, err: (error as Error)?.message }, submitted ? 'harvest job could not be started' : 'harvest job could not be recorded');
-      if (!submitted) {
-        await this.#handler
-          .handle(harvestQuotaStream(caller.keyId), { type: 'Release', jobId, counted: false, now: this.#now().toISOString() }, harvestQuotaDecider, { commandId: `release:${jobId}` })
-          .catch(() => undefined);
-        await this.#storage.removeJob(jobId).catch(() => undefined);
-      }
-      if (isStorageFull(error)) {
-        throw apiError('harvest_storage_full', 'the harvest storage is full: the job was not recorded and does not count against your quota; try again once space is freed (the operators, or DELETE of failed jobs)');
-      }
-      throw apiError('harvest_unavailable', `the harvest could not be started; it does not count against your quota. ${reason}`);
+      return this.#startFailed(caller, jobId, recorded, error);
     }
     const started = await this.command(jobId, { type: 'Start', transport: this.#transport.name, now: this.#now().toISOString() });
     return this.#view(started.state);
   }
 
   /**
-   * The key's admitted jobs that have ended, or that are stale and aged out now, or whose job stream
-   * never appeared: released in the same decision as the next admission, so a finished job frees its
-   * slot at once even before the harvest-slots workflow has reacted.
+   * The key's admitted jobs as their streams hold them, for the admission to release those that
+   * ended; each pending or running one is sent `AgeOut` first (the decider fails it if it is stale),
+   * so a stale job is aged out before the quota counts.
    */
-  async #endedJobs(keyId: string, now: Date): Promise<{ jobId: string; counted: boolean }[]> {
+  async #activeJobs(keyId: string, now: Date): Promise<ObservedJob[]> {
     const { state } = await this.#handler.load(harvestQuotaStream(keyId), harvestQuotaDecider, { fresh: true });
-    const ended: { jobId: string; counted: boolean }[] = [];
-    for (const [jobId, admitted] of state.active) {
-      const job = await this.#load(jobId, true);
-      if (job.status === 'none') {
-        if (now.getTime() - Date.parse(admitted.at) >= orphanAdmissionMs) ended.push({ jobId, counted: false });
-        continue;
+    const jobs: ObservedJob[] = [];
+    for (const jobId of state.active.keys()) {
+      let job = await this.#load(jobId, true);
+      if (job.status === 'pending' || job.status === 'running') {
+        job = (await this.command(jobId, { type: 'AgeOut', now: now.toISOString(), staleAfterMs: this.#settings.staleAfterMs })).state;
       }
-      if (isTerminal(job.status)) {
-        ended.push({ jobId, counted: job.counted });
-        continue;
-      }
-      const aged = await this.command(jobId, { type: 'AgeOut', now: now.toISOString(), staleAfterMs: this.#settings.staleAfterMs });
-      if (aged.accepted && isTerminal((aged.state as HarvestState).status)) ended.push({ jobId, counted: (aged.state as HarvestState).counted });
+      jobs.push({ jobId, status: job.status, counted: job.counted });
     }
-    return ended;
+    return jobs;
+  }
+
+  /** The submit's failure after its admission, answered 507 or 503 (it does not count against the quota). */
+  async #startFailed(caller: HarvestCaller, jobId: string, recorded: boolean, error: unknown): Promise<HarvestJobView> {
+    const reason = `the job could not be ${recorded ? 'started' : 'recorded'}: ${(error as Error)?.message ?? 'unknown error'}`;
+    const now = () => this.#now().toISOString();
+    if (recorded) {
+      const failed = await this.command(jobId, { type: 'FailStart', reason, now: now() }).catch(() => null);
+      if (failed && !failed.accepted && failed.state.status !== 'pending') {
+        // A publish slower than a lease: the resumer started the job meanwhile. It runs and counts: answered as started.
+        this.#logger.warn({ job_id: jobId, err: (error as Error)?.message }, 'harvest job start failed here, but the resumer had started it meanwhile');
+        return this.#view(failed.state);
+      }
+      this.#logger.error({ job_id: jobId, err: (error as Error)?.message }, 'harvest job could not be started');
+    } else {
+      this.#logger.error({ job_id: jobId, err: (error as Error)?.message }, 'harvest job could not be recorded');
+      // Never recorded: its admission is given back now (the same release the next admission would make once it is an orphan).
+      const release: HarvestQuotaCommand = { type: 'Release', jobId, counted: false, now: now() };
+      await this.#handler.handle(harvestQuotaStream(caller.keyId), release, harvestQuotaDecider, { commandId: `release:${jobId}` }).catch(() => undefined);
+      await this.#storage.removeJob(jobId).catch(() => undefined);
+    }
+    if (isStorageFull(error)) {
+      throw apiError('harvest_storage_full', 'the harvest storage is full: the job was not recorded and does not count against your quota; try again once space is freed (the operators, or DELETE of failed jobs)');
+    }
+    throw apiError('harvest_unavailable', `the harvest could not be started; it does not count against your quota. ${reason}`);
   }
 
   // --- reads ----------------------------------------------------------------------------------
@@ -330,6 +310,10 @@ export class HarvestService {
     );
   }
 
+  #view(state: HarvestState): Promise<HarvestJobView> {
+    return jobView(state, this.#storage);
+  }
+
   /** The job's state as stored (`fresh`: read what other processes appended first). */
   async #load(jobId: string, fresh = false): Promise<HarvestState> {
     return (await this.#handler.load(harvestStream(jobId), harvestDecider, { fresh })).state;
@@ -346,13 +330,13 @@ export class HarvestService {
 
   /**
    * One non-blocking look at a running job's compute: a manifest written whole whose success was never
-   * recorded (the worker died in between) is recorded now; a claim whose lease lapsed is dispatched
-   * again. Every read of a pending or running job makes one (a burst of reads shares it) and serves
-   * what it found: the terminal state it recorded, else the state read (also when it failed, which is
-   * logged, never a 500). It does not wait for the compute, only looks at it.
+   * recorded (the worker died in between) is recorded now (`Succeed`, the one command a read sends).
+   * Every read of a running job makes one (a burst of reads shares it) and serves what it found: the
+   * terminal state it recorded, else the state read (also when it failed, which is logged, never a
+   * 500). A job whose worker is gone is the resumer's to dispatch again, not a read's.
    */
   async #reconciled(jobId: string, state: HarvestState): Promise<HarvestState> {
-    if (state.status !== 'running' && state.status !== 'pending') return state;
+    if (state.status !== 'running') return state;
     let underway = this.#reconciling.get(jobId);
     if (!underway) {
       underway = this.#reconcileOnce(jobId, state)
@@ -368,124 +352,27 @@ export class HarvestService {
 
   /** The terminal state an outcome found now was recorded as (its update applies only to a running job), or null. */
   async #reconcileOnce(jobId: string, state: HarvestState): Promise<HarvestState | null> {
-    const job = state.job;
-    if (!job || state.status !== 'running') return null;
-    if (state.shards.length === job.shard_count) {
-      const manifest = await this.#storage.readManifest(jobId);
-      if (manifest) {
-        const outcome = await this.command(jobId, { type: 'Succeed', claimId: null, manifestSha256: manifest.sha256, manifestBytes: manifest.bytes, now: this.#now().toISOString() });
-        // Refused because the job ended otherwise meanwhile (cancelled, say), that end is what is served.
-        return isTerminal(outcome.state.status) ? outcome.state : null;
-      }
-    }
-    await this.redispatch(jobId, 'a poll found its worker gone');
-    return null;
+    if (state.shards.length < state.job!.shard_count) return null;
+    const manifest = await this.#storage.readManifest(jobId);
+    if (!manifest) return null;
+    const outcome = await this.command(jobId, { type: 'Succeed', claimId: null, manifestSha256: manifest.sha256, manifestBytes: manifest.bytes, now: this.#now().toISOString() });
+    // Refused because the job ended otherwise meanwhile (cancelled, say), that end is what is served.
+    return isTerminal(outcome.state.status) ? outcome.state : null;
   }
 
   /**
-   * Dispatches a job again when its worker is gone (its claim's lease lapsed, or its start never
-   * happened): `Redispatch` decides, and the job is published again when it did. True when it was.
+   * The resumer's `Redispatch` of a job (the one path that dispatches a job again): the decider starts
+   * a job never started, publishes again one nobody claimed, redispatches one whose worker is gone or
+   * fails it; the job is published when that appended a dispatch. True when it was.
    */
   async redispatch(jobId: string, reason: string, commandId?: string): Promise<boolean> {
-    const settings = this.#settings;
-    const state = await this.#load(jobId, true);
-    // Unclaimed: waiting in the transport, or lost with a process whose transport was its memory. Publishing
-    // again is harmless (a transport that holds the job ignores it), and no event is needed.
-    if (state.status === 'running' && state.claim === null) return this.#transport.publish(harvestWorkKind, jobId, { job_id: jobId });
-    const command: HarvestCommand = { type: 'Redispatch', now: this.#now().toISOString(), leaseMs: settings.leaseMs, maxRedispatches: settings.maxRedispatches, reason };
-    const outcome = await this.command(jobId, command, commandId);
-    const appended = outcome.accepted ? outcome.newEvents.map((e) => e.type) : [];
-    if (!appended.includes('HarvestRedispatched') && !appended.includes('HarvestStarted')) return false;
+    const { leaseMs, maxRedispatches } = this.#settings;
+    const outcome = await this.command(jobId, { type: 'Redispatch', now: this.#now().toISOString(), leaseMs, maxRedispatches, reason }, commandId);
+    if (!outcome.accepted || !harvestDispatched(outcome.newEvents)) return false;
     await this.#transport.publish(harvestWorkKind, jobId, { job_id: jobId });
     return true;
   }
-
-  // --- views ----------------------------------------------------------------------------------
-
-  async #view(state: HarvestState): Promise<HarvestJobView> {
-    const job = state.job!;
-    const shards = state.shards.map((record) => shardView(job.job_id, record));
-    let result: HarvestJobView['result'] = null;
-    if (state.status === 'succeeded') {
-      const manifest = await this.#storage.readManifest(job.job_id).catch(() => null);
-      const stats = manifest?.manifest.stats;
-      result = {
-        manifest: manifest?.manifest ?? null,
-        manifest_sha256: manifest?.sha256 ?? '',
-        shards,
-        stats: stats ? { url: `/v1/harvest/${job.job_id}/stats`, file: stats.file, bytes: stats.bytes, sha256: stats.sha256 } : null,
-      };
-    }
-    return {
-      id: job.job_id,
-      job_id: job.job_id,
-      object: 'harvest.job',
-      status: state.status as HarvestStatus,
-      model: job.model,
-      checkpoint: job.checkpoint,
-      layers: job.layers,
-      shard_size: job.shard_size,
-      batch_size: job.batch_size,
-      created_at: job.at,
-      started_at: state.startedAt,
-      finished_at: state.finishedAt,
-      progress: {
-        shards_done: shards.length,
-        shards_total: job.shard_count,
-        prompts_done: shards.reduce((n, s) => n + s.prompt_count, 0),
-        prompts_total: job.prompt_count,
-        tokens_done: shards.reduce((n, s) => n + s.token_count, 0),
-        bytes_done: shards.reduce((n, s) => n + s.bytes, 0),
-      },
-      error: state.error,
-      files_removed_at: state.filesRemovedAt,
-      result,
-    };
-  }
-}
-
-type ShardRecord = HarvestState['shards'][number];
-
-function shardView(jobId: string, record: ShardRecord): HarvestShardView {
-  return {
-    index: record.shard,
-    url: `/v1/harvest/${jobId}/shards/${record.shard}`,
-    file: record.file,
-    first_prompt: record.first_prompt,
-    prompt_count: record.prompt_count,
-    token_count: record.token_count,
-    bytes: record.bytes,
-    sha256: record.sha256,
-  };
 }
 
 /** What a long-poll waits to change: the status and how many shards are written. */
 const progressOf = (state: HarvestState): string => `${state.status}:${state.shards.length}`;
-
-const jobIdOfStream = (streamId: string): string | null => (streamId.startsWith('harvest-hj_') ? streamId.slice('harvest-'.length) : null);
-
-function invalid(param: string, message: string): ApiError {
-  return apiError('invalid_request', message, { fields: { param } });
-}
-
-/** `layers`: a list (ascending, distinct, each below the model's layer count when known), or every layer for `"all"` and null. */
-export function resolveLayers(layers: number[] | 'all' | null, nLayers: number | null): number[] {
-  if (layers === null || layers === 'all') {
-    if (nLayers === null) throw invalid('layers', `layers: the model's layer count is not configured, so "all" cannot be resolved; list the layers`);
-    return Array.from({ length: nLayers }, (_, i) => i);
-  }
-  if (layers.length === 0) throw invalid('layers', 'layers: must list at least one layer (or be "all" or null)');
-  const sorted = [...new Set(layers)].sort((a, b) => a - b);
-  const beyond = nLayers === null ? undefined : sorted.find((l) => l >= nLayers);
-  if (beyond !== undefined) throw invalid('layers', `layers: layer ${beyond} is out of range; the model has ${nLayers} layers (0-${nLayers! - 1})`);
-  return sorted;
-}
-
-function admissionRefused(rejection: { rejected: string; message: string; details?: Record<string, unknown> }, now: Date): ApiError {
-  if (rejection.rejected === 'harvest_quota_exceeded') {
-    const nextMonth = Date.UTC(now.getUTCFullYear(), now.getUTCMonth() + 1, 1);
-    return apiError('harvest_quota_exceeded', rejection.message, { retryAfter: Math.max(1, Math.ceil((nextMonth - now.getTime()) / 1000)), fields: rejection.details });
-  }
-  if (rejection.rejected === 'harvest_concurrency_exceeded') return apiError('harvest_concurrency_exceeded', rejection.message, { fields: rejection.details });
-  return apiError('internal_error', 'the harvest admission was refused unexpectedly');
-}

@@ -1,11 +1,12 @@
 /**
  * The harvest quota decider, given / when / then: the month's count is the jobs admitted in that UTC
  * month minus those whose start failed, a new month starts at 0, 0 or null is unlimited, the running
- * cap counts slots not yet released, and jobs the caller found ended are released in the admission.
+ * cap counts slots not yet released, and of the key's jobs as the caller read them, those that ended
+ * (or whose stream never appeared a minute after their admission) are released in the admission.
  */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { harvestJobsCounted, harvestQuotaDecider, type HarvestQuotaCommand } from '../../deciders/harvest-quota.ts';
+import { harvestJobsCounted, harvestOrphanAdmissionMs, harvestQuotaDecider, harvestSlotFreed, type HarvestQuotaCommand, type ObservedJob } from '../../deciders/harvest-quota.ts';
 import { HarvestJobAdmitted, harvestQuotaStream, HarvestSlotReleased, utcMonth } from '../../events/harvest.ts';
 import { deciderSpecification } from '../support/decider-specification.ts';
 
@@ -21,11 +22,12 @@ const admit = (n: number, now: string, over: Partial<Extract<HarvestQuotaCommand
   now,
   monthlyQuota: 3,
   runningCap: 2,
-  ended: [],
+  jobs: [],
   ...over,
 });
 const admitted = (n: number, at: string) => HarvestJobAdmitted({ job_id: job(n), month: utcMonth(at), at });
 const released = (n: number, counted: boolean, at: string) => HarvestSlotReleased({ job_id: job(n), counted, at });
+const seen = (n: number, status: ObservedJob['status'], counted = status !== 'none'): ObservedJob => ({ jobId: job(n), status, counted });
 
 it('the stream is harvest-quota-<keyId>; months are UTC', () => {
   assert.is(harvestQuotaStream('0c8190d112da'), 'harvest-quota-0c8190d112da');
@@ -77,21 +79,43 @@ it('the quota is checked before the cap', () => {
   spec.given([admitted(1, nov(2)), admitted(2, nov(3))]).when(admit(3, nov(4), { monthlyQuota: 2 })).thenRejects('harvest_quota_exceeded');
 });
 
-it('ended jobs passed to Admit are released first, in the same decision (active ones only, once each)', () => {
+it('of the jobs passed to Admit, the ended ones are released first, in the same decision (active ones only, once each)', () => {
   const two = [admitted(1, nov(2)), admitted(2, nov(3))];
-  const ended = [{ jobId: job(1), counted: true }, { jobId: job(9), counted: true }, { jobId: job(1), counted: true }];
-  spec.given(two).when(admit(3, nov(4), { ended })).then([released(1, true, nov(4)), admitted(3, nov(4))]);
+  const jobs = [seen(1, 'succeeded'), seen(2, 'running'), seen(9, 'failed'), seen(1, 'succeeded')];
+  spec.given(two).when(admit(3, nov(4), { jobs })).then([released(1, true, nov(4)), admitted(3, nov(4))]);
+  spec.given(two).when(admit(3, nov(4), { jobs: [seen(1, 'cancelled'), seen(2, 'failed')] })).then([released(1, true, nov(4)), released(2, true, nov(4)), admitted(3, nov(4))]);
+  spec.given(two).when(admit(3, nov(4), { jobs: [seen(1, 'pending'), seen(2, 'running')] })).thenRejects('harvest_concurrency_exceeded', { cap: 2, running: 2 });
 });
 
 it('an ended job whose start failed, released in the admission, gives its quota back to it', () => {
   const full = [admitted(1, nov(2)), admitted(2, nov(3)), released(2, true, nov(3)), admitted(3, nov(4)), released(3, true, nov(4))];
   spec.given(full).when(admit(4, nov(5))).thenRejects('harvest_quota_exceeded', { used: 3 });
-  spec.given(full).when(admit(4, nov(5), { ended: [{ jobId: job(1), counted: false }] })).then([released(1, false, nov(5)), admitted(4, nov(5))]);
+  spec.given(full).when(admit(4, nov(5), { jobs: [seen(1, 'failed', false)] })).then([released(1, false, nov(5)), admitted(4, nov(5))]);
+});
+
+it('an admission whose job stream never appeared is an orphan a minute after it: released uncounted; before that it holds its slot', () => {
+  const at = '2026-11-02T12:00:00.000Z';
+  const later = (ms: number) => new Date(Date.parse(at) + ms).toISOString();
+  const one = [admitted(1, at), admitted(2, at)];
+  spec.given(one).when(admit(3, later(harvestOrphanAdmissionMs), { jobs: [seen(1, 'none'), seen(2, 'pending')] })).then([released(1, false, later(harvestOrphanAdmissionMs)), admitted(3, later(harvestOrphanAdmissionMs))]);
+  spec.given(one).when(admit(3, later(harvestOrphanAdmissionMs - 1), { jobs: [seen(1, 'none'), seen(2, 'pending')] })).thenRejects('harvest_concurrency_exceeded');
+  spec.given(one).when(admit(3, later(harvestOrphanAdmissionMs), { jobs: [seen(1, 'none'), seen(2, 'pending')] })).thenState((s) => assert.is(harvestJobsCounted(s, '2026-11'), 2));
+});
+
+it('harvestSlotFreed: an ended job as counted as it was, an orphan uncounted, anything else holds its slot', () => {
+  const at = nov(2);
+  assert.equal(harvestSlotFreed(at, seen(1, 'succeeded'), at), { counted: true });
+  assert.equal(harvestSlotFreed(at, seen(1, 'failed', false), at), { counted: false });
+  assert.equal(harvestSlotFreed(at, seen(1, 'cancelled'), at), { counted: true });
+  assert.is(harvestSlotFreed(at, seen(1, 'running'), nov(30)), null, 'a running job, however old (its age-out is the harvest decider\'s)');
+  assert.is(harvestSlotFreed(at, seen(1, 'pending'), nov(30)), null);
+  assert.is(harvestSlotFreed(at, seen(1, 'none'), at), null);
+  assert.equal(harvestSlotFreed(at, seen(1, 'none'), nov(3)), { counted: false });
 });
 
 it('a job already admitted is not admitted twice (a retried submit under another command id)', () => {
   spec.given([admitted(1, nov(2))]).when(admit(1, nov(2))).thenNothing();
-  spec.given([admitted(1, nov(2)), admitted(2, nov(3))]).when(admit(1, nov(3), { ended: [{ jobId: job(2), counted: true }] })).then([released(2, true, nov(3))]);
+  spec.given([admitted(1, nov(2)), admitted(2, nov(3))]).when(admit(1, nov(3), { jobs: [seen(2, 'succeeded')] })).then([released(2, true, nov(3))]);
 });
 
 it('Release frees an active slot, with or without its count; a job not active releases nothing', () => {

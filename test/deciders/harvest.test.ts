@@ -5,7 +5,7 @@
  */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { harvestDecider, harvestLeaseLapsed, plannedShard, type HarvestCommand } from '../../deciders/harvest.ts';
+import { harvestDecider, harvestDispatched, harvestLeaseLapsed, plannedShard, type HarvestCommand } from '../../deciders/harvest.ts';
 import {
   HarvestCancelled,
   HarvestClaimed,
@@ -15,6 +15,7 @@ import {
   harvestJobOf,
   harvestMessageMax,
   HarvestRedispatched,
+  HarvestRepublished,
   HarvestShardWritten,
   HarvestStarted,
   HarvestStartFailed,
@@ -266,13 +267,28 @@ it('Redispatch: a running job whose claim lapsed is dispatched again, its claim 
   spec.given([...claimedA, HarvestClaimRenewed({ job_id, claim_id: 'a', lease_until: at(120), at: at(60) })]).when(redispatch(100)).thenNothing();
 });
 
-it('Redispatch: an unclaimed running job is waiting in its transport, not lost: nothing, however long', () => {
-  spec.given(running).when(redispatch(100_000)).thenNothing();
+it('Redispatch: an unclaimed running job is waiting in its transport, not lost: published again a lease after its dispatch, never failed for it', () => {
+  spec.given(running).when(redispatch(60)).thenNothing();
+  spec.given(running).when(redispatch(61)).then([HarvestRepublished({ job_id, reason: 'lease lapsed', at: at(61) })]);
+  spec.given(running).when(redispatch(100_000)).thenState((s) => assert.equal([s.status, s.redispatches, s.lostInARow, s.redispatchedAt], ['running', 0, 0, at(100_000)]));
+  const republished = [...running, HarvestRepublished({ job_id, reason: 'r', at: at(61) })];
+  spec.given(republished).when(redispatch(120)).thenNothing();
+  spec.given(republished).when(redispatch(121)).then([HarvestRepublished({ job_id, reason: 'lease lapsed', at: at(121) })]);
   const once = [...claimedA, HarvestRedispatched({ job_id, attempt: 1, reason: 'lease lapsed', at: at(62) })];
-  spec.given(once).when(redispatch(100_000)).thenNothing();
+  spec.given(once).when(redispatch(121)).thenNothing();
+  spec.given(once).when(redispatch(122)).then([HarvestRepublished({ job_id, reason: 'lease lapsed', at: at(122) })]);
+  spec.given(once).when(redispatch(100_000, 0)).thenState((s) => assert.equal([s.status, s.lostInARow], ['running', 1]));
   const state = foldEvents(harvestDecider, harvestDecider.initialState(), claimedA);
   assert.equal([harvestLeaseLapsed(state, at(61)), harvestLeaseLapsed(state, at(62))], [false, true]);
   assert.is(harvestLeaseLapsed(foldEvents(harvestDecider, harvestDecider.initialState(), once), at(100_000)), false);
+});
+
+it('harvestDispatched: a start, a redispatch or a republish is published on the transport; nothing else is', () => {
+  assert.ok(harvestDispatched([started]));
+  assert.ok(harvestDispatched([HarvestRedispatched({ job_id, attempt: 1, reason: 'r', at: at(62) })]));
+  assert.ok(harvestDispatched([HarvestRepublished({ job_id, reason: 'r', at: at(61) })]));
+  assert.not.ok(harvestDispatched([]));
+  assert.not.ok(harvestDispatched([HarvestFailed({ job_id, key_id, code: 'worker_lost', message: 'm', at: at(62) })]));
 });
 
 const lostWorker = 'its worker was lost 3 times in a row without writing a shard (the job may crash its worker: a prompt too large for the engine\'s memory?); submit it again, or with a smaller batch_size';

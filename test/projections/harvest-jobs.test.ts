@@ -113,6 +113,18 @@ for (const adapter of adaptersUnderTest()) {
     assert.equal(shards.filter((s) => s.job_id === ids.running).map((s) => [s.shard, s.file]), [[0, 'shard-00000-b.safetensors']]);
   });
 
+  it('a job no worker claimed, published again: its redispatched_at moves (the resumer waits a lease from it), its redispatches do not', async ({ store }) => {
+    const jobId = newJob();
+    const events = decided([
+      { type: 'Submit', job: plan(jobId, 'cy', 600) },
+      { type: 'Start', transport: 'inprocess', now: t(601) },
+      { type: 'Redispatch', now: t(661), leaseMs, maxRedispatches: 3, reason: 'no worker claimed it within 60 s' },
+    ]);
+    assert.equal(events.map((e) => e.type), ['HarvestSubmitted', 'HarvestStarted', 'HarvestRepublished']);
+    const rows = await applyTwice(store, harvestJobsProjection, events.map((e, i) => recorded(e, { streamId: harvestStream(jobId), streamVersion: i + 1 })), `SELECT status, redispatches, redispatched_at, worker_id FROM harvest_jobs WHERE job_id = '${jobId}'`);
+    assert.equal(rows.map((r) => ({ ...r, redispatched_at: iso(r.redispatched_at) })), [{ status: 'running', redispatches: 0, redispatched_at: t(661), worker_id: null }]);
+  });
+
   it('a finished job stays as it finished whichever of its events is applied again (none moves it back)', async ({ store }) => {
     const { ids, streams } = scenario('bea');
     const jobId = ids.succeeded;

@@ -36,11 +36,29 @@ it('a running job whose claim still stands is left alone', () => {
   assert.equal(resume([job('hj_b', { leaseUntil: at(1001) })]), []);
 });
 
-it('an unclaimed running job waits a lease from its start, or from its last redispatch', () => {
-  assert.equal(resume([job('hj_c', { startedAt: at(940) })]), [redispatch('hj_c', 'redispatch:hj_c:1', 'no worker claimed it within 60 s')]);
+it('an unclaimed running job waits a lease from its start, or from its last redispatch, under an id naming that dispatch', () => {
+  assert.equal(resume([job('hj_c', { startedAt: at(940) })]), [redispatch('hj_c', `republish:hj_c:${iso(940)}`, 'no worker claimed it within 60 s')]);
   assert.equal(resume([job('hj_c', { startedAt: at(941) })]), []);
   assert.equal(resume([job('hj_d', { startedAt: at(1), redispatches: 2, redispatchedAt: at(950) })]), []);
-  assert.equal(resume([job('hj_d', { startedAt: at(1), redispatches: 2, redispatchedAt: at(940) })]), [redispatch('hj_d', 'redispatch:hj_d:3', 'no worker claimed it within 60 s')]);
+  assert.equal(resume([job('hj_d', { startedAt: at(1), redispatches: 2, redispatchedAt: at(940) })]), [redispatch('hj_d', `republish:hj_d:${iso(940)}`, 'no worker claimed it within 60 s')]);
+});
+
+it('through the decider: an unclaimed job is published again once a lease (not a lost worker), each time under a new id', () => {
+  const jobId = 'hj_u';
+  const submitted = HarvestSubmitted({ job_id: jobId, key_id: 'k', key_prefix: 'k', user_id: 'u', model: 'm', checkpoint: 'c', prompt_count: 1, estimated_tokens: 1, layers: [0], d_model: null, shard_size: 1, batch_size: 1, shard_count: 1, input_sha256: 'a'.repeat(64), month: '2026-11', at: iso(0) });
+  let state = foldEvents(harvestDecider, harvestDecider.initialState(), [submitted, HarvestStarted({ job_id: jobId, key_id: 'k', transport: 'inprocess', at: iso(1) })]);
+  const ids: string[] = [];
+  for (let round = 0; round < 5; round++) {
+    const tick = iso(1 + (round + 1) * 60);
+    const [command] = resumeHarvests({ now: tick }, { jobs: [job(jobId, { startedAt: at(1), redispatchedAt: state.redispatchedAt ? new Date(state.redispatchedAt) : null })], leaseMs, maxRedispatches });
+    ids.push(command.commandId);
+    const out = harvestDecider.decide(command.command, state);
+    const decided = (Array.isArray(out) ? out : [out]) as { type: string }[];
+    assert.equal(decided.map((e) => e.type), ['HarvestRepublished']);
+    state = foldEvents(harvestDecider, state, decided as never);
+  }
+  assert.is(new Set(ids).size, 5, 'a new id each lease');
+  assert.equal([state.status, state.redispatches, state.lostInARow], ['running', 0, 0], 'never failed for waiting');
 });
 
 it('a pending job never started within a lease is sent to be started; a fresh one is not', () => {

@@ -77,7 +77,7 @@ function plan(jobId: string, keyId: string): HarvestSubmittedData {
 /** Admits and submits a job as the service does, then sends its job stream `commands`. */
 async function jobThrough(handler: CommandHandler, keyId: string, commands: HarvestCommand[]): Promise<string> {
   const jobId = newJob();
-  const admitted = await handler.handle(harvestQuotaStream(keyId), { type: 'Admit', jobId, now: t(0), monthlyQuota: 10, runningCap: 5, ended: [] }, harvestQuotaDecider);
+  const admitted = await handler.handle(harvestQuotaStream(keyId), { type: 'Admit', jobId, now: t(0), monthlyQuota: 10, runningCap: 5, jobs: [] }, harvestQuotaDecider);
   assert.ok(admitted.accepted);
   for (const command of [{ type: 'Submit', job: plan(jobId, keyId) } as HarvestCommand, ...commands]) {
     const outcome = await handler.handle(harvestStream(jobId), command, harvestDecider);
@@ -125,7 +125,7 @@ for (const adapter of adaptersUnderTest()) {
     const handler = new CommandHandler({ store });
     const failed = await jobThrough(handler, keyId, [{ type: 'Fail', code: 'stale', message: 'aged out', claimId: null, now: t(5) }]);
     const next = newJob();
-    const admitted = await handler.handle(harvestQuotaStream(keyId), { type: 'Admit', jobId: next, now: t(6), monthlyQuota: 10, runningCap: 5, ended: [{ jobId: failed, counted: true }] }, harvestQuotaDecider);
+    const admitted = await handler.handle(harvestQuotaStream(keyId), { type: 'Admit', jobId: next, now: t(6), monthlyQuota: 10, runningCap: 5, jobs: [{ jobId: failed, status: 'failed', counted: true }] }, harvestQuotaDecider);
     assert.ok(admitted.accepted);
     const errors: unknown[] = [];
     const processor = processorOn(store, errors);
