@@ -27,9 +27,8 @@ import {
   type MeterEvent,
   type MeterOpening,
   type RequestFactsData,
-  dayAfter,
-  utcDay,
 } from '../events/meter.ts';
+import { dayAfter, monthOfDay, secondsUntilUtcTurn, utcDay } from '../events/shapes.ts';
 import type { KeyStatus } from './key.ts';
 import { StartWindow } from './start-window.ts';
 
@@ -379,7 +378,7 @@ function usageSettledFacts(command: Extract<MeterCommand, { type: 'Settle' }>) {
  * slot leases and queue entries still standing, and the request starts of the last minute.
  */
 export function balanceFrom(keyId: string, day: string, earlier: string, state: MeterState, now: number): MeterOpening {
-  const sameMonth = earlier.slice(0, 7) === day.slice(0, 7);
+  const sameMonth = monthOfDay(earlier) === monthOfDay(day);
   return {
     key_id: keyId,
     day,
@@ -476,7 +475,7 @@ function endedAfterClose(state: MeterState, requestId: string, input: number, ou
 }
 
 /** Whether a meter day falls in the month of the stream's day. */
-const sameMonth = (holdDay: string, day: string | null): boolean => day !== null && holdDay.slice(0, 7) === day.slice(0, 7);
+const sameMonth = (holdDay: string, day: string | null): boolean => day !== null && monthOfDay(holdDay) === monthOfDay(day);
 
 /** Releases a hold and charges what was used against this stream's month and/or day. */
 function charge(state: MeterState, requestId: string, input: number, output: number, { month, today }: { month: boolean; today: boolean }): MeterState {
@@ -539,12 +538,7 @@ function heldAgainst(state: MeterState): Record<BudgetName, number> {
   };
 }
 
-/** Seconds from `now` (epoch ms) until the next UTC day, or month, begins; at least 1. */
-export function secondsUntilUtcTurn(now: number, period: 'day' | 'month'): number {
-  const at = new Date(now);
-  const turn = period === 'day' ? Date.UTC(at.getUTCFullYear(), at.getUTCMonth(), at.getUTCDate() + 1) : Date.UTC(at.getUTCFullYear(), at.getUTCMonth() + 1, 1);
-  return Math.max(1, Math.ceil((turn - now) / 1000));
-}
+export { secondsUntilUtcTurn };
 
 /**
  * When a request refused by `budget` can next fit: as soon as an open hold on that budget settles (a
