@@ -13,6 +13,7 @@ import type { HarvestSettings } from '../config/index.ts';
 import type { ModelRegistry } from '../registry/index.ts';
 import type { DispatchTransport } from '../dispatch/index.ts';
 import { harvestStream, harvestQuotaStream, type HarvestEvent, type HarvestQuotaEvent } from '../../events/index.ts';
+import { secondsUntilUtcTurn, utcMonth } from '../../events/shapes.ts';
 import { harvestDecider, harvestQuotaDecider, type HarvestCommand, type HarvestRejection, type HarvestState } from '../../deciders/index.ts';
 import { listHarvestJobs } from '../../projections/index.ts';
 import { HarvestStorageError, isStorageFull, type HarvestStorage } from './storage.ts';
@@ -138,7 +139,7 @@ export class HarvestService {
           batch_size: batchSize,
           shard_count: Math.ceil(request.prompts.length / shardSize),
           input_sha256: input.sha256,
-          month: now.toISOString().slice(0, 7),
+          month: utcMonth(now),
           at: now.toISOString(),
         },
       });
@@ -483,8 +484,7 @@ export function resolveLayers(layers: number[] | 'all' | null, nLayers: number |
 
 function admissionRefused(rejection: { rejected: string; message: string; details?: Record<string, unknown> }, now: Date): ApiError {
   if (rejection.rejected === 'harvest_quota_exceeded') {
-    const nextMonth = Date.UTC(now.getUTCFullYear(), now.getUTCMonth() + 1, 1);
-    return apiError('harvest_quota_exceeded', rejection.message, { retryAfter: Math.max(1, Math.ceil((nextMonth - now.getTime()) / 1000)), fields: rejection.details });
+    return apiError('harvest_quota_exceeded', rejection.message, { retryAfter: secondsUntilUtcTurn(now.getTime(), 'month'), fields: rejection.details });
   }
   if (rejection.rejected === 'harvest_concurrency_exceeded') return apiError('harvest_concurrency_exceeded', rejection.message, { fields: rejection.details });
   return apiError('internal_error', 'the harvest admission was refused unexpectedly');
