@@ -6,7 +6,7 @@
  */
 import type { Decider } from '../src/event-sourcing/index.ts';
 import { SpendCapReached, spendEvents, type SpendEvent } from '../events/spend.ts';
-import { utcDay } from '../events/meter.ts';
+import { utcDay } from '../events/shapes.ts';
 
 /** The day's spend and the cap in integer micro-units (daily_spend.cost_micros; SVC_DAILY_SPEND_CAP × 1e6, rounded). */
 export type SpendCommand = { type: 'CheckSpend'; day: string; spendMicros: number; capMicros: number | null; now: string };

@@ -6,9 +6,8 @@
  * breaker appends nothing.
  */
 import { defineEvent, eventCatalogue, Type, type EventOf } from '../src/event-sourcing/index.ts';
+import { Instant, Nullable } from './shapes.ts';
 
-const Instant = Type.String({ pattern: '^\\d{4}-\\d{2}-\\d{2}T', description: 'ISO 8601, UTC' });
-const Nullable = <T extends Parameters<typeof Type.Union>[0][number]>(t: T) => Type.Union([t, Type.Null()]);
 
 /** Which engine of a model: the one serving completions, or a separate one serving activations. */
 export const BackendKind = Type.Union([Type.Literal('completion'), Type.Literal('activation')]);

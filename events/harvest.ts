@@ -7,14 +7,12 @@
  * Metadata only: never a prompt (the job names its input by its sha256) nor an activation.
  */
 import { defineEvent, eventCatalogue, Type, type EventOf } from '../src/event-sourcing/index.ts';
+import { Instant, Month, Nullable } from './shapes.ts';
 
-const Instant = Type.String({ pattern: '^\\d{4}-\\d{2}-\\d{2}T', description: 'ISO 8601, UTC' });
-const Nullable = <T extends Parameters<typeof Type.Union>[0][number]>(t: T) => Type.Union([t, Type.Null()]);
 const Count = Type.Integer({ minimum: 0 });
 const Sha256 = Type.String({ pattern: '^[0-9a-f]{64}$' });
 /** `hj_` and lowercase letters or digits (24 of them as the service makes them). */
 const JobId = Type.String({ pattern: '^hj_[0-9a-z]{1,64}$' });
-const Month = Type.String({ pattern: '^\\d{4}-\\d{2}$', description: 'YYYY-MM, UTC' });
 /** A claim: one worker's hold on the job, a fencing token (a later claim supersedes it). */
 const ClaimId = Type.String({ minLength: 1, maxLength: 128 });
 /** Why a job failed: `stale`, `worker_lost`, `capture_incomplete`, ... A string, so a later release may add one. */
@@ -240,7 +238,5 @@ export function harvestJobOf(streamId: string): string | null {
   return streamId.startsWith('harvest-hj_') ? streamId.slice('harvest-'.length) : null;
 }
 
-/** The UTC month (`YYYY-MM`) of an instant: the month a job counts against. */
-export function utcMonth(at: Date | string): string {
-  return (typeof at === 'string' ? new Date(at) : at).toISOString().slice(0, 7);
-}
+/** The UTC month of an instant: the month a job counts against. */
+export { utcMonth } from './shapes.ts';

@@ -4,3 +4,4 @@ export * from './meter.ts';
 export * from './spend.ts';
 export * from './backend.ts';
 export * from './harvest.ts';
+export * from './shapes.ts';

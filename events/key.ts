@@ -1,7 +1,7 @@
 /** Stream `key-<keyId>`: an API key's life. The key id is its public prefix; only a hash of the secret is stored. */
 import { defineEvent, eventCatalogue, Type, type EventOf } from '../src/event-sourcing/index.ts';
+import { Instant } from './shapes.ts';
 
-const Instant = Type.String({ pattern: '^\\d{4}-\\d{2}-\\d{2}T', description: 'ISO 8601, UTC' });
 const Budget = Type.Union([Type.Integer({ minimum: 0 }), Type.Null()], { description: 'tokens (jobs for harvests); null: unlimited' });
 
 export const KeyBudgets = Type.Object(

@@ -4,10 +4,9 @@
  * one day of events. Token counts only: never a prompt or a completion.
  */
 import { defineEvent, eventCatalogue, Type, type EventOf } from '../src/event-sourcing/index.ts';
+import { Day, Instant, Nullable } from './shapes.ts';
 
-const Instant = Type.String({ pattern: '^\\d{4}-\\d{2}-\\d{2}T', description: 'ISO 8601, UTC' });
 const Tokens = Type.Integer({ minimum: 0 });
-const Nullable = <T extends Parameters<typeof Type.Union>[0][number]>(t: T) => Type.Union([t, Type.Null()]);
 
 /** A hold still open when the day changed: it counts against the month and the active cap until released. */
 export const CarriedHold = Type.Object(
@@ -49,7 +48,7 @@ export const MeterOpened = defineEvent(
   Type.Object(
     {
       key_id: Type.String(),
-      day: Type.String({ pattern: '^\\d{4}-\\d{2}-\\d{2}$' }),
+      day: Day,
       /** Tokens charged this month before this day (settled and expired), from the key's previous meter day. */
       month_input_tokens: Tokens,
       month_output_tokens: Tokens,
@@ -360,23 +359,5 @@ export function meterStreamParts(streamId: string): { keyId: string; day: string
   const match = /^meter-(.+)-(\d{4}-\d{2}-\d{2})$/.exec(streamId);
   return match ? { keyId: match[1], day: match[2] } : null;
 }
-/** The UTC day `days` days after `day` (before it, for a negative count), both as YYYY-MM-DD. */
-export function dayAfter(day: string, days = 1): string {
-  return new Date(Date.parse(`${day}T00:00:00Z`) + days * 86_400_000).toISOString().slice(0, 10);
-}
-
-/** The last UTC day asked for by instant, and the span of milliseconds it covers: most calls are of today. */
-let lastDay = { from: 0, to: 0, day: '' };
-
-export function utcDay(at: Date | string): string {
-  if (typeof at !== 'string') {
-    const ms = at.getTime();
-    if (ms >= lastDay.from && ms < lastDay.to) return lastDay.day;
-    const from = Math.floor(ms / 86_400_000) * 86_400_000;
-    if (!Number.isFinite(from)) return at.toISOString().slice(0, 10); // an invalid Date throws as before
-    lastDay = { from, to: from + 86_400_000, day: at.toISOString().slice(0, 10) };
-    return lastDay.day;
-  }
-  // Only an instant written in UTC can be cut as text: 2026-11-25T01:30:00+02:00 is still the 24th in UTC.
-  return at.endsWith('Z') ? at.slice(0, 10) : new Date(at).toISOString().slice(0, 10);
-}
+/** A meter day's arithmetic (the UTC day of an instant, the day after), defined in ./shapes.ts. */
+export { dayAfter, utcDay } from './shapes.ts';

@@ -1,5 +1,6 @@
 /** Stream `spend-<yyyy-mm-dd>`: the service's daily GPU spend cap, reached at most once a day. */
 import { defineEvent, eventCatalogue, Type, type EventOf } from '../src/event-sourcing/index.ts';
+import { Day, Instant } from './shapes.ts';
 
 const Micros = Type.Integer({ minimum: 0, description: 'integer micro-units (millionths) of the configured currency unit' });
 
@@ -7,8 +8,8 @@ export const SpendCapReached = defineEvent(
   'SpendCapReached',
   Type.Object(
     {
-      day: Type.String({ pattern: '^\\d{4}-\\d{2}-\\d{2}$' }),
-      at: Type.String({ pattern: '^\\d{4}-\\d{2}-\\d{2}T' }),
+      day: Day,
+      at: Instant,
       /** The day's spend (from the daily_spend projection) when the cap was found reached, and the cap, exactly. */
       spend_micros: Micros,
       cap_micros: Micros,

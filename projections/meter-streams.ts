@@ -4,6 +4,8 @@
  */
 import type { Queryable } from '../src/event-sourcing/index.ts';
 import { internalSchemaOf } from '../src/processors/index.ts';
+import { meterStreamParts } from '../events/meter.ts';
+import { monthOfDay } from '../events/shapes.ts';
 
 export interface MeterDay {
   keyId: string;
@@ -13,8 +15,6 @@ export interface MeterDay {
   month: string;
 }
 
-const meterStreamPattern = /^meter-(.+)-(\d{4}-\d{2}-\d{2})$/;
-
 /** Recently read stream ids (every projection reads each event's, and a key's day has many events). */
 const recentDays = new Map<string, Readonly<MeterDay>>();
 
@@ -22,9 +22,9 @@ const recentDays = new Map<string, Readonly<MeterDay>>();
 export function meterDayOf(streamId: string): Readonly<MeterDay> {
   const known = recentDays.get(streamId);
   if (known) return known;
-  const match = meterStreamPattern.exec(streamId);
-  if (!match) throw new Error(`meter event on stream "${streamId}", which is not meter-<keyId>-<yyyy-mm-dd>`);
-  const found = { keyId: match[1], day: match[2], month: match[2].slice(0, 7) };
+  const parts = meterStreamParts(streamId);
+  if (!parts) throw new Error(`meter event on stream "${streamId}", which is not meter-<keyId>-<yyyy-mm-dd>`);
+  const found = { keyId: parts.keyId, day: parts.day, month: monthOfDay(parts.day) };
   if (recentDays.size >= 10_000) recentDays.clear();
   recentDays.set(streamId, found);
   return found;

@@ -10,7 +10,8 @@
  * the log is read: a settlement on an open day is not carried anywhere.
  */
 import type { Workflow, WorkflowCommand, WorkflowInput } from '../src/event-sourcing/index.ts';
-import { dayAfter, meterEvents, meterStream, meterStreamParts, type MeterEvent } from '../events/meter.ts';
+import { meterEvents, meterStream, meterStreamParts, type MeterEvent } from '../events/meter.ts';
+import { dayAfter } from '../events/shapes.ts';
 import { meterDecider, type MeterCommand } from '../deciders/meter.ts';
 
 type Input = Extract<MeterEvent, { type: 'MeterOpened' | 'CarriedHoldEnded' }>;

@@ -6,6 +6,7 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { TSchema } from 'typebox';
 import { Compile } from 'typebox/compile';
+import { utcMonth } from '../../events/shapes.ts';
 import { apiError, type ApiError } from '../errors/index.ts';
 import type { KeyService, KeyView } from '../keys/index.ts';
 import type { Queryable } from '../store/index.ts';
@@ -92,7 +93,7 @@ export function adminKeyBody(view: KeyView): AdminKey {
 
 /** The UTC month a usage figure covers. */
 export function usageMonth(now = new Date()): string {
-  return now.toISOString().slice(0, 7);
+  return utcMonth(now);
 }
 
 interface UsageRow {

@@ -13,6 +13,7 @@ import { comparePositions, formatPosition, internalTable, openEventStore, type E
 import { withEventLog } from './read-store.ts';
 import { meterEvents, meterStream, type MeterEvent } from '../../events/meter.ts';
 import { keyEvents, keyStream, type KeyEvent } from '../../events/key.ts';
+import { daysOfMonth, utcMonth } from '../../events/shapes.ts';
 import { keyDecider, type KeyState } from '../../deciders/key.ts';
 import { byUser, differences, foldStatement, ledgerSide, statementCsv, totalsOf } from './audit-statement.ts';
 import { foldKeyUsage, toUsageRow, usageCounters, type KeyUsageRow } from '../../projections/key-usage.ts';
@@ -82,12 +83,6 @@ function parseArgs(args: readonly string[]): AuditArgs | string {
   return parsed;
 }
 
-function daysOf(month: string): string[] {
-  const [year, m] = month.split('-').map(Number);
-  const count = new Date(Date.UTC(year, m, 0)).getUTCDate();
-  return Array.from({ length: count }, (_, i) => `${month}-${String(i + 1).padStart(2, '0')}`);
-}
-
 /** The projection's rows for the key's month and its checkpoint, from one snapshot. */
 async function projectionSide(store: EventStore, key: string, month: string): Promise<{ checkpoint: GlobalPosition; rows: KeyUsageRow[] } | null> {
   const { rows: exists } = await store.query<{ t: string | null }>(`SELECT to_regclass('key_usage')::text AS t`);
@@ -108,7 +103,7 @@ async function projectionSide(store: EventStore, key: string, month: string): Pr
 async function meterEventsOfMonth(log: EventLog, key: string, month: string, upTo: GlobalPosition): Promise<{ events: { streamId: string; event: MeterEvent }[]; streams: number }> {
   const events: { streamId: string; event: MeterEvent }[] = [];
   let streams = 0;
-  for (const day of daysOf(month)) {
+  for (const day of daysOfMonth(month)) {
     const streamId = meterStream(key, day);
     const pageSize = 10_000;
     for (let from = 1; ; from += pageSize) {
@@ -198,7 +193,7 @@ export async function runAuditCommand(args: readonly string[], io: AuditCommandI
     io.stderr.write(`svc audit: ${parsed}\n${auditUsage}`);
     return 2;
   }
-  const month = parsed.month ?? (io.now?.() ?? new Date()).toISOString().slice(0, 7);
+  const month = parsed.month ?? utcMonth(io.now?.() ?? new Date());
   const owner = await keyOf(io.log ?? io.store, parsed.key);
   if (!owner) {
     io.stderr.write(`svc audit: unknown key ${parsed.key} (no key stream ${keyStream(parsed.key)} in the log)\n`);

@@ -8,6 +8,7 @@ import { apiError, type ApiError } from '../errors/index.ts';
 import type { HarvestSettings } from '../config/index.ts';
 import type { ModelRegistry } from '../registry/index.ts';
 import type { HarvestSubmittedData } from '../../events/index.ts';
+import { secondsUntilUtcTurn, utcMonth } from '../../events/shapes.ts';
 import { estimateTokens } from './estimate.ts';
 import type { HarvestCaller, HarvestRequest } from './types.ts';
 
@@ -48,7 +49,7 @@ export function plannedJob(
     shard_size: shardSize,
     batch_size: request.batch_size ?? settings.defaultBatchSize,
     shard_count: Math.ceil(request.prompts.length / shardSize),
-    month: now.toISOString().slice(0, 7),
+    month: utcMonth(now),
     at: now.toISOString(),
   };
 }
@@ -73,8 +74,7 @@ export function resolveLayers(layers: number[] | 'all' | null, nLayers: number |
 /** The answer to an admission its key's quota stream refused: 429 with Retry-After to the next UTC month, or the running cap's 429. */
 export function admissionRefused(rejection: { rejected: string; message: string; details?: Record<string, unknown> }, now: Date): ApiError {
   if (rejection.rejected === 'harvest_quota_exceeded') {
-    const nextMonth = Date.UTC(now.getUTCFullYear(), now.getUTCMonth() + 1, 1);
-    return apiError('harvest_quota_exceeded', rejection.message, { retryAfter: Math.max(1, Math.ceil((nextMonth - now.getTime()) / 1000)), fields: rejection.details });
+    return apiError('harvest_quota_exceeded', rejection.message, { retryAfter: secondsUntilUtcTurn(now.getTime(), 'month'), fields: rejection.details });
   }
   if (rejection.rejected === 'harvest_concurrency_exceeded') return apiError('harvest_concurrency_exceeded', rejection.message, { fields: rejection.details });
   return apiError('internal_error', 'the harvest admission was refused unexpectedly');
