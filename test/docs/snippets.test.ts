@@ -1,9 +1,10 @@
 /**
  * Every fenced shell (`sh`, `bash`, `shell`) and TypeScript (`ts`, `typescript`) block of README.md,
  * then of each page of docs/ (in name order), runs in order against a started gateway, as a reader
- * would run it: from a directory that looks like the checkout after `npm ci` (`npx svc ...` works
- * there, `data/admin-token` holds the admin token), with `127.0.0.1:8080` / `localhost:8080` pointed
- * at the test's gateway (port 0). Shell blocks run with bash (-e, pipefail; curl fails on an HTTP error status through a
+ * would run it after `npm start`: from a directory that looks like the checkout after `npm ci` (`npx svc ...`
+ * works there; `data` is the gateway's data directory, holding `admin-token` and, as `npm start`'s
+ * does, the read-only SQL port's passwords and port for psql and `svc sql`), with `127.0.0.1:8080` /
+ * `localhost:8080` pointed at the test's gateway (port 0). Shell blocks run with bash (-e, pipefail; curl fails on an HTTP error status through a
  * `.curlrc`), TypeScript blocks with `node --import tsx`; what one block exports (SVC_API_KEY) the
  * next ones see. A non-zero exit fails the block's test. Only blocks marked with an HTML comment
  * `<!-- not run: why -->` right before the fence are skipped, and they are listed.
@@ -11,7 +12,7 @@
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { spawn } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startTestGateway, type TestGateway } from '../support/gateway.ts';
@@ -40,17 +41,18 @@ const snippets = blocks.filter((b) => b.page === 'README.md');
 const it = suite<{ gateway: TestGateway; dir: string; env: NodeJS.ProcessEnv }>('runnable blocks of the README and docs/');
 
 it.before(async (context) => {
-  context.gateway = await startTestGateway();
-  // A directory shaped like the checkout: the package (for `npx svc` and `import 'openai'`) and ./data/admin-token.
+  // As `npm start` runs it: the embedded store also served read-only on a loopback SQL port.
+  context.gateway = await startTestGateway({}, { sqlPort: 0 });
+  // A directory shaped like the checkout: the package (for `npx svc` and `import 'openai'`) and ./data, the gateway's.
   const dir = mkdtempSync(join(tmpdir(), 'svc-readme-'));
   for (const entry of ['package.json', 'bin', 'node_modules']) symlinkSync(join(repo, entry), join(dir, entry));
-  mkdirSync(join(dir, 'data'));
+  symlinkSync(context.gateway.dataDir, join(dir, 'data'));
   writeFileSync(join(dir, 'data', 'admin-token'), `${context.gateway.adminToken}\n`, { mode: 0o600 });
   writeFileSync(join(dir, '.curlrc'), 'fail-with-body\nshow-error\n');
   writeFileSync(join(dir, 'exported.sh'), '');
   context.dir = dir;
   const env: NodeJS.ProcessEnv = { ...process.env, CURL_HOME: dir, SVC_URL: context.gateway.url, npm_config_update_notifier: 'false' };
-  for (const name of ['DATA_DIR', 'SVC_ADMIN_TOKEN', 'SVC_API_KEY', 'PORT', 'HOST', 'DATABASE_URL', 'SVC_CONFIG']) delete env[name];
+  for (const name of ['DATA_DIR', 'SVC_ADMIN_TOKEN', 'SVC_API_KEY', 'SVC_SQL_PASSWORD', 'PGPASSWORD', 'PGUSER', 'PGDATABASE', 'PORT', 'HOST', 'DATABASE_URL', 'SVC_CONFIG']) delete env[name];
   context.env = env;
 });
 
