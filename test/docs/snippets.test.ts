@@ -11,7 +11,7 @@
  */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -35,7 +35,11 @@ function run(command: string, args: string[], options: { cwd: string; env: NodeJ
 
 /** The README first (its blocks make the key later blocks use), then docs/ in name order. */
 const pages = ['README.md', ...markdownFiles().filter((f) => f.startsWith('docs/'))];
-const blocks: (Snippet & { page: string })[] = pages.flatMap((page) => runnableBlocks(readFileSync(join(repo, page), 'utf8')).map((b) => ({ ...b, page })));
+/** psql is PostgreSQL's client, installed with the server (infra/dev/services.sh): where it is missing, the blocks that call it are skipped and listed, as a marked block is. */
+const psqlMissing = spawnSync('psql', ['--version'], { stdio: 'ignore' }).status !== 0;
+const blocks: (Snippet & { page: string })[] = pages
+  .flatMap((page) => runnableBlocks(readFileSync(join(repo, page), 'utf8')).map((b) => ({ ...b, page })))
+  .map((b) => (psqlMissing && b.notRun === null && /(^|[\s;&|(])psql\b/m.test(b.code) ? { ...b, notRun: 'psql is not installed on this machine' } : b));
 const snippets = blocks.filter((b) => b.page === 'README.md');
 
 const it = suite<{ gateway: TestGateway; dir: string; env: NodeJS.ProcessEnv }>('runnable blocks of the README and docs/');
