@@ -106,20 +106,21 @@ export class RunningStats {
 
   /** The shift is the first counted prompt's mean (per layer and dimension): near the data's mean, so the sums cancel little. */
   #setShift(bytes: Uint8Array, tokens: number): void {
-    const word = new Uint32Array(1);
-    const value = new Float32Array(word.buffer);
     const halves = new Uint16Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 2);
     const width = this.dModel;
+    // Row by row (the bytes in memory order), each dimension's sum in token order.
+    const words = new Uint32Array(width);
+    const values = new Float32Array(words.buffer);
+    const sums = new Float64Array(width);
     for (let l = 0; l < this.layers.length; l++) {
-      const view = this.#view(l);
-      for (let d = 0; d < width; d++) {
-        let sum = 0;
-        for (let t = 1; t < tokens; t++) {
-          word[0] = halves[(l * tokens + t) * width + d] << 16;
-          sum += value[0];
-        }
-        view[at(d, 0)] = sum / (tokens - 1);
+      sums.fill(0);
+      for (let t = 1; t < tokens; t++) {
+        const row = (l * tokens + t) * width;
+        for (let d = 0; d < width; d++) words[d] = halves[row + d] << 16;
+        for (let d = 0; d < width; d++) sums[d] += values[d];
       }
+      const view = this.#view(l);
+      for (let d = 0; d < width; d++) view[at(d, 0)] = sums[d] / (tokens - 1);
     }
     this.#shifted = true;
   }
