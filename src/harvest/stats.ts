@@ -9,7 +9,8 @@ import { Buffer } from 'node:buffer';
 import { decodeSafetensors, encodeSafetensors } from './safetensors.ts';
 import { GROUP_BYTES, jsRowsKernel, wasmRowsKernel, type RowsKernel } from './stats-kernel.ts';
 import { STATS_FILE, type HarvestStorage } from './storage.ts';
-import type { ManifestStats, RecordedShard } from './manifest.ts';
+import type { ManifestStats } from './manifest.ts';
+import type { HarvestShard } from '../../events/harvest.ts';
 
 /** The job's statistics file: `stats.safetensors`, beside the shards, written before manifest.json. */
 export { STATS_FILE };
@@ -276,7 +277,7 @@ export async function foldShardFile(stats: RunningStats | null, read: ReadRange,
  * beside its last recorded shard, or, when that is missing or not that shard's, the sums recomputed from
  * the recorded shard files themselves (the same arithmetic in the same order, so the same bits).
  */
-export async function resumeStats(storage: HarvestStorage, jobId: string, shards: readonly RecordedShard[], layers: readonly number[]): Promise<RunningStats | null> {
+export async function resumeStats(storage: HarvestStorage, jobId: string, shards: readonly HarvestShard[], layers: readonly number[]): Promise<RunningStats | null> {
   const last = shards.at(-1);
   if (last === undefined) return null;
   const file = checkpointFileOf(last.file);

@@ -181,19 +181,7 @@ export class HarvestWorker {
           captureBatch: async (first, count, batchSignal) =>
             this.#captureBatch(job, claimId, first, await encodeTexts(this.#options.context.tokenizers, model.tokenizer, tokenizer, prompts.slice(first, first + count), true), batchSignal, buffers),
           onShardWritten: async (record) => {
-            const outcome = await service.command(jobId, {
-              type: 'RecordShard',
-              claimId,
-              shard: record.shard,
-              file: record.file,
-              firstPrompt: record.firstPrompt,
-              promptCount: record.promptCount,
-              tokenCount: record.tokenCount,
-              bytes: record.bytes,
-              sha256: record.sha256,
-              leaseMs: settings.leaseMs,
-              now: new Date().toISOString(),
-            });
+            const outcome = await service.command(jobId, { type: 'RecordShard', claimId, leaseMs: settings.leaseMs, record, now: new Date().toISOString() });
             if (!outcome.accepted) throw new StopWork(outcome.rejection.message);
           },
         },
