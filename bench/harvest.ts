@@ -204,7 +204,7 @@ const inFlight = async (one: () => Promise<unknown>) => {
 };
 const receiveCpu = await least(2, () => inFlight(() => receive('none')));
 const receiveFloor = await least(2, () => inFlight(receiveBare));
-parts.push({ name: 'receive (undici, chunks dropped)', cpu: receiveCpu, floorName: 'node:http, chunks dropped', floor: receiveFloor });
+parts.push({ name: 'receive (undici, chunks dropped)', cpu: receiveCpu, floorName: 'node:http, chunks dropped (for scale: no floor if above)', floor: receiveFloor });
 const streamedCpu = await least(2, () => inFlight(receiveDecoding));
 const collectedCpu = await least(2, () => inFlight(async () => buffers.give(decodeCapture(await receive(), { layers, dModel }, buffers).bytes)));
 const decodeCpu = await least(3, () => {
