@@ -1,180 +1,346 @@
 /**
- * The harvest data plane against the disk: the shard pipeline (decodeCapture + runShardPipeline, as a
- * worker runs them) writing real shards from capture response bodies held in memory, with a capture
- * function that answers at once, beside a raw write + fsync of the same bytes in the same file sizes to
- * the same disk, rounds interleaved in one run. Prints bytes/s, CPU seconds per GB (all threads) and the RSS each adds.
- *   node --import tsx bench/harvest.ts
- * Shape by environment: BENCH_HARVEST_PROMPTS (32), _LAYERS (16), _TOKENS (512), _D_MODEL (2048),
- * _SHARD (8 prompts), _BATCH (4), _ROUNDS (2); BENCH_HARVEST_DIR (default .bench/ in the repository, on
- * the disk DATA_DIR defaults to).
+ * The harvest data plane against its floors, in one run:
+ * 1. A harvest as users run it: `svc serve` and a `svc worker` (with DATABASE_URL: the PostgreSQL transport,
+ *    each in its own process; without: the embedded store, the worker in the gateway's process) and a stub
+ *    engine answering every capture at once (bench/harvest-engine.ts, its own process), on the same cores.
+ *    Each process's CPU seconds per GB of shard written (/proc: every thread) and the harvest's GB/s beside a
+ *    raw write + fsync of the same files' bytes to the same disk, rounds interleaved.
+ * 2. The worker's parts, each alone on the same bytes in this process (CPU per GB of shard bytes, all
+ *    threads, a batch of captures in flight): receive (through undici, the engine client's HTTP library),
+ *    decode (scan + base64 into place), receive + decode as the worker runs them (each chunk decoded as it
+ *    arrives) and as it ran them before (each body collected whole, then decoded), convert (float32
+ *    captures rounded to bf16), write (the shard sink's writes, writeback and fsync), hash (sha256 of the
+ *    file read back), stats; each beside its floor on this machine (a bare node:http read, Node's native
+ *    base64 decoder, a raw write + fsync, OpenSSL's SHA-256 through node:crypto) and how far above it.
+ * 3. The in-process pipeline (decode + write + hash + stats, no HTTP) with the statistics on and off.
+ *   node --import tsx bench/harvest.ts     (npm run bench -- harvest)
+ * Shape by environment: BENCH_HARVEST_PROMPTS (48), _TOKENS (512), _SHARD (8 prompts), _BATCH (4),
+ * _ROUNDS (2); 16 layers x 2048 wide. BENCH_HARVEST_DIR (default .bench/ in the repository, on the disk
+ * DATA_DIR defaults to). BENCH_PROF_DIR: the worker runs under --cpu-prof, its profiles written there.
  */
 import { Buffer } from 'node:buffer';
-import { randomFillSync } from 'node:crypto';
-import { mkdirSync, rmSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { open } from 'node:fs/promises';
 import { cpus, loadavg, totalmem } from 'node:os';
 import { join } from 'node:path';
-import { setImmediate as yieldToLoop } from 'node:timers/promises';
-import { CaptureBuffers, decodeCapture } from '../src/harvest/capture-decode.ts';
+import { request as httpRequest, Agent as HttpAgent } from 'node:http';
+import { Pool } from 'undici';
+import { CaptureBuffers, CaptureReader, decodeCapture } from '../src/harvest/capture-decode.ts';
 import { fileHarvestStorage, shardFileName } from '../src/harvest/storage.ts';
-import { runShardPipeline, shardCountOf, type CapturedPrompt } from '../src/harvest/shard-pipeline.ts';
+import { hashFile } from '../src/harvest/file-hasher.ts';
+import { runShardPipeline, type CapturedPrompt } from '../src/harvest/shard-pipeline.ts';
 import { RunningStats } from '../src/harvest/stats.ts';
-import { root } from './support.ts';
+import { buildGateway, cpuSecondsOf, issueKeys, postgresPids, root, scratchDatabase, spawnWithUrl, stop, benchAdminToken } from './support.ts';
+import { stubModel, STUB_CHECKPOINT, STUB_D_MODEL, STUB_LAYERS } from '../test/support/capture.ts';
 
 const setting = (name: string, fallback: number) => Number(process.env[`BENCH_HARVEST_${name}`] ?? fallback);
-const prompts = setting('PROMPTS', 32);
-const layers = setting('LAYERS', 16);
+const prompts = setting('PROMPTS', 48);
 const tokens = setting('TOKENS', 512);
-const dModel = setting('D_MODEL', 2048);
 const shardSize = setting('SHARD', 8);
 const batchSize = setting('BATCH', 4);
 const rounds = setting('ROUNDS', 2);
+const layers = STUB_LAYERS;
+const dModel = STUB_D_MODEL;
 const dir = join(process.env.BENCH_HARVEST_DIR ?? join(root, '.bench'), `harvest-${process.pid}`);
 mkdirSync(dir, { recursive: true });
 process.once('exit', () => rmSync(dir, { recursive: true, force: true }));
-
 const promptBytes = layers * tokens * dModel * 2;
-const distinctBodies = 4;
-
-/** A vLLM-shaped capture response: the residual stream last, random activations (bf16 bits, or float32). */
-function captureBody(dtype: 'bf16' | 'f32'): Buffer {
-  const raw = Buffer.allocUnsafe(dtype === 'bf16' ? promptBytes : promptBytes * 2);
-  randomFillSync(raw);
-  if (dtype === 'f32') {
-    // Finite values: random exponents within ±2^15, as activations are.
-    const words = new Uint32Array(raw.buffer, raw.byteOffset, raw.length / 4);
-    for (let i = 0; i < words.length; i++) words[i] = (words[i] & 0x807fffff) | ((112 + (words[i] & 31)) << 23);
-  }
-  const envelope = dtype === 'bf16' ? '"dtype":"int16","original_dtype":"torch.bfloat16"' : '"dtype":"float32","original_dtype":"torch.float32"';
-  return Buffer.concat([
-    Buffer.from(`{"id":"cmpl-bench","object":"text_completion","created":1,"model":"bench","choices":[{"index":0,"text":" ","logprobs":null,"finish_reason":"length","stop_reason":null,"prompt_logprobs":null}],"usage":{"prompt_tokens":${tokens},"completion_tokens":1,"total_tokens":${tokens + 1}},"activations":{"residual_stream":{"data":"`),
-    Buffer.from(raw.toString('base64'), 'latin1'),
-    Buffer.from(`",${envelope},"compression":null,"shape":[${layers},${tokens},${dModel}]}}}`),
-  ]);
-}
-
-const bodies = {
-  bf16: Array.from({ length: distinctBodies }, () => captureBody('bf16')),
-  f32: Array.from({ length: distinctBodies }, () => captureBody('f32')),
+const gb = (bytes: number) => bytes / 1e9;
+const loadBefore = loadavg()[0];
+const out: string[] = [];
+const print = (line = '') => {
+  out.push(line);
+  process.stderr.write(`${line}\n`);
 };
-const tokenIds = Int32Array.from({ length: tokens }, (_, i) => i);
-const layerList = Array.from({ length: layers }, (_, i) => i);
 
-interface Measured {
+// ---- 1. A harvest through the processes users run ----
+
+const engine = await spawnWithUrl(['--import', 'tsx', 'bench/harvest-engine.ts', STUB_CHECKPOINT, String(dModel), String(layers)], process.env);
+writeFileSync(join(dir, 'models.json'), JSON.stringify({ models: [stubModel(engine.url)] }));
+buildGateway();
+const db = process.env.DATABASE_URL ? await scratchDatabase(process.env.DATABASE_URL, 'harvest_bench') : null;
+const harvestDir = join(dir, 'harvest');
+const env = (name: string): NodeJS.ProcessEnv => ({
+  ...process.env,
+  SVC_CONFIG: join(dir, 'models.json'),
+  DATA_DIR: join(dir, `data-${name}`),
+  SVC_HARVEST_DIR: harvestDir,
+  PORT: '0',
+  LOG_LEVEL: 'warn',
+  SVC_ADMIN_TOKEN: benchAdminToken,
+  DATABASE_URL: db?.url ?? '',
+  ...(db ? { SVC_HARVEST_TRANSPORT: 'postgres' } : {}),
+});
+const prof = process.env.BENCH_PROF_DIR ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_PROF_DIR}`] : [];
+const svc = join(root, 'bin', 'svc.js');
+const gateway = await spawnWithUrl([...(db ? [] : prof), svc, 'serve', ...(db ? ['--no-workers'] : [])], env('gateway'), /listening on (http:\/\/\S+)/);
+const worker = db ? await spawnWithUrl([...prof, svc, 'worker'], env('worker'), /(svc worker) working on harvest jobs/) : gateway;
+const [apiKey] = await issueKeys(gateway.url, 1, 'harvest');
+const auth = { authorization: `Bearer ${apiKey}`, 'content-type': 'application/json' };
+
+interface JobRun {
   seconds: number;
   bytes: number;
-  cpuSeconds: number;
-  addedRssMb: number;
+  files: number[];
+  cpu: Record<string, number>;
 }
 
-/** Runs `work` with its wall time, the process's CPU (every thread: the fs writes run in libuv's pool) and its peak RSS over the start. */
-async function measure(work: () => Promise<number>): Promise<Measured> {
-  (globalThis as { gc?: () => void }).gc?.();
-  const rssBefore = process.memoryUsage.rss();
-  let rssPeak = rssBefore;
-  const sampler = setInterval(() => (rssPeak = Math.max(rssPeak, process.memoryUsage.rss())), 20);
+async function api(path: string, init: RequestInit = {}): Promise<any> {
+  const res = await fetch(`${gateway.url}${path}`, { ...init, headers: { ...auth, ...(init.headers ?? {}) } });
+  const body = await res.json();
+  if (!res.ok) throw new Error(`${path}: ${res.status} ${JSON.stringify(body)}`);
+  return body;
+}
+
+const pgPids = db ? postgresPids() : [];
+const cpuOf = (pids: number[]) => pids.reduce((n, pid) => n + cpuSecondsOf(pid), 0);
+
+/** One job of `prompts` prompts, submit to success; each process's CPU over it. */
+async function harvestJob(): Promise<JobRun> {
+  const procs: Record<string, number[]> = { worker: [worker.child.pid!], ...(db ? { gateway: [gateway.child.pid!] } : {}), engine: [engine.child.pid!], ...(db ? { postgres: pgPids } : {}) };
+  const before = Object.fromEntries(Object.entries(procs).map(([k, pids]) => [k, cpuOf(pids)]));
+  const started = performance.now();
+  let job = await api('/v1/harvest', { method: 'POST', body: JSON.stringify({ model: 'stub', prompts: Array.from({ length: prompts }, (_, i) => `${i}`.padEnd(tokens - 1, 'x')), layers: 'all', shard_size: shardSize, batch_size: batchSize }) });
+  while (job.status === 'pending' || job.status === 'running') job = await api(`/v1/harvest/${job.id}?wait=30`);
+  const seconds = (performance.now() - started) / 1000;
+  const cpu = Object.fromEntries(Object.entries(procs).map(([k, pids]) => [k, cpuOf(pids) - before[k]]));
+  if (job.status !== 'succeeded') throw new Error(`the harvest ${job.status}: ${JSON.stringify(job.error)}`);
+  const files = job.result.shards.map((s: { bytes: number }) => s.bytes);
+  return { seconds, bytes: files.reduce((a: number, b: number) => a + b, 0), files, cpu };
+}
+
+/** The floor: the same files' sizes written from memory in prompt-sized writes, each file fsynced. */
+const block = Buffer.alloc(promptBytes + tokens * 4, 0x5a);
+async function rawWrite(files: number[], into: string): Promise<{ seconds: number; bytes: number; cpu: number }> {
+  mkdirSync(into, { recursive: true });
   const cpu = process.cpuUsage();
   const started = performance.now();
-  const bytes = await work();
-  const seconds = (performance.now() - started) / 1000;
-  const used = process.cpuUsage(cpu);
-  clearInterval(sampler);
-  rmSync(dir, { recursive: true, force: true });
-  mkdirSync(dir, { recursive: true });
-  return { seconds, bytes, cpuSeconds: (used.user + used.system) / 1e6, addedRssMb: (rssPeak - rssBefore) / 2 ** 20 };
-}
-
-/** The floor: each shard's bytes written to a file in prompt-sized writes, then fsync, from a buffer already in memory. */
-async function rawWrite(fileBytes: number[]): Promise<number> {
-  const block = Buffer.alloc(promptBytes + tokens * 4, 0x5a);
   let total = 0;
-  for (const [i, size] of fileBytes.entries()) {
-    const handle = await open(join(dir, `raw-${i}`), 'wx');
+  for (const [i, size] of files.entries()) {
+    const handle = await open(join(into, `raw-${i}`), 'wx');
     for (let at = 0; at < size; at += block.length) await handle.write(block, 0, Math.min(block.length, size - at), at);
     await handle.sync();
     await handle.close();
     total += size;
   }
-  return total;
+  const seconds = (performance.now() - started) / 1000;
+  const used = process.cpuUsage(cpu);
+  rmSync(into, { recursive: true, force: true });
+  return { seconds, bytes: total, cpu: (used.user + used.system) / 1e6 };
 }
 
-/** The pipeline writing every shard of a job whose captures answer at once from `captures`, decoded into pooled buffers or fresh ones. */
-async function pipeline(captures: Buffer[], written: number[], pooled = true): Promise<number> {
-  const storage = fileHarvestStorage(dir);
-  const buffers = pooled ? new CaptureBuffers({ keep: 2 * batchSize + 1 }) : undefined;
+const jobs: JobRun[] = [];
+const raws: Awaited<ReturnType<typeof rawWrite>>[] = [];
+for (let round = 0; round < rounds; round++) {
+  const run = await harvestJob();
+  jobs.push(run);
+  rmSync(harvestDir, { recursive: true, force: true });
+  raws.push(await rawWrite(run.files, join(dir, 'raw')));
+}
+const workerPid = worker.child.pid!;
+await stop(worker.child);
+if (worker !== gateway) await stop(gateway.child);
+await db?.drop();
+
+// ---- 2. The parts, each alone on the same bytes ----
+
+type Part = { cpu: number; seconds: number; bytes: number };
+/** CPU (this process, every thread) and wall time of `work`, which returns the shard bytes it stands for. */
+async function measure(work: () => Promise<number> | number): Promise<Part> {
+  const cpu = process.cpuUsage();
+  const started = performance.now();
+  const bytes = await work();
+  const used = process.cpuUsage(cpu);
+  return { cpu: (used.user + used.system) / 1e6, seconds: (performance.now() - started) / 1000, bytes };
+}
+const perGb = (p: Part) => p.cpu / gb(p.bytes);
+/** The least CPU per GB of `n` runs (on a loaded machine the least is nearest the code's own cost). */
+async function least(n: number, work: () => Promise<number> | number): Promise<number> {
+  let best = Infinity;
+  for (let i = 0; i < n; i++) best = Math.min(best, perGb(await measure(work)));
+  return best;
+}
+
+const enginePool = new Pool(engine.url, { connections: 2 });
+const captureRequest = JSON.stringify({ model: STUB_CHECKPOINT, prompt: Array.from({ length: tokens }, (_, i) => i), max_tokens: 1, temperature: 0, vllm_xargs: { output_residual_stream: 'true' } });
+async function receive(keep: 'chunks' | 'none' = 'chunks'): Promise<Buffer[]> {
+  const res = await enginePool.request({ path: '/v1/completions', method: 'POST', body: captureRequest, headers: { 'content-type': 'application/json' } });
+  const chunks: Buffer[] = [];
+  for await (const chunk of res.body) if (keep === 'chunks') chunks.push(chunk as Buffer);
+  return chunks;
+}
+/** As the worker receives a capture: each chunk decoded as it arrives (CaptureReader), none kept. */
+async function receiveDecoding(): Promise<void> {
+  const res = await enginePool.request({ path: '/v1/completions', method: 'POST', body: captureRequest, headers: { 'content-type': 'application/json' } });
+  const reader = new CaptureReader({ layers, dModel }, buffers, Number(res.headers['content-length']));
+  for await (const chunk of res.body) reader.push(chunk as Buffer);
+  buffers.give(reader.end().bytes);
+}
+const httpAgent = new HttpAgent({ keepAlive: true });
+function receiveBare(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const req = httpRequest(`${engine.url}/v1/completions`, { method: 'POST', agent: httpAgent, headers: { 'content-type': 'application/json' } }, (res) => {
+      let n = 0;
+      res.on('data', (c: Buffer) => (n += c.length));
+      res.on('end', () => resolve(n));
+      res.on('error', reject);
+    });
+    req.on('error', reject);
+    req.end(captureRequest);
+  });
+}
+const samples = 8;
+const bodies: Buffer[][] = [];
+for (let i = 0; i < 3; i++) bodies.push(await receive());
+
+const parts: { name: string; cpu: number; floorName: string; floor: number | null }[] = [];
+
+const buffers = new CaptureBuffers({ keep: 4 });
+// Captures in flight as the worker has them (a batch's worth at once).
+const inFlight = async (one: () => Promise<unknown>) => {
+  for (let i = 0; i < samples; i += batchSize) await Promise.all(Array.from({ length: batchSize }, one));
+  return samples * promptBytes;
+};
+const receiveCpu = await least(2, () => inFlight(() => receive('none')));
+const receiveFloor = await least(2, () => inFlight(receiveBare));
+parts.push({ name: 'receive (undici, chunks dropped)', cpu: receiveCpu, floorName: 'node:http, chunks dropped (for scale: no floor if above)', floor: receiveFloor });
+const streamedCpu = await least(2, () => inFlight(receiveDecoding));
+const collectedCpu = await least(2, () => inFlight(async () => buffers.give(decodeCapture(await receive(), { layers, dModel }, buffers).bytes)));
+const decodeCpu = await least(3, () => {
+  for (let i = 0; i < samples; i++) buffers.give(decodeCapture(bodies[i % bodies.length], { layers, dModel }, buffers).bytes);
+  return samples * promptBytes;
+});
+// The floor: Node's native decoder on the same text, already a string, into a buffer it allocates.
+const base64Text = Buffer.concat(bodies[0]).toString('latin1').split('"data":"')[1].split('"')[0];
+const base64Floor = await least(3, () => {
+  for (let i = 0; i < samples; i++) Buffer.from(base64Text, 'base64');
+  return samples * promptBytes;
+});
+parts.push({ name: 'decode (scan + base64 into place, from a body in memory)', cpu: decodeCpu, floorName: "Buffer.from(text, 'base64') on a string", floor: base64Floor });
+parts.push({ name: '**receive + decode as the worker runs them** (each chunk decoded as it arrives)', cpu: streamedCpu, floorName: 'the two floors above', floor: receiveFloor + base64Floor });
+parts.push({ name: 'receive + decode, each body collected whole then decoded (as before)', cpu: collectedCpu, floorName: 'the two floors above', floor: receiveFloor + base64Floor });
+
+const f32Raw = Buffer.alloc(promptBytes * 2);
+const f32Words = new Float32Array(f32Raw.buffer, f32Raw.byteOffset, promptBytes / 2);
+for (let i = 0; i < f32Words.length; i++) f32Words[i] = Math.sin(i) * 3;
+const f32Body = Buffer.concat([Buffer.from('{"activations":{"residual_stream":{"data":"'), Buffer.from(f32Raw.toString('base64'), 'latin1'), Buffer.from(`","dtype":"float32","original_dtype":"torch.float32","compression":null,"shape":[${layers},${tokens},${dModel}]}}}`)]);
+const f32Cpu = await least(3, () => {
+  for (let i = 0; i < samples / 2; i++) buffers.give(decodeCapture(f32Body, { layers, dModel }, buffers).bytes);
+  return (samples / 2) * promptBytes;
+});
+parts.push({ name: 'convert float32 captures (decode twice the text, round to bf16)', cpu: f32Cpu - decodeCpu, floorName: 'decode floor of the extra text', floor: base64Floor });
+
+// Write: the shard sink (positional writev a batch at a time, background writeback, fsync at commit) less
+// the hash its commit runs, which is measured alone below.
+const storage = fileHarvestStorage(join(dir, 'parts'));
+const payload = Buffer.alloc(promptBytes, 0x33);
+const shardBytes = shardSize * promptBytes;
+const written: string[] = [];
+let shardNo = 0;
+const writeCommitCpu = await least(2, async () => {
+  for (let s = 0; s < 2; s++) {
+    const sink = await storage.createShard('hj_parts', shardFileName(shardNo++, 'cl_parts'));
+    for (let b = 0; b < shardSize; b += batchSize) await sink.write(b * promptBytes, Array.from({ length: batchSize }, () => payload));
+    await sink.commit();
+    written.push(join(dir, 'parts', 'hj_parts', shardFileName(shardNo - 1, 'cl_parts')));
+  }
+  return 2 * shardBytes;
+});
+const hashCpu = await least(2, async () => {
+  for (const path of written.slice(-2)) await hashFile(path, shardBytes);
+  return 2 * shardBytes;
+});
+const rawCpu = await least(2, async () => (await rawWrite([shardBytes, shardBytes], join(dir, 'raw-parts'))).bytes);
+parts.push({ name: 'write (writev, writeback, fsync, rename)', cpu: writeCommitCpu - hashCpu, floorName: 'raw write + fsync', floor: rawCpu });
+const sha256Floor = await least(3, () => {
+  for (let i = 0; i < samples; i++) createHash('sha256').update(payload).digest();
+  return samples * promptBytes;
+});
+parts.push({ name: 'hash (sha256 of the file read back, own thread)', cpu: hashCpu, floorName: 'OpenSSL SHA-256 in memory (node:crypto)', floor: sha256Floor });
+rmSync(join(dir, 'parts'), { recursive: true, force: true });
+
+const decoded = bodies.map((b) => decodeCapture(b, { layers, dModel }).bytes);
+const statsCpu = await least(3, () => {
+  const stats = new RunningStats(Array.from({ length: layers }, (_, i) => i), dModel);
+  for (let i = 0; i < samples; i++) stats.add(decoded[i % decoded.length], [layers, tokens, dModel]);
+  return samples * promptBytes;
+});
+parts.push({ name: 'stats (RunningStats.add)', cpu: statsCpu, floorName: 'budget', floor: null });
+
+// ---- 3. The in-process pipeline, statistics on and off ----
+
+class NoStats extends RunningStats {
+  override add(): void {}
+}
+async function pipeline(withStats: boolean): Promise<number> {
+  const pipeStorage = fileHarvestStorage(join(dir, 'pipeline'));
+  const pool = new CaptureBuffers({ keep: 2 * batchSize + 1 });
   let total = 0;
-  written.length = 0;
   await runShardPipeline(
-    { jobId: 'hj_bench', checkpoint: 'bench/model', layers: layerList, dModel, promptCount: prompts, shardSize, batchSize, startShard: 0 },
+    { jobId: 'hj_bench', checkpoint: 'bench/model', layers: Array.from({ length: layers }, (_, i) => i), dModel, promptCount: 2 * shardSize, shardSize, batchSize, startShard: 0 },
     {
-      storage,
-      buffers,
+      storage: pipeStorage,
+      buffers: pool,
+      stats: withStats ? null : new NoStats(Array.from({ length: layers }, (_, i) => i), dModel),
       fileNameFor: (shard) => shardFileName(shard, 'cl_bench'),
       async captureBatch(first, count) {
-        const out: CapturedPrompt[] = [];
+        const captured: CapturedPrompt[] = [];
         for (let k = 0; k < count; k++) {
-          await yieldToLoop(); // a response arriving: the writes in flight get their turn
-          const { shape, bytes } = decodeCapture(captures[(first + k) % captures.length], { layers, dModel }, buffers);
-          out.push({ tokens: tokenIds, shape, bytes });
+          const { shape, bytes } = decodeCapture(bodies[(first + k) % bodies.length], { layers, dModel }, pool);
+          captured.push({ tokens: Int32Array.from({ length: tokens }, (_, t) => t), shape, bytes });
         }
-        return out;
+        return captured;
       },
       async onShardWritten(record) {
-        written.push(record.bytes);
         total += record.bytes;
       },
     },
   );
+  rmSync(join(dir, 'pipeline'), { recursive: true, force: true });
   return total;
 }
-
-/** The statistics alone (what the pipeline adds per capture): every prompt's bf16 capture folded into RunningStats. */
-const decodedBf16 = bodies.bf16.map((body) => decodeCapture(body, { layers, dModel }).bytes);
-async function statsOnly(): Promise<number> {
-  const stats = new RunningStats(layerList, dModel);
-  let total = 0;
-  for (let i = 0; i < prompts; i++) {
-    const bytes = decodedBf16[i % decodedBf16.length];
-    stats.add(bytes, [layers, tokens, dModel]);
-    total += bytes.byteLength;
-  }
-  return total;
+const pipelineOn: number[] = [];
+const pipelineOff: number[] = [];
+for (let i = 0; i < 2; i++) {
+  pipelineOn.push(perGb(await measure(() => pipeline(true))));
+  pipelineOff.push(perGb(await measure(() => pipeline(false))));
 }
-
-const shardFiles: number[] = [];
-const results: Record<string, Measured[]> = { raw: [], bf16: [], fresh: [], f32: [], stats: [] };
-const loadBefore = loadavg()[0];
-// Each round: the pipeline on bf16 captures (its files' sizes are the raw writes' sizes), the raw writes, bf16 unpooled, float32 captures.
-for (let round = 0; round < rounds; round++) {
-  results.bf16.push(await measure(() => pipeline(bodies.bf16, shardFiles)));
-  results.raw.push(await measure(() => rawWrite(shardFiles)));
-  results.fresh.push(await measure(() => pipeline(bodies.bf16, [], false)));
-  results.f32.push(await measure(() => pipeline(bodies.f32, [])));
-  results.stats.push(await measure(statsOnly));
-}
+await enginePool.close();
+httpAgent.destroy();
+await stop(engine.child);
 const loadAfter = loadavg()[0];
 
-const gb = (bytes: number) => bytes / 1e9;
-const rate = (m: Measured) => gb(m.bytes) / m.seconds;
-const rawRate = Math.max(...results.raw.map(rate));
-const rows = [
-  ['raw write + fsync of the same bytes', results.raw],
-  ['pipeline, bf16 captures (passed through)', results.bf16],
-  ['the same, each capture decoded into a fresh buffer (no CaptureBuffers)', results.fresh],
-  ['pipeline, float32 captures (rounded to bf16)', results.f32],
-  ['the statistics alone (RunningStats.add over the bf16 captures; included in every pipeline row)', results.stats],
-] as const;
-const total = results.raw[0].bytes;
-process.stdout.write(
-  `harvest data plane: ${prompts} prompts of ${layers} x ${tokens} x ${dModel} bf16 (${(promptBytes / 2 ** 20).toFixed(0)} MiB each), shards of ${shardSize}, batches of ${batchSize}: ${shardCountOf(prompts, shardSize)} files, ${gb(total).toFixed(2)} GB per run; ${rounds} interleaved rounds, the best of each (on a shared machine the best is nearest the code's own cost)\n` +
-    `${cpus().length} x ${cpus()[0]?.model ?? 'cpu'}, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}; load average ${loadBefore.toFixed(2)} before, ${loadAfter.toFixed(2)} after; files under ${dir}\n\n` +
-    `| path | GB/s, best (each round) | of raw | CPU s per GB, least (all threads) | RSS added, most |\n|---|---|---|---|---|\n` +
-    rows
-      .map(([name, ms]) => {
-        const r = Math.max(...ms.map(rate));
-        const cpu = Math.min(...ms.map((m) => m.cpuSeconds / gb(m.bytes)));
-        return `| ${name} | ${r.toFixed(3)} (${ms.map((m) => rate(m).toFixed(3)).join(', ')}) | ${(r / rawRate).toFixed(2)} | ${cpu.toFixed(2)} | ${Math.max(...ms.map((m) => m.addedRssMb)).toFixed(0)} MB |`;
-      })
-      .join('\n') +
-    '\n',
-);
+// ---- The report ----
+
+const rate = (r: { seconds: number; bytes: number }) => gb(r.bytes) / r.seconds;
+const best = (xs: number[]) => Math.min(...xs);
+const jobCpu = (k: string) => best(jobs.map((j) => j.cpu[k] / gb(j.bytes)));
+const harvestRate = Math.max(...jobs.map(rate));
+const rawRate = Math.max(...raws.map(rate));
+const workerCpu = jobCpu('worker');
+const sumParts = streamedCpu + parts.filter((p) => /^(write|hash|stats)/.test(p.name)).reduce((n, p) => n + p.cpu, 0);
+const f = (n: number, d = 2) => n.toFixed(d);
+print(`harvest bench: ${prompts} prompts of ${layers} x ${tokens} x ${dModel} bf16 (${(promptBytes / 2 ** 20).toFixed(0)} MiB each), shards of ${shardSize}, batches of ${batchSize}: ${gb(jobs[0].bytes).toFixed(2)} GB per job; ${rounds} rounds, the best of each`);
+print(`${cpus().length} x ${cpus()[0]?.model ?? 'cpu'}, ${(totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}; load average ${f(loadBefore)} before, ${f(loadAfter)} after; files under ${dir}`);
+print(`processes: ${db ? 'svc serve --no-workers + svc worker (PostgreSQL transport), stub engine' : 'svc serve (embedded store, its in-process worker), stub engine'}; worker pid ${workerPid}${prof.length ? `, profiled into ${process.env.BENCH_PROF_DIR}` : ''}`);
+print('');
+print('| the harvest, end to end | value |');
+print('|---|---|');
+print(`| GB/s written, best (each round) | ${f(harvestRate, 3)} (${jobs.map((j) => f(rate(j), 3)).join(', ')}) |`);
+print(`| raw write + fsync of the same bytes, GB/s (each round) | ${f(rawRate, 3)} (${raws.map((r) => f(rate(r), 3)).join(', ')}) |`);
+print(`| **harvest / raw** | **${f(harvestRate / rawRate)}** |`);
+for (const k of Object.keys(jobs[0].cpu)) print(`| CPU s per GB, ${k === 'worker' && !db ? 'worker (+ gateway: one process)' : k}${k === 'postgres' ? ' (shared server: other clients too)' : ''}, least (each) | ${k === 'worker' ? '**' : ''}${f(jobCpu(k))}${k === 'worker' ? '**' : ''} (${jobs.map((j) => f(j.cpu[k] / gb(j.bytes))).join(', ')}) |`);
+print('');
+print('| the worker\'s parts, each alone (CPU s per GB of shard, all threads, least of runs) | CPU s/GB | floor | floor CPU s/GB | above floor |');
+print('|---|---|---|---|---|');
+for (const p of parts) print(`| ${p.name} | ${f(p.cpu)} | ${p.floorName} | ${p.floor === null ? '0.30 (at most)' : f(p.floor)} | ${p.floor === null ? '' : `${f(p.cpu - p.floor)} (${f(p.cpu / p.floor)}x)`} |`);
+print(`| sum of the worker's bf16 parts (receive + decode as run, write, hash, stats) | ${f(sumParts)} | | | |`);
+print(`| the rest (metering, claims, records, tokenizing, HTTP to the store): the worker's total less the parts | ${f(Math.max(0, workerCpu - sumParts))} | | | |`);
+print('');
+print('| the in-process pipeline (decode + write + hash, no HTTP) | CPU s per GB, least (each) |');
+print('|---|---|');
+print(`| statistics on | ${f(best(pipelineOn))} (${pipelineOn.map((x) => f(x)).join(', ')}) |`);
+print(`| statistics off | ${f(best(pipelineOff))} (${pipelineOff.map((x) => f(x)).join(', ')}) |`);
+print(`| **the statistics' cost** (on less off; alone: ${f(statsCpu)}) | **${f(best(pipelineOn) - best(pipelineOff))}** |`);
+process.stdout.write(`${out.join('\n')}\n`);

@@ -37,7 +37,7 @@ import {
   type HarvestEvent,
   type HarvestShardWrittenData,
   type HarvestSubmittedData,
-  type WrittenShard,
+  type HarvestShard,
 } from '../events/harvest.ts';
 
 export type HarvestStatus = 'none' | 'pending' | 'running' | 'succeeded' | 'failed' | 'cancelled';
@@ -83,7 +83,7 @@ export type HarvestCommand =
   | ({ type: 'FailStart'; reason: string } & Now)
   | ({ type: 'Claim'; claimId: string; workerId: string; leaseMs: number } & Now)
   | ({ type: 'RenewClaim'; claimId: string; leaseMs: number } & Now)
-  | ({ type: 'RecordShard'; claimId: string; leaseMs: number } & WrittenShard & Now)
+  | ({ type: 'RecordShard'; claimId: string; leaseMs: number; record: HarvestShard } & Now)
   | ({ type: 'Succeed'; claimId: string | null; manifestSha256: string; manifestBytes: number } & Now)
   | ({ type: 'Fail'; code: string; message: string; claimId: string | null } & Now)
   | ({ type: 'Cancel'; byKeyPrefix: string } & Now)
@@ -213,34 +213,23 @@ export const harvestDecider: Decider<HarvestState, HarvestCommand, HarvestEvent,
         if (state.claim?.id !== command.claimId) return superseded(state, command.claimId);
         return HarvestClaimRenewed({ job_id, claim_id: command.claimId, lease_until: later(at, command.leaseMs), at });
       case 'RecordShard': {
+        const { record } = command;
         // The very record made before (a lost acknowledgement, sent again): nothing more to do, whatever happened since.
-        const recorded = state.shards[command.shard];
-        if (recorded && recorded.sha256 === command.sha256 && recorded.file === command.file) return [];
+        const recorded = state.shards[record.shard];
+        if (recorded && recorded.sha256 === record.sha256 && recorded.file === record.file) return [];
         if (terminal) return finished(state);
         if (state.status === 'pending') return reject('not_started', 'the harvest job has not started');
         if (state.claim?.id !== command.claimId) return superseded(state, command.claimId);
         const expected = state.shards.length;
         const planned = expected < job.shard_count ? plannedShard(job, expected) : null;
-        if (command.shard !== expected || planned === null || command.firstPrompt !== planned.firstPrompt || command.promptCount !== planned.promptCount) {
-          return reject('shard_out_of_order', `shard ${command.shard} (prompts ${command.firstPrompt}+${command.promptCount}) is not the next in the plan`, {
+        if (record.shard !== expected || planned === null || record.first_prompt !== planned.firstPrompt || record.prompt_count !== planned.promptCount) {
+          return reject('shard_out_of_order', `shard ${record.shard} (prompts ${record.first_prompt}+${record.prompt_count}) is not the next in the plan`, {
             expected_shard: planned ? expected : null,
             expected_first_prompt: planned?.firstPrompt ?? null,
             expected_prompt_count: planned?.promptCount ?? null,
           });
         }
-        return HarvestShardWritten({
-          job_id,
-          claim_id: command.claimId,
-          shard: command.shard,
-          file: command.file,
-          first_prompt: command.firstPrompt,
-          prompt_count: command.promptCount,
-          token_count: command.tokenCount,
-          bytes: command.bytes,
-          sha256: command.sha256,
-          lease_until: later(at, command.leaseMs),
-          at,
-        });
+        return HarvestShardWritten({ job_id, claim_id: command.claimId, ...record, lease_until: later(at, command.leaseMs), at });
       }
       case 'Succeed': {
         if (state.status === 'succeeded') return [];

@@ -6,7 +6,7 @@
  *   cap are decided, so that two submits of one key racing each other are serialized here.
  * Metadata only: never a prompt (the job names its input by its sha256) nor an activation.
  */
-import { defineEvent, eventCatalogue, Type, type EventOf } from '../src/event-sourcing/index.ts';
+import { defineEvent, eventCatalogue, Type, type EventOf, type Static } from '../src/event-sourcing/index.ts';
 import { Instant, Month, Nullable } from './shapes.ts';
 
 const Count = Type.Integer({ minimum: 0 });
@@ -82,26 +82,28 @@ export const HarvestClaimRenewed = defineEvent(
   Type.Object({ job_id: JobId, claim_id: ClaimId, lease_until: Instant, at: Instant }, { additionalProperties: false }),
 );
 
+/**
+ * A shard as its worker wrote it (fsynced under its name): the one shape of a shard record. The event
+ * below carries it, the job's state keeps it, the worker records it (RecordShard), the manifest lists it
+ * (`index` for `shard`), the harvest_shards projection and the job's view show it.
+ */
+export const HarvestShardFields = {
+  shard: Count,
+  /** Named per claim (`shard-00000-<claim suffix>.safetensors`), so a superseded worker never overwrites it. */
+  file: Type.String({ minLength: 1, maxLength: 256 }),
+  first_prompt: Count,
+  prompt_count: Type.Integer({ minimum: 1 }),
+  token_count: Count,
+  bytes: Count,
+  sha256: Sha256,
+};
+export const HarvestShard = Type.Object(HarvestShardFields, { additionalProperties: false });
+export type HarvestShard = Static<typeof HarvestShard>;
+
 /** One shard file written and fsynced, in order; recording it also renews the claim's lease. */
 export const HarvestShardWritten = defineEvent(
   'HarvestShardWritten',
-  Type.Object(
-    {
-      job_id: JobId,
-      claim_id: ClaimId,
-      shard: Count,
-      /** Named per claim (`shard-00000-<claim suffix>.safetensors`), so a superseded worker never overwrites it. */
-      file: Type.String({ minLength: 1, maxLength: 256 }),
-      first_prompt: Count,
-      prompt_count: Type.Integer({ minimum: 1 }),
-      token_count: Count,
-      bytes: Count,
-      sha256: Sha256,
-      lease_until: Instant,
-      at: Instant,
-    },
-    { additionalProperties: false },
-  ),
+  Type.Object({ job_id: JobId, claim_id: ClaimId, ...HarvestShardFields, lease_until: Instant, at: Instant }, { additionalProperties: false }),
 );
 
 /** The resumer found the claim's lease lapsed (or no claim came): the claim is cleared and the job dispatched again. */
@@ -200,20 +202,6 @@ export type HarvestEvent =
   | EventOf<typeof HarvestRepublished>;
 export type HarvestSubmittedData = EventOf<typeof HarvestSubmitted>['data'];
 export type HarvestShardWrittenData = EventOf<typeof HarvestShardWritten>['data'];
-
-/**
- * A shard as its worker wrote it (fsynced under its name), camelCase: what RecordShard records, and
- * what the harvest_shards projection keeps of it.
- */
-export interface WrittenShard {
-  shard: number;
-  file: string;
-  firstPrompt: number;
-  promptCount: number;
-  tokenCount: number;
-  bytes: number;
-  sha256: string;
-}
 
 /** The events that end a job, one per job. */
 export type HarvestEnded = Extract<HarvestEvent, { type: 'HarvestSucceeded' | 'HarvestFailed' | 'HarvestCancelled' | 'HarvestStartFailed' }>;

@@ -10,7 +10,7 @@
  * replaying a stream's events in order, in any cut into batches, ends on the same rows.
  */
 import { defineProjection, toStorableText, type Queryable } from '../src/event-sourcing/index.ts';
-import { harvestEvents, type HarvestEvent, type WrittenShard } from '../events/harvest.ts';
+import { harvestEvents, type HarvestEvent, type HarvestShard } from '../events/harvest.ts';
 import { describeTable } from './table-comments.ts';
 
 const unfinished = `status IN ('pending', 'running')`;
@@ -257,8 +257,8 @@ export interface ResumableHarvestRow {
   lastProgressAt: Date;
 }
 
-/** A recorded shard's row, with camelCase fields. */
-export interface HarvestShardRow extends WrittenShard {
+/** A recorded shard's row: the shard record, its job and when it was written. */
+export interface HarvestShardRow extends HarvestShard {
   jobId: string;
   writtenAt: Date;
 }
@@ -377,9 +377,9 @@ export async function harvestShardRows(db: Queryable, jobId: string): Promise<Ha
     jobId: String(r.job_id),
     shard: Number(r.shard),
     file: String(r.file),
-    firstPrompt: Number(r.first_prompt),
-    promptCount: Number(r.prompt_count),
-    tokenCount: Number(r.token_count),
+    first_prompt: Number(r.first_prompt),
+    prompt_count: Number(r.prompt_count),
+    token_count: Number(r.token_count),
     bytes: Number(r.bytes),
     sha256: String(r.sha256),
     writtenAt: date(r.written_at),

@@ -8,6 +8,7 @@ import type { FastifyInstance, FastifyRequest, onRequestAsyncHookHandler } from 
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { Type } from 'typebox';
 import { apiError } from '../errors/index.ts';
+import { HarvestShardFields } from '../../events/harvest.ts';
 import type { HarvestCaller, HarvestRequest, HarvestService } from '../harvest/index.ts';
 import { bodyTooLarge } from './body.ts';
 import { sendUncompressed } from './compression.ts';
@@ -28,15 +29,12 @@ const HarvestRequestBody = Type.Object(
   { additionalProperties: false },
 );
 
+const { shard: _index, ...shardFields } = HarvestShardFields;
+/** A shard record (events/harvest.ts's HarvestShard) as the job shows it: `index` for `shard`, and its download path. */
 const ShardEntry = Type.Object({
   index: Type.Integer(),
   url: Type.String({ description: 'Download path under the base URL (same key, or a key of the same user).' }),
-  file: Type.String(),
-  first_prompt: Type.Integer(),
-  prompt_count: Type.Integer(),
-  token_count: Type.Integer(),
-  bytes: Type.Integer(),
-  sha256: Type.String(),
+  ...shardFields,
 });
 
 const StatsEntry = Type.Object({

@@ -9,6 +9,7 @@ import { join } from 'node:path';
 import { Readable, Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { serializeManifest } from '../harvest/manifest.ts';
+import type { HarvestShardView } from '../harvest/types.ts';
 import { parseArgs, UsageError } from './args.ts';
 
 export const harvestUsage = `usage: svc harvest <command>
@@ -184,7 +185,7 @@ async function download(api: Client, jobId: string, dir: string, io: HarvestIo):
     }
     await rename(partial, target);
   };
-  for (const shard of job.result.shards as { url: string; file: string; sha256: string; bytes: number }[]) {
+  for (const shard of job.result.shards as HarvestShardView[]) {
     await fetchChecked(shard.url, shard.file, shard.sha256);
     bytes += shard.bytes;
     io.stdout.write(`${shard.file}  ${shard.bytes} bytes  sha256 ok\n`);

@@ -19,6 +19,15 @@ import {
 /** Where the residual stream sits in a vLLM + vllm-lens completion (ENGINE.md, "Responses"). */
 export const RESIDUAL_STREAM_PATH: readonly string[] = ['activations', 'residual_stream'];
 
+/**
+ * Receives the envelope's base64 text as the scanner reads it: `start` when a `data` string begins (the
+ * last envelope wins: text before is dropped), then its bytes between the quotes in order, in pieces.
+ */
+export interface CodecDataSink {
+  start(): void;
+  text(piece: Uint8Array): void;
+}
+
 /** A codec envelope found in a body: its small fields, and where its base64 text lies. */
 export interface CodecLocation {
   shape: number[];
@@ -103,9 +112,13 @@ export class CodecScanner {
   #dataInvalid = false;
   #dataHead = '';
 
-  constructor(path: readonly string[] = RESIDUAL_STREAM_PATH) {
+  readonly #sink: CodecDataSink | null;
+
+  /** With `sink`, the envelope's base64 text is handed to it as it is read (a harvest decodes it at once). */
+  constructor(path: readonly string[] = RESIDUAL_STREAM_PATH, sink: CodecDataSink | null = null) {
     this.#path = path;
     this.#codecDepth = path.length + 1;
+    this.#sink = sink;
   }
 
   /** Bytes read so far. */
@@ -293,6 +306,7 @@ export class CodecScanner {
         this.#dataStart = this.#offset + at + 1;
         this.#dataInvalid = false;
         this.#dataHead = '';
+        this.#sink?.start();
         this.#startString(DATA_TEXT);
       } else {
         this.#startString(field === 'dtype' || field === 'original_dtype' || field === 'compression' ? SMALL_TEXT : SKIPPED_TEXT);
@@ -365,6 +379,7 @@ export class CodecScanner {
     const role = this.#textRole;
     if (role === SKIPPED_TEXT) return;
     if (role === DATA_TEXT) {
+      this.#sink?.text(buf.subarray(from, to));
       if (this.#dataHead.length < ZSTD_HEADER_BASE64_CHARS) this.#dataHead += latin1(buf, from, Math.min(to, from + ZSTD_HEADER_BASE64_CHARS - this.#dataHead.length));
       return;
     }
@@ -468,7 +483,7 @@ const DECODE_PIECE = 64 * 1024;
  * `CodecError`.
  */
 export class Base64Decoder {
-  readonly #dest: Buffer;
+  #dest: Buffer;
   #at: number;
   readonly #carry = Buffer.alloc(4);
   #carryLength = 0;
@@ -482,6 +497,25 @@ export class Base64Decoder {
   /** Bytes written into `dest` so far. */
   get written(): number {
     return this.#at;
+  }
+
+  /** Room left in `dest`. */
+  get room(): number {
+    return this.#dest.length - this.#at;
+  }
+
+  /** Goes on in `dest` (at least as long as what is written), what was written so far copied there first. */
+  moveTo(dest: Uint8Array): void {
+    const next = Buffer.from(dest.buffer, dest.byteOffset, dest.byteLength);
+    this.#dest.copy(next, 0, 0, this.#at);
+    this.#dest = next;
+  }
+
+  /** Starts again from the beginning of `dest`, as new. */
+  reset(): void {
+    this.#at = 0;
+    this.#carryLength = 0;
+    this.#padded = false;
   }
 
   write(text: Uint8Array): void {

@@ -1,10 +1,10 @@
-// Turns an engine's capture response into the bf16 bytes a shard stores, without JSON.parse of the
-// tensor and without a string of it: the codec reader locates the envelope in the body's bytes and the
-// bounded base64 decoder writes the tensor straight into the buffer the shard writes. bf16 passes through
+// Turns an engine's capture response into the bf16 bytes a shard stores, as it arrives, without JSON.parse
+// of the tensor and without a string of it: the codec reader finds the envelope's base64 text in the body's
+// bytes and the bounded base64 decoder writes it straight into the buffer the shard writes. bf16 passes through
 // untouched; float32 and float16 captures are rounded to bf16 (nearest even) in one typed-array pass.
 import { Buffer } from 'node:buffer';
 import { endianness } from 'node:os';
-import { CodecError, CodecScanner, decodeCodecInto, f16BitsToF32, f32ToBf16Bits, type CodecLocation } from '../codec/index.ts';
+import { Base64Decoder, CodecError, CodecScanner, f16BitsToF32, f32ToBf16Bits, RESIDUAL_STREAM_PATH, zstdDecompressInto } from '../codec/index.ts';
 
 /** The capture holds fewer layers than were asked for (or none): the engine's answer is incomplete. */
 export class CaptureIncomplete extends Error {
@@ -87,6 +87,128 @@ export class CaptureBuffers {
 
 const unpooled = { take: (byteLength: number) => Buffer.allocUnsafeSlow(byteLength), give: () => {} };
 
+/** Room a body of unknown length starts with for its decoded tensor (it grows by doubling). */
+const UNKNOWN_LENGTH_ROOM = 1 << 20;
+
+/**
+ * Decodes a capture response as its bytes arrive (`push` each chunk, then `end`): the codec reader finds
+ * the residual stream's base64 text and it is decoded at once into one buffer (from `buffers`, sized from
+ * the body's length when known), so no chunk is kept: they die young, where holding a body's hundreds of
+ * 64 KiB chunks until its end had them promoted and collected by full GCs (about a third of a worker's
+ * CPU). The tensor's shape and dtype come after its data in vLLM's body: `end` checks them, and converts
+ * float32 or float16 to bf16 (or undoes zstd) into a second buffer. `discard` gives the buffer back when
+ * the capture is abandoned.
+ */
+export class CaptureReader {
+  readonly #expect: CaptureExpectation;
+  readonly #buffers: Pick<CaptureBuffers, 'take' | 'give'>;
+  readonly #scanner: CodecScanner;
+  readonly #room: number;
+  #raw: Buffer | null = null;
+  #decoder: Base64Decoder | null = null;
+
+  /** `bodyLength`: the body's length when known (Content-Length): the decoded text is at most three quarters of it. */
+  constructor(expect: CaptureExpectation, buffers?: CaptureBuffers, bodyLength: number | null = null) {
+    this.#expect = expect;
+    this.#buffers = buffers ?? unpooled;
+    this.#room = bodyLength !== null && bodyLength > 0 ? Math.floor(bodyLength / 4) * 3 + 3 : UNKNOWN_LENGTH_ROOM;
+    this.#scanner = new CodecScanner(RESIDUAL_STREAM_PATH, {
+      start: () => {
+        if (this.#decoder === null) {
+          this.#raw = this.#buffers.take(this.#room);
+          this.#decoder = new Base64Decoder(this.#raw);
+        } else this.#decoder.reset();
+      },
+      text: (piece) => {
+        const decoder = this.#decoder!;
+        if (decoder.room < Math.ceil(piece.length / 4) * 3 + 3) this.#grow(decoder.written + Math.ceil(piece.length / 4) * 3 + 3);
+        decoder.write(piece);
+      },
+    });
+  }
+
+  push(chunk: Uint8Array): void {
+    try {
+      this.#scanner.push(chunk);
+    } catch (err) {
+      this.discard();
+      throw err;
+    }
+  }
+
+  /** The body ended: the capture as bf16, or `CodecError` / `CaptureIncomplete` (its buffer then given back). */
+  end(): DecodedCapture {
+    try {
+      return this.#finish();
+    } catch (err) {
+      this.discard();
+      throw err;
+    }
+  }
+
+  /** Gives the decode buffer back (a capture abandoned or refused). */
+  discard(): void {
+    if (this.#raw !== null) this.#buffers.give(this.#raw);
+    this.#raw = null;
+    this.#decoder = null;
+  }
+
+  #grow(needed: number): void {
+    // A body of unknown length: a buffer twice as big, what was decoded copied over.
+    const next = this.#buffers.take(Math.max(needed, 2 * this.#raw!.length));
+    this.#decoder!.moveTo(next);
+    this.#buffers.give(this.#raw!);
+    this.#raw = next;
+  }
+
+  #finish(): DecodedCapture {
+    const expect = this.#expect;
+    this.#scanner.end();
+    const location = this.#scanner.codec();
+    if (location === null) throw new CaptureIncomplete(`the capture returned no residual stream; ${expect.layers} layers were requested`);
+    const [layers, tokens, dModel] = location.shape;
+    if (location.shape.length !== 3) throw new CodecError(`the residual stream has shape [${location.shape.join(', ')}]; a capture is [layers, tokens, d_model]`);
+    if (layers < expect.layers) throw new CaptureIncomplete(`the capture returned ${layers} of ${expect.layers} requested layers`);
+    if (layers > expect.layers) throw new CodecError(`the capture returned ${layers} layers; ${expect.layers} were requested`);
+    if (expect.dModel !== null && dModel !== expect.dModel) throw new CodecError(`the capture is ${dModel} wide; the model's d_model is ${expect.dModel}`);
+    const { dtype, originalDtype } = location;
+    const bf16 = dtype === 'int16' && originalDtype === 'torch.bfloat16';
+    if (!bf16 && dtype !== 'float32' && dtype !== 'float16') {
+      throw new CodecError(`the residual stream is ${dtype}${originalDtype ? ` (${originalDtype})` : ''}; a capture is bfloat16, float16 or float32`);
+    }
+    if (!bf16 && !LITTLE_ENDIAN) throw new CodecError('converting a capture to bf16 needs a little-endian host');
+    const decoded = this.#decoder!.end();
+    const text = this.#raw!.subarray(0, decoded);
+    let wide: Buffer;
+    if (location.compression === null) {
+      if (decoded !== location.byteLength) throw new CodecError(`the data decodes to ${decoded} bytes; the tensor needs ${location.byteLength}`);
+      wide = text;
+    } else {
+      // Never past the tensor's size: zstdDecompressInto refuses a frame that declares or decodes to more.
+      wide = this.#buffers.take(location.byteLength);
+      try {
+        zstdDecompressInto(text, wide);
+      } catch (err) {
+        this.#buffers.give(wide);
+        throw err;
+      }
+      this.#buffers.give(this.#raw!);
+      this.#raw = wide;
+    }
+    if (bf16) {
+      this.#raw = null;
+      return { shape: [layers, tokens, dModel], bytes: wide };
+    }
+    const count = location.byteLength / (dtype === 'float32' ? 4 : 2);
+    const out = this.#buffers.take(count * 2);
+    const halves = new Uint16Array(out.buffer, out.byteOffset, count);
+    if (dtype === 'float32') f32ToBf16(new Uint32Array(wide.buffer, wide.byteOffset, count), halves);
+    else f16ToBf16(new Uint16Array(wide.buffer, wide.byteOffset, count), halves);
+    this.discard();
+    return { shape: [layers, tokens, dModel], bytes: out };
+  }
+}
+
 /**
  * Decodes the residual stream of a capture response (the body whole, or its chunks in order). A body
  * that is not JSON, or an envelope that is malformed, not a float tensor, not [layers, tokens, d_model]
@@ -94,47 +216,9 @@ const unpooled = { take: (byteLength: number) => Buffer.allocUnsafeSlow(byteLeng
  */
 export function decodeCapture(body: Uint8Array | readonly Uint8Array[], expect: CaptureExpectation, buffers?: CaptureBuffers): DecodedCapture {
   const chunks = body instanceof Uint8Array ? [body] : body;
-  const scanner = new CodecScanner();
-  for (const chunk of chunks) scanner.push(chunk);
-  scanner.end();
-  const location = scanner.codec();
-  if (location === null) throw new CaptureIncomplete(`the capture returned no residual stream; ${expect.layers} layers were requested`);
-  const [layers, tokens, dModel] = location.shape;
-  if (location.shape.length !== 3) throw new CodecError(`the residual stream has shape [${location.shape.join(', ')}]; a capture is [layers, tokens, d_model]`);
-  if (layers < expect.layers) throw new CaptureIncomplete(`the capture returned ${layers} of ${expect.layers} requested layers`);
-  if (layers > expect.layers) throw new CodecError(`the capture returned ${layers} layers; ${expect.layers} were requested`);
-  if (expect.dModel !== null && dModel !== expect.dModel) throw new CodecError(`the capture is ${dModel} wide; the model's d_model is ${expect.dModel}`);
-  return { shape: [layers, tokens, dModel], bytes: decodeAsBf16(chunks, location, buffers ?? unpooled) };
-}
-
-function decodeAsBf16(chunks: readonly Uint8Array[], location: CodecLocation, buffers: Pick<CaptureBuffers, 'take' | 'give'>): Buffer {
-  const { dtype, originalDtype } = location;
-  const bf16 = dtype === 'int16' && originalDtype === 'torch.bfloat16';
-  if (!bf16 && dtype !== 'float32' && dtype !== 'float16') {
-    throw new CodecError(`the residual stream is ${dtype}${originalDtype ? ` (${originalDtype})` : ''}; a capture is bfloat16, float16 or float32`);
-  }
-  if (!bf16 && !LITTLE_ENDIAN) throw new CodecError('converting a capture to bf16 needs a little-endian host');
-  const count = location.byteLength / (dtype === 'float32' ? 4 : 2);
-  const out = buffers.take(count * 2);
-  try {
-    if (bf16) {
-      decodeCodecInto(chunks, location, out);
-      return out;
-    }
-    const wide = buffers.take(location.byteLength);
-    try {
-      decodeCodecInto(chunks, location, wide);
-      const halves = new Uint16Array(out.buffer, out.byteOffset, count);
-      if (dtype === 'float32') f32ToBf16(new Uint32Array(wide.buffer, wide.byteOffset, count), halves);
-      else f16ToBf16(new Uint16Array(wide.buffer, wide.byteOffset, count), halves);
-    } finally {
-      buffers.give(wide);
-    }
-    return out;
-  } catch (err) {
-    buffers.give(out);
-    throw err;
-  }
+  const reader = new CaptureReader(expect, buffers, chunks.reduce((n, c) => n + c.byteLength, 0));
+  for (const chunk of chunks) reader.push(chunk);
+  return reader.end();
 }
 
 /** float32 words -> bf16, round to nearest even; a NaN stays a quiet NaN (as the codec's f32ToBf16Bits). */

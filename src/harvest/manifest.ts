@@ -2,21 +2,13 @@
 // shard with its prompt range, token count, size and sha256, in shard order.
 import { Type, type Static } from 'typebox';
 import { Compile } from 'typebox/compile';
+import { HarvestShardFields, type HarvestShard } from '../../events/harvest.ts';
 
 const Count = Type.Integer({ minimum: 0 });
 
-export const ManifestShard = Type.Object(
-  {
-    index: Count,
-    file: Type.String({ minLength: 1 }),
-    first_prompt: Count,
-    prompt_count: Count,
-    token_count: Count,
-    bytes: Count,
-    sha256: Type.String({ pattern: '^[0-9a-f]{64}$' }),
-  },
-  { additionalProperties: false },
-);
+const { shard: _index, ...shardFields } = HarvestShardFields;
+/** A shard record (events/harvest.ts's HarvestShard) as the manifest lists it: `index` for `shard`. */
+export const ManifestShard = Type.Object({ index: Count, ...shardFields }, { additionalProperties: false });
 export type ManifestShard = Static<typeof ManifestShard>;
 
 /** The job's statistics (stats.safetensors) as the manifest describes them. */
@@ -63,23 +55,12 @@ export interface ManifestJob {
   d_model: number | null;
 }
 
-/** A recorded shard (a HarvestShardWritten's fields). */
-export interface RecordedShard {
-  shard: number;
-  file: string;
-  first_prompt: number;
-  prompt_count: number;
-  token_count: number;
-  bytes: number;
-  sha256: string;
-}
-
 /**
  * The manifest of a job from its state: every shard recorded, in order from 0, covering the prompts
  * without a gap. `dModel` fills in a width the job did not know when submitted (the pipeline's result).
  */
 export function buildManifest(
-  state: { readonly job: ManifestJob | null; readonly shards: readonly RecordedShard[] },
+  state: { readonly job: ManifestJob | null; readonly shards: readonly HarvestShard[] },
   options: { createdAt?: string; dModel?: number | null; stats?: ManifestStats } = {},
 ): HarvestManifest {
   const { job, shards } = state;

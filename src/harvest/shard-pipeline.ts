@@ -10,9 +10,7 @@ import { RunningStats, checkpointFileOf } from './stats.ts';
 
 export type { CapturedPrompt } from './capture-decode.ts';
 
-/** One shard as written and fsynced under its final name: what the worker records (RecordShard's fields). */
-export type { WrittenShard } from '../../events/harvest.ts';
-import type { WrittenShard } from '../../events/harvest.ts';
+import type { HarvestShard } from '../../events/harvest.ts';
 
 /** What to write: the job's facts and where this run starts. */
 export interface ShardPlan {
@@ -37,7 +35,7 @@ export interface ShardPipelineDeps {
   /** Captures prompts [firstPrompt, firstPrompt + count), in order. A throw stops the pipeline and is rethrown. */
   captureBatch(firstPrompt: number, count: number, signal: AbortSignal): Promise<CapturedPrompt[]>;
   /** Called once a shard is fsynced under its name, before the next is written; a throw stops the pipeline. */
-  onShardWritten(record: WrittenShard): Promise<void>;
+  onShardWritten(record: HarvestShard): Promise<void>;
   /** Stops the pipeline: no further capture or write, the shard being written is removed. */
   signal?: AbortSignal;
   /**
@@ -158,7 +156,7 @@ export async function runShardPipeline(plan: ShardPlan, deps: ShardPipelineDeps)
       const checkpoint = checkpointFileOf(file);
       await deps.storage.writeFile(plan.jobId, checkpoint, stats!.encodeCheckpoint({ jobId: plan.jobId, shard, shardSha256: stored.sha256 }));
       signal.throwIfAborted();
-      await deps.onShardWritten({ shard, file, firstPrompt, promptCount, tokenCount, bytes: stored.bytes, sha256: stored.sha256 });
+      await deps.onShardWritten({ shard, file, first_prompt: firstPrompt, prompt_count: promptCount, token_count: tokenCount, bytes: stored.bytes, sha256: stored.sha256 });
       shardsWritten++;
       // Only the newest recorded checkpoint is needed; an older one left by a crash here goes at tidy.
       if (stats!.checkpointFile !== null && stats!.checkpointFile !== checkpoint) await deps.storage.removeFile(plan.jobId, stats!.checkpointFile).catch(() => undefined);

@@ -9,7 +9,8 @@ import { Buffer } from 'node:buffer';
 import { decodeSafetensors, encodeSafetensors } from './safetensors.ts';
 import { GROUP_BYTES, jsRowsKernel, wasmRowsKernel, type RowsKernel } from './stats-kernel.ts';
 import { STATS_FILE, type HarvestStorage } from './storage.ts';
-import type { ManifestStats, RecordedShard } from './manifest.ts';
+import type { ManifestStats } from './manifest.ts';
+import type { HarvestShard } from '../../events/harvest.ts';
 
 /** The job's statistics file: `stats.safetensors`, beside the shards, written before manifest.json. */
 export { STATS_FILE };
@@ -106,20 +107,21 @@ export class RunningStats {
 
   /** The shift is the first counted prompt's mean (per layer and dimension): near the data's mean, so the sums cancel little. */
   #setShift(bytes: Uint8Array, tokens: number): void {
-    const word = new Uint32Array(1);
-    const value = new Float32Array(word.buffer);
     const halves = new Uint16Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 2);
     const width = this.dModel;
+    // Row by row (the bytes in memory order), each dimension's sum in token order.
+    const words = new Uint32Array(width);
+    const values = new Float32Array(words.buffer);
+    const sums = new Float64Array(width);
     for (let l = 0; l < this.layers.length; l++) {
-      const view = this.#view(l);
-      for (let d = 0; d < width; d++) {
-        let sum = 0;
-        for (let t = 1; t < tokens; t++) {
-          word[0] = halves[(l * tokens + t) * width + d] << 16;
-          sum += value[0];
-        }
-        view[at(d, 0)] = sum / (tokens - 1);
+      sums.fill(0);
+      for (let t = 1; t < tokens; t++) {
+        const row = (l * tokens + t) * width;
+        for (let d = 0; d < width; d++) words[d] = halves[row + d] << 16;
+        for (let d = 0; d < width; d++) sums[d] += values[d];
       }
+      const view = this.#view(l);
+      for (let d = 0; d < width; d++) view[at(d, 0)] = sums[d] / (tokens - 1);
     }
     this.#shifted = true;
   }
@@ -275,7 +277,7 @@ export async function foldShardFile(stats: RunningStats | null, read: ReadRange,
  * beside its last recorded shard, or, when that is missing or not that shard's, the sums recomputed from
  * the recorded shard files themselves (the same arithmetic in the same order, so the same bits).
  */
-export async function resumeStats(storage: HarvestStorage, jobId: string, shards: readonly RecordedShard[], layers: readonly number[]): Promise<RunningStats | null> {
+export async function resumeStats(storage: HarvestStorage, jobId: string, shards: readonly HarvestShard[], layers: readonly number[]): Promise<RunningStats | null> {
   const last = shards.at(-1);
   if (last === undefined) return null;
   const file = checkpointFileOf(last.file);

@@ -4,10 +4,10 @@
 import { Buffer } from 'node:buffer';
 import { createHash, randomBytes } from 'node:crypto';
 import { mkdir, open, readdir, readFile, rename, rm, unlink, type FileHandle } from 'node:fs/promises';
-import { Worker } from 'node:worker_threads';
 import { join } from 'node:path';
 import type { Readable } from 'node:stream';
 import { parseManifest, serializeManifest, type HarvestManifest } from './manifest.ts';
+import { hashFile } from './file-hasher.ts';
 
 /** A file as stored: its size and the sha256 of its bytes (hex). */
 export interface StoredFile {
@@ -94,8 +94,6 @@ const FILE_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$/;
 const SHARD_FILE = /\.safetensors$/;
 const CHECKPOINT_FILE = /\.stats$/;
 const writable = (file: string) => CHECKPOINT_FILE.test(file) || file === STATS_FILE;
-/** Piece of a file read back to hash it. */
-const HASH_PIECE = 4 * 1024 * 1024;
 // Prompts, and activations derived from them, are readable by the service's user only.
 const FILE_MODE = 0o600;
 const DIR_MODE = 0o700;
@@ -355,7 +353,7 @@ async function openSink(dir: string, file: string): Promise<ShardSink> {
         await settleFlush();
         // The hash reads the bytes back (from the page cache), in its own thread, while the fsync runs:
         // the header is written last, so the file's bytes were never written in order to hash on the way.
-        [, sha256] = await Promise.all([handle.sync(), hasher.hash(temp, end)]);
+        [, sha256] = await Promise.all([handle.sync(), hashFile(temp, end)]);
         await handle.close();
         await rename(temp, join(dir, file));
       } catch (err) {
@@ -391,73 +389,3 @@ function skipBytes(chunks: readonly Uint8Array[], n: number): Uint8Array[] {
   }
   return out;
 }
-
-// sha256 of a file in a thread of its own, so that the main thread goes on decoding the next captures
-// meanwhile (hashing costs about as much CPU as decoding base64). CommonJS evaluated as is: no loader.
-const HASHER_SOURCE = `
-const { parentPort } = require('node:worker_threads');
-const { createHash } = require('node:crypto');
-const { openSync, readSync, closeSync } = require('node:fs');
-const piece = Buffer.allocUnsafe(${HASH_PIECE});
-parentPort.on('message', ({ id, path, size }) => {
-  let fd = -1;
-  try {
-    fd = openSync(path, 'r');
-    const hash = createHash('sha256');
-    for (let at = 0; at < size; ) {
-      const n = readSync(fd, piece, 0, Math.min(piece.length, size - at), at);
-      if (n === 0) throw new Error('the file ended at ' + at + ' bytes; ' + size + ' were written');
-      hash.update(piece.subarray(0, n));
-      at += n;
-    }
-    parentPort.postMessage({ id, sha256: hash.digest('hex') });
-  } catch (err) {
-    parentPort.postMessage({ id, error: String((err && err.message) || err) });
-  } finally {
-    if (fd >= 0) closeSync(fd);
-  }
-});
-`;
-
-/** One hashing thread per process, started on first use; it keeps the process alive only while it hashes. */
-class FileHasher {
-  #worker: Worker | null = null;
-  readonly #pending = new Map<number, { resolve: (sha256: string) => void; reject: (err: Error) => void }>();
-  #next = 0;
-
-  /** sha256 (hex) of the first `size` bytes of the file at `path`. */
-  hash(path: string, size: number): Promise<string> {
-    const worker = this.#worker ?? this.#start();
-    const id = this.#next++;
-    return new Promise((resolve, reject) => {
-      this.#pending.set(id, { resolve, reject });
-      worker.ref();
-      worker.postMessage({ id, path, size });
-    });
-  }
-
-  #start(): Worker {
-    const worker = new Worker(HASHER_SOURCE, { eval: true, execArgv: [] });
-    worker.unref();
-    worker.on('message', (reply: { id: number; sha256?: string; error?: string }) => {
-      const waiting = this.#pending.get(reply.id);
-      this.#pending.delete(reply.id);
-      if (this.#pending.size === 0) worker.unref();
-      if (reply.error !== undefined) waiting?.reject(new HarvestStorageError(reply.error));
-      else waiting?.resolve(reply.sha256!);
-    });
-    worker.on('error', (err) => this.#lost(worker, err));
-    worker.on('exit', (code) => this.#lost(worker, new HarvestStorageError(`the hashing thread exited with ${code}`)));
-    this.#worker = worker;
-    return worker;
-  }
-
-  #lost(worker: Worker, err: Error): void {
-    if (this.#worker !== worker) return;
-    this.#worker = null;
-    for (const waiting of this.#pending.values()) waiting.reject(err);
-    this.#pending.clear();
-  }
-}
-
-const hasher = new FileHasher();

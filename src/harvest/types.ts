@@ -1,5 +1,6 @@
 /** What the harvest folder shares between its face, its service, its worker and its routes. */
 import type { KeyBudgetValues } from '../keys/index.ts';
+import type { HarvestShard } from '../../events/harvest.ts';
 
 /** The job kind on the dispatch transport. */
 export const harvestWorkKind = 'harvest';
@@ -24,17 +25,8 @@ export interface HarvestRequest {
 
 export type HarvestStatus = 'pending' | 'running' | 'succeeded' | 'failed' | 'cancelled';
 
-export interface HarvestShardView {
-  index: number;
-  /** Path of its download under the base URL; needs the same key (or one of the same user). */
-  url: string;
-  file: string;
-  first_prompt: number;
-  prompt_count: number;
-  token_count: number;
-  bytes: number;
-  sha256: string;
-}
+/** A shard record (events/harvest.ts's HarvestShard) as the job shows it: `index` for `shard`, and its download path. */
+export type HarvestShardView = { index: number; /** Path of its download under the base URL; needs the same key (or one of the same user). */ url: string } & Omit<HarvestShard, 'shard'>;
 
 /** A job as `GET /v1/harvest/{job_id}` shows it. */
 export interface HarvestJobView {

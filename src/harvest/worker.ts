@@ -26,7 +26,7 @@ import type { RequestFactsData } from '../../events/index.ts';
 import type { HarvestService } from './service.ts';
 import { isTerminal } from './service.ts';
 import { claimTag, isStorageFull, shardFileName, type HarvestStorage } from './storage.ts';
-import { CaptureBuffers, decodeCapture, type CapturedPrompt } from './capture-decode.ts';
+import { CaptureBuffers, CaptureReader, type CapturedPrompt } from './capture-decode.ts';
 import { runShardPipeline } from './shard-pipeline.ts';
 import { buildManifest } from './manifest.ts';
 import { resumeStats, writeStatsFile } from './stats.ts';
@@ -181,19 +181,7 @@ export class HarvestWorker {
           captureBatch: async (first, count, batchSignal) =>
             this.#captureBatch(job, claimId, first, await encodeTexts(this.#options.context.tokenizers, model.tokenizer, tokenizer, prompts.slice(first, first + count), true), batchSignal, buffers),
           onShardWritten: async (record) => {
-            const outcome = await service.command(jobId, {
-              type: 'RecordShard',
-              claimId,
-              shard: record.shard,
-              file: record.file,
-              firstPrompt: record.firstPrompt,
-              promptCount: record.promptCount,
-              tokenCount: record.tokenCount,
-              bytes: record.bytes,
-              sha256: record.sha256,
-              leaseMs: settings.leaseMs,
-              now: new Date().toISOString(),
-            });
+            const outcome = await service.command(jobId, { type: 'RecordShard', claimId, leaseMs: settings.leaseMs, record, now: new Date().toISOString() });
             if (!outcome.accepted) throw new StopWork(outcome.rejection.message);
           },
         },
@@ -306,22 +294,36 @@ export class HarvestWorker {
     // A capture that outlasts the request window is given up (the breaker counts it, as for a completion).
     const window = AbortSignal.timeout(context.requestWindowMs);
     const bounded = AbortSignal.any([signal, window]);
-    const body: Buffer[] = [];
+    // Decoded as it arrives (no chunk kept); a body that is not a capture is refused once the engine has answered.
+    let reader: CaptureReader | null = null;
+    let refused: unknown = null;
     try {
       const response = await engines.post(job.model, '/v1/completions', JSON.stringify(prepared.engineBody), bounded);
       try {
-        for await (const chunk of response.body) body.push(chunk as Buffer);
+        const length = Number(response.headers['content-length']);
+        reader = new CaptureReader({ layers: job.layers.length, dModel: job.d_model }, buffers, Number.isSafeInteger(length) ? length : null);
+        for await (const chunk of response.body) {
+          try {
+            reader.push(chunk as Buffer);
+          } catch (err) {
+            refused = err;
+            break;
+          }
+        }
       } finally {
         response.release();
       }
       call?.succeeded();
     } catch (caught) {
+      reader?.discard();
       const error = window.aborted && !signal.aborted ? apiError('upstream_deadline', `the engine did not answer within ${Math.round(context.requestWindowMs / 1000)} s`) : caught;
       if (!signal.aborted) call?.failed(error);
       throw error;
     }
-    const decoded = decodeCapture(body, { layers: job.layers.length, dModel: job.d_model }, buffers);
+    if (refused !== null) throw refused;
+    const decoded = reader!.end();
     if (decoded.shape[1] !== ids.length) {
+      buffers.give(decoded.bytes);
       throw apiError('capture_incomplete', `the engine captured ${decoded.shape[1]} positions of a ${ids.length}-token prompt`);
     }
     return { tokens: Int32Array.from(ids), shape: decoded.shape, bytes: decoded.bytes };

@@ -7,6 +7,7 @@ import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { harvestDecider, harvestDispatched, harvestLeaseLapsed, plannedShard, type HarvestCommand } from '../../deciders/harvest.ts';
 import {
+  type HarvestShard,
   HarvestCancelled,
   HarvestClaimed,
   HarvestClaimRenewed,
@@ -60,18 +61,21 @@ const job: HarvestSubmittedData = {
 const submitted = HarvestSubmitted(job);
 const started = HarvestStarted({ job_id, key_id, transport: 'inprocess', at: at(1) });
 const claimed = (claim: string, s: number, next = 0) => HarvestClaimed({ job_id, claim_id: claim, worker_id: `w-${claim}`, next_shard: next, lease_until: at(s + 60), at: at(s) });
-const shardCommand = (claim: string, shard: number, s: number, over: Partial<Extract<HarvestCommand, { type: 'RecordShard' }>> = {}): HarvestCommand => ({
+const shardCommand = (claim: string, shard: number, s: number, over: Partial<HarvestShard> = {}): HarvestCommand => ({
   type: 'RecordShard',
   claimId: claim,
-  shard,
-  file: `shard-${String(shard).padStart(5, '0')}-${claim}.safetensors`,
-  ...plannedShard(job, shard),
-  tokenCount: 100 + shard,
-  bytes: 1000 * (shard + 1),
-  sha256: sha(String(shard)),
+  record: {
+    shard,
+    file: `shard-${String(shard).padStart(5, '0')}-${claim}.safetensors`,
+    first_prompt: plannedShard(job, shard).firstPrompt,
+    prompt_count: plannedShard(job, shard).promptCount,
+    token_count: 100 + shard,
+    bytes: 1000 * (shard + 1),
+    sha256: sha(String(shard)),
+    ...over,
+  },
   now: at(s),
   leaseMs,
-  ...over,
 });
 const written = (claim: string, shard: number, s: number) => {
   const { firstPrompt, promptCount } = plannedShard(job, shard);
@@ -195,9 +199,9 @@ it('RecordShard sent again (a lost acknowledgement) appends nothing, even once t
 it('RecordShard out of order is refused: a gap, a shard again with another file or hash, prompts off the plan, a shard past the plan', () => {
   spec.given(claimedA).when(shardCommand('a', 1, 10)).thenRejects('shard_out_of_order', { expected_shard: 0 });
   spec.given([...claimedA, written('a', 0, 10)]).when(shardCommand('a', 0, 11, { sha256: sha('9') })).thenRejects('shard_out_of_order', { expected_shard: 1 });
-  spec.given(claimedA).when(shardCommand('a', 0, 10, { promptCount: 31 })).thenRejects('shard_out_of_order', { expected_prompt_count: 32 });
-  spec.given(claimedA).when(shardCommand('a', 0, 10, { firstPrompt: 1 })).thenRejects('shard_out_of_order', { expected_first_prompt: 0 });
-  spec.given(allWritten).when(shardCommand('a', 3, 40, { firstPrompt: 96, promptCount: 1 })).thenRejects('shard_out_of_order', { expected_shard: null });
+  spec.given(claimedA).when(shardCommand('a', 0, 10, { prompt_count: 31 })).thenRejects('shard_out_of_order', { expected_prompt_count: 32 });
+  spec.given(claimedA).when(shardCommand('a', 0, 10, { first_prompt: 1 })).thenRejects('shard_out_of_order', { expected_first_prompt: 0 });
+  spec.given(allWritten).when(shardCommand('a', 3, 40, { first_prompt: 96, prompt_count: 1 })).thenRejects('shard_out_of_order', { expected_shard: null });
 });
 
 it('a superseded claim cannot record a shard (a zombie worker), nor can a job not started or ended', () => {

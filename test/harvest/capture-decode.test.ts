@@ -2,7 +2,7 @@ import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { Buffer } from 'node:buffer';
 import { CodecError, encodeTensor, encodeTensorZstd, f16BitsToF32, f32ToBf16Bits, type EncodedTensor } from '../../src/codec/index.ts';
-import { CaptureBuffers, CaptureIncomplete, decodeCapture } from '../../src/harvest/capture-decode.ts';
+import { CaptureBuffers, CaptureIncomplete, CaptureReader, decodeCapture } from '../../src/harvest/capture-decode.ts';
 
 /** A vLLM + vllm-lens completion with a capture: the envelope last, its shape after its data, as vLLM writes it. */
 function captureBody(codec: EncodedTensor | null, extra = ''): Buffer {
@@ -114,6 +114,33 @@ test('the tensor is never parsed as JSON: JSON.parse is not called', () => {
   } finally {
     JSON.parse = parse;
   }
+});
+
+test('CaptureReader: decoded as chunks arrive, whatever the body length said (none, too small, exact), into buffers given back on a refusal', () => {
+  const big = [2, 300, 2048]; // 2.4 MB of bf16: past the 1 MiB a body of unknown length starts with
+  const vals = Array.from({ length: 2 * 300 * 2048 }, (_, i) => Math.cos(i) * 3);
+  const codec = encodeTensor(vals, big, 'bfloat16');
+  const body = captureBody(codec);
+  const raw = Buffer.from(codec.data, 'base64');
+  for (const length of [null, 1000, body.length]) {
+    const buffers = new CaptureBuffers({ minBytes: 0 });
+    const reader = new CaptureReader({ layers: 2, dModel: 2048 }, buffers, length);
+    for (let at = 0, step = 1; at < body.length; at += step, step = (step * 7 + 13) % 70_001) reader.push(body.subarray(at, at + step));
+    const { shape, bytes } = reader.end();
+    assert.equal(shape, [2, 300, 2048]);
+    assert.ok(bytes.equals(raw), `body length ${length}`);
+    if (length === body.length) assert.is(buffers.made, 1, 'an exact length takes one buffer');
+    else assert.ok(buffers.made > 1, 'a length unknown or too small grows the buffer');
+  }
+  // A refused body gives its buffer back: the next capture takes it again.
+  const buffers = new CaptureBuffers({ minBytes: 0 });
+  const refused = new CaptureReader({ layers: 3, dModel: 2048 }, buffers, body.length);
+  refused.push(body);
+  assert.throws(() => refused.end(), (e: Error) => e instanceof CaptureIncomplete);
+  const next = new CaptureReader({ layers: 2, dModel: 2048 }, buffers, body.length);
+  next.push(body);
+  assert.ok(next.end().bytes.equals(raw));
+  assert.is(buffers.made, 1, 'the refused capture’s buffer was taken again');
 });
 
 test.run();

@@ -49,8 +49,8 @@ async function diedBeforeSuccess(id: string): Promise<string> {
   const now = () => new Date().toISOString();
   const claimed = await gw.harvests.command(id, { type: 'Claim', claimId: 'claim-of-the-dead-worker', workerId: 'gone', leaseMs: 600_000, now: now() });
   assert.ok(claimed.accepted);
-  const shard = { shard: 0, file: 'shard-00000-deadworker.safetensors', firstPrompt: 0, promptCount: 1, tokenCount: 5, bytes: 1_000, sha256: 'a'.repeat(64) };
-  const recorded = await gw.harvests.command(id, { type: 'RecordShard', claimId: 'claim-of-the-dead-worker', leaseMs: 600_000, ...shard, now: now() });
+  const record = { shard: 0, file: 'shard-00000-deadworker.safetensors', first_prompt: 0, prompt_count: 1, token_count: 5, bytes: 1_000, sha256: 'a'.repeat(64) };
+  const recorded = await gw.harvests.command(id, { type: 'RecordShard', claimId: 'claim-of-the-dead-worker', leaseMs: 600_000, record, now: now() });
   assert.ok(recorded.accepted);
   const written = await fileHarvestStorage(storageDir).writeManifest(id, buildManifest(await gw.harvests.state(id)));
   return written.sha256;

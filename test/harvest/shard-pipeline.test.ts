@@ -9,7 +9,8 @@ import { encodeTensor } from '../../src/codec/index.ts';
 import { CaptureBuffers, decodeCapture } from '../../src/harvest/capture-decode.ts';
 import { fileHarvestStorage, shardFileName, type HarvestStorage } from '../../src/harvest/storage.ts';
 import { checkpointFileOf } from '../../src/harvest/stats.ts';
-import { runShardPipeline, type CapturedPrompt, type ShardPipelineDeps, type ShardPlan, type WrittenShard } from '../../src/harvest/shard-pipeline.ts';
+import { runShardPipeline, type CapturedPrompt, type ShardPipelineDeps, type ShardPlan } from '../../src/harvest/shard-pipeline.ts';
+import type { HarvestShard } from '../../events/harvest.ts';
 
 const root = mkdtempSync(join(tmpdir(), 'svc-harvest-pipeline-'));
 const storage = fileHarvestStorage(root);
@@ -54,7 +55,7 @@ const plan = (jobId: string, overrides: Partial<ShardPlan> = {}): ShardPlan => (
 /** Everything the pipeline did, in order: captures asked and answered, shard writes and commits, records. */
 function recorder(inner: HarvestStorage = storage) {
   const events: string[] = [];
-  const records: WrittenShard[] = [];
+  const records: HarvestShard[] = [];
   let inFlight = 0;
   let mostInFlight = 0;
   const observed: HarvestStorage = {
@@ -122,7 +123,7 @@ function readSafetensors(file: Buffer): { metadata: Record<string, string>; tens
   return { metadata, tensors };
 }
 
-function checkShard(jobId: string, record: WrittenShard): void {
+function checkShard(jobId: string, record: HarvestShard): void {
   const bytes = readFileSync(join(root, jobId, record.file));
   assert.is(record.sha256, sha256(bytes), 'the recorded hash is the sha256 of the file');
   assert.is(record.bytes, bytes.length);
@@ -130,7 +131,7 @@ function checkShard(jobId: string, record: WrittenShard): void {
   assert.equal(metadata, { job_id: jobId, checkpoint: 'org/model-3l', layers: '[0,4,9]' });
   const names: string[] = [];
   let tokens = 0;
-  for (let i = record.firstPrompt; i < record.firstPrompt + record.promptCount; i++) {
+  for (let i = record.first_prompt; i < record.first_prompt + record.prompt_count; i++) {
     names.push(`prompt_${i}`, `tokens_${i}`);
     const prompt = tensors.get(`prompt_${i}`)!;
     assert.equal({ dtype: prompt.dtype, shape: prompt.shape }, { dtype: 'BF16', shape: shapeOf(i) });
@@ -141,7 +142,7 @@ function checkShard(jobId: string, record: WrittenShard): void {
     tokens += tokenCount(i);
   }
   assert.equal([...tensors.keys()].sort(), names.sort(), 'exactly the shard’s prompts, by their index in the job');
-  assert.is(record.tokenCount, tokens);
+  assert.is(record.token_count, tokens);
 }
 
 async function rejection(promise: Promise<unknown>): Promise<Error> {
@@ -158,7 +159,7 @@ test('7 prompts in shards of 3, batches of 2: three safetensors files, each read
   const result = await runShardPipeline(plan('hj_whole'), deps);
   assert.equal({ shardsWritten: result.shardsWritten, dModel: result.dModel, prompts: result.stats?.prompts }, { shardsWritten: 3, dModel: D_MODEL, prompts: 7 });
   assert.equal(
-    records.map((r) => [r.shard, r.firstPrompt, r.promptCount, r.file]),
+    records.map((r) => [r.shard, r.first_prompt, r.prompt_count, r.file]),
     [
       [0, 0, 3, 'shard-00000-456789abcdef.safetensors'],
       [1, 3, 3, shardFileName(1, CLAIM)],

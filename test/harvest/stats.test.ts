@@ -11,10 +11,10 @@ import { mkdtempSync, readFileSync, rmSync, unlinkSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileHarvestStorage, shardFileName } from '../../src/harvest/storage.ts';
-import { runShardPipeline, type CapturedPrompt, type ShardPipelineDeps, type WrittenShard } from '../../src/harvest/shard-pipeline.ts';
+import { runShardPipeline, type CapturedPrompt, type ShardPipelineDeps } from '../../src/harvest/shard-pipeline.ts';
+import type { HarvestShard } from '../../events/harvest.ts';
 import { RunningStats, checkpointFileOf, resumeStats, writeStatsFile } from '../../src/harvest/stats.ts';
 import { jsRowsKernel, wasmRowsKernel } from '../../src/harvest/stats-kernel.ts';
-import type { RecordedShard } from '../../src/harvest/manifest.ts';
 
 const root = mkdtempSync(join(tmpdir(), 'svc-harvest-stats-'));
 const storage = fileHarvestStorage(root);
@@ -67,7 +67,7 @@ function makeCaptures(dModel: number, seed = 7): CapturedPrompt[] {
 }
 
 async function harvest(jobId: string, captures: CapturedPrompt[], shardSize: number, batchSize: number, extra: Partial<ShardPipelineDeps> = {}, startShard = 0) {
-  const records: WrittenShard[] = [];
+  const records: HarvestShard[] = [];
   const ran = await runShardPipeline(
     { jobId, checkpoint: 'org/m', layers: LAYERS, dModel: captures[0].shape[2], promptCount: captures.length, shardSize, batchSize, startShard },
     {
@@ -95,14 +95,14 @@ function readStats(file: Buffer) {
 }
 
 /** The plain computation: every shard read back, every counted token in float64, the mean first, then the deviations. */
-function straightforward(jobId: string, records: WrittenShard[], dModel: number) {
+function straightforward(jobId: string, records: HarvestShard[], dModel: number) {
   const L = LAYERS.length;
   const rows: Float64Array[][] = LAYERS.map(() => []);
   for (const r of records) {
     const file = readFileSync(join(root, jobId, r.file));
     const length = Number(file.readBigUInt64LE(0));
     const header = JSON.parse(file.subarray(8, 8 + length).toString('utf8'));
-    for (let i = r.firstPrompt; i < r.firstPrompt + r.promptCount; i++) {
+    for (let i = r.first_prompt; i < r.first_prompt + r.prompt_count; i++) {
       const { shape: [, tokens], data_offsets: [b] } = header[`prompt_${i}`];
       for (let l = 0; l < L; l++) {
         for (let t = 1; t < tokens; t++) {
@@ -207,14 +207,14 @@ test('a job stopped after a shard and resumed ends with the same bits, from its 
 
   for (const lose of ['nothing', 'checkpoint', 'stale checkpoint']) {
     const jobId = `hj_stopped_${lose.replace(' ', '_')}`;
-    const recorded: RecordedShard[] = [];
+    const recorded: HarvestShard[] = [];
     const stop = new Error('killed');
     let older: Buffer | null = null;
     const first = await harvest(jobId, captures, 4, 3, {
       onShardWritten: async (r) => {
         if (r.shard === 1) older = readFileSync(join(root, jobId, checkpointFileOf(r.file)));
         if (r.shard === 3) throw stop; // written, never recorded: the next claim writes it again
-        recorded.push({ shard: r.shard, file: r.file, first_prompt: r.firstPrompt, prompt_count: r.promptCount, token_count: r.tokenCount, bytes: r.bytes, sha256: r.sha256 });
+        recorded.push({ shard: r.shard, file: r.file, first_prompt: r.first_prompt, prompt_count: r.prompt_count, token_count: r.token_count, bytes: r.bytes, sha256: r.sha256 });
       },
     }).catch((err) => err);
     assert.is(first, stop);

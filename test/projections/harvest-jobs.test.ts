@@ -25,8 +25,9 @@ function plan(jobId: string, userId: string, s = 0, over: Partial<HarvestSubmitt
   return { job_id: jobId, key_id: 'k1', key_prefix: 'k1', user_id: userId, model: 'gpt2', checkpoint: 'main', prompt_count: 70, estimated_tokens: 900, layers: [0, 5, 11], d_model: 768, shard_size: 32, batch_size: 8, shard_count: 3, input_sha256: sha('a'), month: '2026-11', at: t(s), ...over };
 }
 const shard = (jobId: string, claimId: string, n: number, s: number): HarvestCommand => ({
-  type: 'RecordShard', claimId, shard: n, file: `shard-${String(n).padStart(5, '0')}-${claimId}.safetensors`, ...plannedShard({ shard_size: 32, prompt_count: 70 }, n),
-  tokenCount: 100 + n, bytes: 1000 * (n + 1), sha256: sha(String(n)), now: t(s), leaseMs,
+  type: 'RecordShard', claimId, now: t(s), leaseMs,
+  record: { shard: n, file: `shard-${String(n).padStart(5, '0')}-${claimId}.safetensors`, first_prompt: plannedShard({ shard_size: 32, prompt_count: 70 }, n).firstPrompt,
+    prompt_count: plannedShard({ shard_size: 32, prompt_count: 70 }, n).promptCount, token_count: 100 + n, bytes: 1000 * (n + 1), sha256: sha(String(n)) },
 });
 
 /** The events the decider writes for these commands, in order (a refusal is a fixture's bug). */
@@ -166,7 +167,7 @@ for (const adapter of adaptersUnderTest()) {
       [ids.running, 'running', t(300), 1],
       [ids.pending, 'pending', null, 0],
     ]);
-    assert.equal((await harvestShardRows(store, ids.succeeded)).map((s) => [s.shard, s.firstPrompt, s.promptCount, s.tokenCount, s.bytes, s.sha256, s.writtenAt.toISOString()]), [
+    assert.equal((await harvestShardRows(store, ids.succeeded)).map((s) => [s.shard, s.first_prompt, s.prompt_count, s.token_count, s.bytes, s.sha256, s.writtenAt.toISOString()]), [
       [0, 0, 32, 100, 1000, sha('0'), t(10)],
       [1, 32, 32, 101, 2000, sha('1'), t(20)],
       [2, 64, 6, 102, 3000, sha('2'), t(30)],
