@@ -174,14 +174,27 @@ const pgRoundsCpuMs = pgCpuMs() / (rounds * cases.length);
 
 // 610 MB: twice each way, interleaved (the block case).
 const largeTimes = { direct: [] as number[], gateway: [] as number[], hold: [] as number[] };
+/** CPU seconds per GB relayed, per process, summed over each target's 610 MB requests. */
+const largeCpu = { direct: {} as Record<string, number>, gateway: {} as Record<string, number>, hold: {} as Record<string, number> };
 let largeBytes = 0;
 for (let i = 0; i < (parts.has('large') ? 2 : 0); i++) {
   for (const via of ['direct', 'gateway', 'hold'] as const) {
+    await gatewaySettled();
+    const pids = pidsOf('block', via);
+    const before = Object.fromEntries(Object.entries(pids).map(([name, pid]) => [name, cpuMsOf(pid)]));
+    const clientBefore = clientCpuMs();
     const r = await timeOne('block', targetOf('block', via, large));
+    const into = largeCpu[via];
+    into.client = (into.client ?? 0) + (clientCpuMs() - clientBefore) / 1000 / (r.bytes / 1e9);
+    for (const [name, pid] of Object.entries(pids)) into[name] = (into[name] ?? 0) + (cpuMsOf(pid) - before[name]) / 1000 / (r.bytes / 1e9);
     largeTimes[via].push(r.ms);
     largeBytes = r.bytes;
   }
 }
+const largeCpuLine = (via: keyof typeof largeCpu) =>
+  Object.entries(largeCpu[via])
+    .map(([name, total]) => `${name} ${(total / largeTimes[via].length).toFixed(2)}`)
+    .join(', ');
 
 const mb = (bytes: number) => (bytes / 1e6).toFixed(1);
 const ms = (x: number) => x.toFixed(1);
@@ -207,7 +220,8 @@ const lines = [
       })
     : []),
   ...(parts.has('small') ? [`  gateway CPU per capture over the whole rounds (with its settlement and projections after the response): ${ms(gatewayRoundsCpuMs)} ms; PostgreSQL's server processes (this machine's, others' work included): ${pg.length ? `${ms(pgRoundsCpuMs)} ms` : 'n/a'}`] : []),
-  ...(parts.has('large') ? [`610 MB capture (${mb(largeBytes)} MB, 16 x 6,980 x 2048 bf16), block case: direct ${largeTimes.direct.map((x) => (x / 1000).toFixed(2)).join(', ')} s | gateway ${largeTimes.gateway.map((x) => (x / 1000).toFixed(2)).join(', ')} s | bare holding relay ${largeTimes.hold.map((x) => (x / 1000).toFixed(2)).join(', ')} s: the gateway at ${(median(largeTimes.hold) / median(largeTimes.gateway)).toFixed(2)} of its speed`] : []),
+  ...(parts.has('large') ? [`610 MB capture (${mb(largeBytes)} MB, 16 x 6,980 x 2048 bf16), block case: direct ${largeTimes.direct.map((x) => (x / 1000).toFixed(2)).join(', ')} s | gateway ${largeTimes.gateway.map((x) => (x / 1000).toFixed(2)).join(', ')} s | bare holding relay ${largeTimes.hold.map((x) => (x / 1000).toFixed(2)).join(', ')} s: the gateway at ${(median(largeTimes.hold) / median(largeTimes.gateway)).toFixed(2)} of its speed`,
+  `  CPU seconds per GB, during each request: direct: ${largeCpuLine('direct')} | holding relay: ${largeCpuLine('hold')} | gateway: ${largeCpuLine('gateway')}`] : []),
   ...(parts.has('memory') ? [`4 concurrent 610 MB captures through the gateway: ${(concurrentMs / 1000).toFixed(1)} s; gateway RSS ${beforeMb.toFixed(0)} MB before, peak ${peakMb.toFixed(0)} MB; bodies in flight ${inFlightMb.toFixed(0)} MB, so the bound (bodies + 200 MB) is ${(inFlightMb + 200).toFixed(0)} MB: ${peakMb <= inFlightMb + 200 ? 'met' : 'NOT met'} (peak - before = ${(peakMb - beforeMb).toFixed(0)} MB)`] : []),
 ];
 process.stdout.write(`${lines.join('\n')}\n`);
