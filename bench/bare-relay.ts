@@ -1,11 +1,13 @@
-// Two bare HTTP relays in one process, for scale in the capture bench: what any Node.js relay costs on
-// this machine, before a gateway does anything of its own. `/pipe/...` streams the engine's response
-// to the client as it arrives (no check of any kind; a short capture would pass as a 200);
-// `/buffer/...` holds the whole body, then sends it (what a relay that must judge the whole capture
-// before its status line does). Both with node:http on both sides and keep-alive.
+// Two bare HTTP relays in one process, the capture bench's floors: what any Node.js relay costs on this
+// machine, before a gateway does anything of its own. Both are plain node:http on both sides with
+// keep-alive, reading with 'data' listeners (no async iteration, which pulls one chunk at a time).
+// `/hold/...` collects the engine's chunks and answers with one `end()` of their concatenation once the
+// engine's body has ended: what a relay that must judge the whole capture before its status line does
+// at the least (the contract's floor for captures). `/pipe/...` streams the engine's response to the
+// client as it arrives (no check of any kind; a short capture would pass as a 200), for scale.
+// Neither compresses, whatever the client's Accept-Encoding.
 // Run: node --import tsx bench/bare-relay.ts <engine-url>; prints {"event":"listening","url"}.
 import { createServer, request, Agent, type IncomingMessage } from 'node:http';
-import { pipeline } from 'node:stream/promises';
 
 const engine = new URL(process.argv[2]);
 const agent = new Agent({ keepAlive: true, maxSockets: 16 });
@@ -18,33 +20,37 @@ function upstream(path: string, body: Buffer): Promise<IncomingMessage> {
   });
 }
 
-const server = createServer(async (req, res) => {
+const server = createServer((req, res) => {
   const chunks: Buffer[] = [];
-  for await (const chunk of req) chunks.push(chunk as Buffer);
-  const [, mode, ...rest] = (req.url ?? '/').split('/');
-  try {
-    const answer = await upstream(`/${rest.join('/')}`, Buffer.concat(chunks));
-    if (mode === 'pipe') {
-      res.writeHead(answer.statusCode ?? 502, { 'content-type': 'application/json', ...(answer.headers['content-length'] ? { 'content-length': answer.headers['content-length'] } : {}) });
-      await pipeline(answer, res);
-      return;
-    }
-    const held: Buffer[] = [];
-    let length = 0;
-    for await (const chunk of answer) {
-      held.push(chunk as Buffer);
-      length += (chunk as Buffer).length;
-    }
-    res.writeHead(answer.statusCode ?? 502, { 'content-type': 'application/json', 'content-length': length });
-    res.cork();
-    for (const chunk of held) res.write(chunk);
-    res.uncork();
-    res.end();
-  } catch {
-    res.destroy();
-  }
+  req.on('data', (chunk: Buffer) => chunks.push(chunk));
+  req.once('end', () => {
+    const [, mode, ...rest] = (req.url ?? '/').split('/');
+    upstream(`/${rest.join('/')}`, Buffer.concat(chunks)).then(
+      (answer) => {
+        if (mode === 'pipe') {
+          res.writeHead(answer.statusCode ?? 502, { 'content-type': 'application/json', ...(answer.headers['content-length'] ? { 'content-length': answer.headers['content-length'] } : {}) });
+          answer.pipe(res);
+          return;
+        }
+        const held: Buffer[] = [];
+        answer.on('data', (chunk: Buffer) => held.push(chunk));
+        answer.once('end', () => {
+          const body = Buffer.concat(held);
+          res.writeHead(answer.statusCode ?? 502, { 'content-type': 'application/json', 'content-length': body.length });
+          res.end(body);
+        });
+        answer.once('error', () => res.destroy());
+      },
+      () => res.destroy(),
+    );
+  });
 });
+server.keepAliveTimeout = 60_000;
 server.listen(0, '127.0.0.1', () => {
   const { port } = server.address() as { port: number };
   process.stdout.write(`${JSON.stringify({ event: 'listening', url: `http://127.0.0.1:${port}` })}\n`);
+});
+process.on('SIGTERM', () => {
+  server.closeAllConnections();
+  server.close(() => process.exit(0));
 });

@@ -41,6 +41,9 @@ import { KeyPool, benchCompletionBody, benchModel, buildGateway, cpuPerRequest, 
 // BENCH_PARTS=latency,slow,throughput,relay,floor picks parts (all by default).
 const parts = new Set((process.env.BENCH_PARTS ?? 'latency,slow,throughput,relay,floor').split(','));
 const keyCount = Number(process.env.BENCH_KEYS ?? 384);
+// The throughput runs: 64 connections sharing this many keys (users' load: a few keys, several requests
+// in flight on each); BENCH_LOAD_KEYS=384 spreads them over the whole pool, one request per key at a time.
+const loadKeyCount = Math.min(keyCount, Number(process.env.BENCH_LOAD_KEYS ?? 16));
 const throughputSeconds = Number(process.env.BENCH_SECONDS ?? 10);
 // A key's first request in a process takes the process's slot lease on it (metering waits for that
 // append before the engine call); the slow part samples that on this many unused keys per gateway.
@@ -68,7 +71,12 @@ async function main(): Promise<void> {
   // Portkey's open-source gateway in front of the same engines, for the figures the issue compares with.
   const portkey = await startPortkey();
   if (portkey) cleanups.push(() => stop(portkey.child));
-  writeFileSync(join(dir, 'models.json'), JSON.stringify({ models: [benchModel('instant', 'bench/instant', engine.url, true), benchModel('slow20', 'bench/slow20', slowEngine.url, false)] }));
+  // The throughput runs send 16 keys' requests at full speed (some 50 request starts a second per key):
+  // the instant model lets a key start that many (the production 600 a minute would answer 429), its
+  // other limits (16 running per key) the production ones.
+  const instant = benchModel('instant', 'bench/instant', engine.url, true);
+  instant.capabilities = { ...(instant.capabilities as Record<string, unknown>), rate_limit_per_minute: 1_000_000 };
+  writeFileSync(join(dir, 'models.json'), JSON.stringify({ models: [instant, benchModel('slow20', 'bench/slow20', slowEngine.url, false)] }));
 
   // The gateways' stores: PostgreSQL when DATABASE_URL is set (production's shape), else embedded PGlite,
   // whose WebAssembly Postgres alone holds some 250-450 MB of the gateway's RSS.
@@ -76,29 +84,36 @@ async function main(): Promise<void> {
   buildGateway();
 
   interface Gw {
-    /** Metering on, off, or on in a process that does not keep the analyst tables (what the projections cost). */
-    name: 'on' | 'off' | 'noproj';
+    /**
+     * Metering on, off, or on in a process that does not keep the analyst tables (what the projections
+     * cost), or on with LOG_LEVEL=warn (no line per request: what the bench measured before).
+     */
+    name: 'on' | 'off' | 'noproj' | 'quiet';
     url: string;
     pid: number;
     pool: KeyPool;
+    /** The throughput runs' keys: the first `loadKeyCount` of the pool, round-robin over 64 connections. */
+    load: KeyPool;
     /** Keys no request has used, one per first-request sample of the slow part. */
     fresh: string[];
   }
   async function startGateway(name: Gw['name']): Promise<Gw> {
-    const env = gatewayEnv(dir, `data-${name}`, { SVC_METERING: name === 'off' ? 'off' : 'on', SVC_PROJECTIONS: name === 'noproj' ? 'off' : 'on' });
+    const env = gatewayEnv(dir, `data-${name}`, { SVC_METERING: name === 'off' ? 'off' : 'on', SVC_PROJECTIONS: name === 'noproj' ? 'off' : 'on', ...(name === 'quiet' ? { LOG_LEVEL: 'warn' } : {}) });
     if (process.env.DATABASE_URL) {
       const db = await scratchDatabase(process.env.DATABASE_URL, `gw_${name}`);
       cleanups.push(db.drop);
       env.DATABASE_URL = db.url;
     }
-    const gw = await spawnWithUrl(gatewayServeArgs(process.env.BENCH_PROF === name ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_PROF_DIR ?? dir}`] : []), env, /listening on (http:\/\/\S+)/);
+    // Its log (info: a line per request, as `npm start` writes it) goes to a file, as a service manager keeps it.
+    const gw = await spawnWithUrl(gatewayServeArgs(process.env.BENCH_PROF === name ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_PROF_DIR ?? dir}`] : []), env, /listening on (http:\/\/\S+)/, join(dir, `gateway-${name}.log`));
     cleanups.push(() => stop(gw.child));
     const keys = await issueKeys(gw.url, keyCount + freshKeyCount, `gw-${name}`);
-    return { name, url: gw.url, pid: gw.child.pid!, pool: new KeyPool(keys.slice(0, keyCount)), fresh: keys.slice(keyCount) };
+    return { name, url: gw.url, pid: gw.child.pid!, pool: new KeyPool(keys.slice(0, keyCount)), load: new KeyPool(keys.slice(0, loadKeyCount)), fresh: keys.slice(keyCount) };
   }
   const on = await startGateway('on');
   const off = await startGateway('off');
   const noproj = parts.has('throughput') ? await startGateway('noproj') : null;
+  const quiet = parts.has('throughput') ? await startGateway('quiet') : null;
 
   const body = benchCompletionBody;
   const streamBody = JSON.stringify({ prompt: 'The quick brown fox', max_tokens: 16, temperature: 0, stream: true });
@@ -112,10 +127,10 @@ async function main(): Promise<void> {
   cleanups.push(() => dispatcher.close());
 
   /** A target: a URL, a body, and the gateway whose keys it uses (none: the engine, which takes a dummy header). */
-  type Target = { url: string; payload: string; gw: Gw | null; key?: string; headers?: Record<string, string> };
+  type Target = { url: string; payload: string; gw: Gw | null; key?: string; keys?: KeyPool; headers?: Record<string, string> };
   /** Portkey in front of `engineUrl`, when it runs. */
   const viaPortkey = (engineUrl: string, payload: string): Target | null => (portkey ? { url: `${portkey.url}/v1/completions`, payload, gw: null, headers: portkeyHeaders(engineUrl) } : null);
-  const auth = (t: Target) => (t.key ? `Bearer ${t.key}` : t.gw ? t.gw.pool.next() : 'Bearer direct');
+  const auth = (t: Target) => (t.key ? `Bearer ${t.key}` : t.keys ? t.keys.next() : t.gw ? t.gw.pool.next() : 'Bearer direct');
 
   async function timeOne(t: Target, firstByte: boolean): Promise<number> {
     const started = performance.now();
@@ -193,7 +208,7 @@ async function main(): Promise<void> {
 
   // Every key once before any timing: a key's first metered request opens its meter day (loads, an
   // opening balance and an append), a cost paid once per key and day, not per request.
-  for (const gw of [on, off, ...(noproj ? [noproj] : [])]) {
+  for (const gw of [on, off, ...(noproj ? [noproj] : []), ...(quiet ? [quiet] : [])]) {
     await Promise.all(
       Array.from({ length: 16 }, async () => {
         while (gw.pool.sent < gw.pool.keys.length) await timeOne({ url: `${gw.url}/v1/completions`, payload: body, gw }, false);
@@ -252,29 +267,43 @@ async function main(): Promise<void> {
   }
 
   /** CPU per request of each throughput run, µs: the gateway, the engine, the client (this process), PostgreSQL. */
-  const cpu = { on: [] as Record<string, number>[], off: [] as Record<string, number>[], noproj: [] as Record<string, number>[], portkey: [] as Record<string, number>[] };
-  async function throughput(t: Target): Promise<number> {
-    const viaPk = portkey !== null && t.url.startsWith(portkey.url);
-    const meter = cpuPerRequest({ gateway: t.gw?.pid ?? (viaPk ? portkey.child.pid! : engine.child.pid!), engine: engine.child.pid!, client: process.pid });
-    // Every request takes the next key of the pool (the engine gets a dummy header: same client work).
-    const result = await postLoad({ url: t.url, body: t.payload, connections: 64, seconds: throughputSeconds, authorization: () => auth(t), headers: t.headers });
-    if (t.gw) cpu[t.gw.name].push(meter.stop(result.requests.total));
-    else if (viaPk) cpu.portkey.push(meter.stop(result.requests.total));
-    return result.requests.average;
+  type Run = 'direct' | 'on' | 'off' | 'noproj' | 'quiet' | 'wide' | 'portkey';
+  const cpu = Object.fromEntries((['direct', 'on', 'off', 'noproj', 'quiet', 'wide', 'portkey'] as Run[]).map((r) => [r, [] as Record<string, number>[]])) as Record<Run, Record<string, number>[]>;
+  const rps = Object.fromEntries(Object.keys(cpu).map((r) => [r, [] as number[]])) as Record<Run, number[]>;
+  async function throughput(run: Run, t: Target): Promise<void> {
+    const serving = t.gw?.pid ?? (run === 'portkey' ? portkey!.child.pid! : null);
+    const meter = cpuPerRequest({ ...(serving !== null ? { gateway: serving } : {}), engine: engine.child.pid!, client: process.pid });
+    // Every request takes the next key of the run's keys (the engine gets a dummy header: same client work).
+    const result = await postLoad({ url: t.url, body: t.payload, connections: 64, seconds: throughputSeconds, authorization: () => auth(t), headers: t.headers, label: `${run} (${t.url})` });
+    cpu[run].push(meter.stop(result.requests.total));
+    rps[run].push(result.requests.average);
   }
-  // Two runs each way, alternated (off, on, on, off), after the direct run.
-  const rps = { direct: [] as number[], on: [] as number[], off: [] as number[], noproj: [] as number[], portkey: [] as number[] };
+  // Alternated so that machine noise and the store's growth hit every variant alike: each run once in
+  // order, then once in reverse, after the direct run. `on` is the headline (users' load: 16 keys over
+  // 64 connections, the default log level, as `npm start` runs); `quiet` the same with LOG_LEVEL=warn;
+  // `wide` the same gateway with the 64 connections spread over all its keys; `noproj` without the
+  // projections in the process.
+  const order: Run[] = ['off', 'on', 'portkey', 'quiet', 'wide', 'noproj'];
   if (parts.has('throughput')) {
     const pk = viaPortkey(engine.url, engineBody);
-    rps.direct.push(await throughput({ url: `${engine.url}/v1/completions`, payload: engineBody, gw: null }));
-    rps.off.push(await throughput(gwTarget(off, body)));
-    rps.on.push(await throughput(gwTarget(on, body)));
-    if (pk) rps.portkey.push(await throughput(pk));
-    rps.noproj.push(await throughput(gwTarget(noproj!, body)));
-    rps.noproj.push(await throughput(gwTarget(noproj!, body)));
-    if (pk) rps.portkey.push(await throughput(pk));
-    rps.on.push(await throughput(gwTarget(on, body)));
-    rps.off.push(await throughput(gwTarget(off, body)));
+    const targetOf = (run: Run): Target | null => {
+      switch (run) {
+        case 'direct':
+          return { url: `${engine.url}/v1/completions`, payload: engineBody, gw: null };
+        case 'portkey':
+          return pk;
+        case 'wide':
+          return { ...gwTarget(on, body), keys: on.pool };
+        default: {
+          const gw = { on, off, noproj: noproj!, quiet: quiet! }[run];
+          return { ...gwTarget(gw, body), keys: gw.load };
+        }
+      }
+    };
+    for (const run of ['direct', ...order, ...[...order].reverse()] as Run[]) {
+      const t = targetOf(run);
+      if (t) await throughput(run, t);
+    }
   }
   const mean = (xs: number[]) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : NaN);
 
@@ -284,7 +313,16 @@ async function main(): Promise<void> {
     const { plain, gzip } = relays.get(gw)!;
     return `1 GB full-vocabulary relay, metering ${gw.name}: plain ${(plain.bytes / 2 ** 20).toFixed(0)} MiB in ${plain.seconds.toFixed(1)} s, gateway RSS ${plain.beforeMb.toFixed(0)} MB before, peak ${plain.peakMb.toFixed(0)} MB | gzip ${(gzip.bytes / 2 ** 20).toFixed(0)} MiB on the wire in ${gzip.seconds.toFixed(1)} s, RSS ${gzip.beforeMb.toFixed(0)} MB before, peak ${gzip.peakMb.toFixed(0)} MB`;
   };
-  const cpuOf = (name: keyof typeof cpu, k: string) => mean(cpu[name].map((c) => c[k]));
+  const cpuOf = (name: Run, k: string) => mean(cpu[name].map((c) => c[k]));
+  const runName: Record<Run, string> = {
+    direct: 'direct',
+    on: `metering on (${loadKeyCount} keys)`,
+    off: `metering off (${loadKeyCount} keys)`,
+    quiet: `metering on, LOG_LEVEL=warn (${loadKeyCount} keys)`,
+    wide: `metering on (${keyCount} keys)`,
+    noproj: `metering on, no projections in the process (${loadKeyCount} keys)`,
+    portkey: `Portkey ${portkeyVersion}`,
+  };
   const addedP50 = (rows: Pair[]) => col(rows, 'p50') - col(fast.direct, 'p50');
   const slowAddedP50 = (rows: Pair[]) => col(rows, 'p50') - col(slow.direct, 'p50');
   const pkName = `Portkey ${portkeyVersion}`;
@@ -297,13 +335,13 @@ async function main(): Promise<void> {
     `  metering's own share at p50 (on - off): ${f(slowAddedP50(slow.on) - slowAddedP50(slow.off))} (target <= 0.2); metered added p50 over Portkey's ${f(slowAddedP50(slow.on) - slowAddedP50(slow.portkey))}`,
     `a key's first request in its gateway process, engine takes 20 ms (${freshKeyCount} fresh keys, one request each; metered, it takes the process's slot lease, so the engine waits for that append): direct p50 ${f(median(firstUse.direct))} | metering on p50 ${f(median(firstUse.on))}, added ${f(median(firstUse.on) - median(firstUse.direct))} | metering off p50 ${f(median(firstUse.off))}, added ${f(median(firstUse.off) - median(firstUse.direct))} | on - off ${f(median(firstUse.on) - median(firstUse.off))}`,
     `  split at the engine, p50 ms (before: sent until the engine had it; after: engine answered until the client had it; offsets between clocks cancel in on - off): direct before ${f(median(split.direct.before))} after ${f(median(split.direct.after))} | metering on before ${f(median(split.on.before))} after ${f(median(split.on.after))} | metering off before ${f(median(split.off.before))} after ${f(median(split.off.after))} | on - off: before ${f(median(split.on.before) - median(split.off.before))}, after ${f(median(split.on.after) - median(split.off.after))}`,
-    `requests/s at 64 connections (${throughputSeconds} s each, autocannon in-process; runs in order direct, off, on, ${portkey ? 'Portkey, ' : ''}on without projections x2, ${portkey ? 'Portkey, ' : ''}on, off): direct ${rps.direct.map(Math.round).join(', ')} | metering off ${rps.off.map(Math.round).join(', ')} (mean ${Math.round(mean(rps.off))}) | metering on ${rps.on.map(Math.round).join(', ')} (mean ${Math.round(mean(rps.on))}) | metering on, no projections in the process ${rps.noproj.map(Math.round).join(', ')} (mean ${Math.round(mean(rps.noproj))}) | ${pkName} ${rps.portkey.map(Math.round).join(', ')} (mean ${Math.round(mean(rps.portkey))})`,
-    `  metered / unmetered ${(mean(rps.on) / mean(rps.off)).toFixed(2)}; metered / Portkey ${(mean(rps.on) / mean(rps.portkey)).toFixed(2)} (target >= 2)`,
-    `  CPU per request in those runs, µs (mean; user + system, read from /proc): ${(['on', 'noproj', 'off', 'portkey'] as const).map((name) => `${{ on: 'metering on', noproj: 'metering on without projections', off: 'metering off', portkey: pkName }[name]}: ${['gateway', 'postgres', 'engine', 'client'].map((k) => `${k} ${Math.round(cpuOf(name, k))}`).join(', ')}`).join(' | ')} (postgres: this machine's server processes, the idle gateways' included)`,
-    `  gateway CPU per request, metered / unmetered: ${(cpuOf('on', 'gateway') / cpuOf('off', 'gateway')).toFixed(2)} (target <= 2); the projections' share of a metered request (on - on without projections): gateway ${Math.round(cpuOf('on', 'gateway') - cpuOf('noproj', 'gateway'))} µs, PostgreSQL ${Math.round(cpuOf('on', 'postgres') - cpuOf('noproj', 'postgres'))} µs of ${Math.round(cpuOf('on', 'postgres'))}`,
+    `requests/s at 64 connections (${throughputSeconds} s each, autocannon in-process; runs direct, then ${order.join(', ')}, then the same reversed): direct ${rps.direct.map(Math.round).join(', ')} | ${(['on', 'off', 'quiet', 'wide', 'noproj', 'portkey'] as Run[]).map((r) => `${runName[r]} ${rps[r].map(Math.round).join(', ')} (mean ${Math.round(mean(rps[r]))})`).join(' | ')}`,
+    `  metered / Portkey ${(mean(rps.on) / mean(rps.portkey)).toFixed(2)} (target >= 2); metered / unmetered ${(mean(rps.on) / mean(rps.off)).toFixed(2)}; metered with LOG_LEVEL=warn / Portkey ${(mean(rps.quiet) / mean(rps.portkey)).toFixed(2)}; metered over ${keyCount} keys / Portkey ${(mean(rps.wide) / mean(rps.portkey)).toFixed(2)}`,
+    `  CPU per request in those runs, µs (mean; user + system, read from /proc; gateway: the process serving the run): ${(['direct', 'on', 'quiet', 'wide', 'noproj', 'off', 'portkey'] as Run[]).map((r) => `${runName[r]}: ${['gateway', 'postgres', 'engine', 'client'].filter((k) => !Number.isNaN(cpuOf(r, k))).map((k) => `${k} ${Math.round(cpuOf(r, k))}`).join(', ')}`).join(' | ')} (postgres: this machine's server processes, the idle gateways' included)`,
+    `  gateway CPU per request, metered / unmetered: ${(cpuOf('on', 'gateway') / cpuOf('off', 'gateway')).toFixed(2)} (target <= 2); the log line's share (on - quiet): ${Math.round(cpuOf('on', 'gateway') - cpuOf('quiet', 'gateway'))} µs; the projections' share (on - on without projections): gateway ${Math.round(cpuOf('on', 'gateway') - cpuOf('noproj', 'gateway'))} µs, PostgreSQL ${Math.round(cpuOf('on', 'postgres') - cpuOf('noproj', 'postgres'))} µs of ${Math.round(cpuOf('on', 'postgres'))}`,
     relayLine(on),
     relayLine(off),
-    `keys: ${keyCount} per gateway, round-robin over every request: metering on received ${on.pool.sent} requests (at most ${on.pool.most} starts on any key in the whole run; limit 600 per minute), metering off ${off.pool.sent}`,
+    `keys: ${keyCount} per gateway for the latency parts, round-robin: metering on's took ${on.pool.sent} requests (at most ${on.pool.most} starts on any key; limit 600 per minute on slow20); the throughput runs' ${loadKeyCount} keys on the instant model (its per-minute limit raised so that they can run at full speed)`,
   ];
   if (parts.has('floor') && process.env.DATABASE_URL) lines.push(await commitFloor(process.env.DATABASE_URL));
   process.stdout.write(`${lines.join('\n')}\n`);

@@ -64,7 +64,7 @@ function commandFor(variant: string): { args: string[]; metering: string; projec
     cleanups.push(() => void execFileSync('git', ['worktree', 'remove', '--force', tree], { cwd: root }));
     symlinkSync(join(root, 'node_modules'), join(tree, 'node_modules'));
     buildGateway(tree);
-    return { args: [...startScriptFlags(tree), '--import', gcObserver, join(tree, 'dist/src/cli/main.js'), 'serve'], metering: 'on', projections: 'on' };
+    return { args: ['--import', gcObserver, ...startScriptFlags(tree), join(tree, 'bin/start.js')], metering: 'on', projections: 'on' };
   }
   throw new Error(`unknown variant ${variant}: metered, unmetered, noproj, metered-semi16 or ref:<git ref>`);
 }

@@ -1,6 +1,6 @@
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
-import { existsSync, mkdirSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { closeSync, existsSync, mkdirSync, openSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -25,19 +25,23 @@ export function startScriptFlags(tree = root): string[] {
 }
 
 /**
- * The compiled gateway's command line as `npm start` runs it (its node flags, then `dist/src/cli/main.js
- * serve`), so that the benches measure what users run; `extra` node flags (a profiler) go first.
+ * The gateway's command line as `npm start` runs it: its node flags, then bin/start.js (which checks the
+ * build and runs `svc serve` from dist/ in the same process); `extra` node flags (a profiler) go first.
  */
 export function gatewayServeArgs(extra: string[] = []): string[] {
-  return [...extra, ...startScriptFlags(), 'dist/src/cli/main.js', 'serve'];
+  return [...extra, ...startScriptFlags(), 'bin/start.js'];
 }
 
 /**
- * A bench gateway's environment: the models file in `dir`, its own data directory, any free port,
- * quiet logs and the benches' admin token; `extra` on top (metering, projections, a database).
+ * A bench gateway's environment: the models file in `dir`, its own data directory, any free port and
+ * the benches' admin token; `extra` on top (metering, projections, a database). Everything else is the
+ * defaults `npm start` has, the log level (info: one line per request) included; the bench writes the
+ * log to a file (`spawnWithUrl`'s `logFile`), as a service manager would.
  */
 export function gatewayEnv(dir: string, dataDir: string, extra: NodeJS.ProcessEnv = {}): NodeJS.ProcessEnv {
-  return { ...process.env, SVC_CONFIG: join(dir, 'models.json'), DATA_DIR: join(dir, dataDir), PORT: '0', LOG_LEVEL: 'warn', SVC_ADMIN_TOKEN: benchAdminToken, ...extra };
+  const env: NodeJS.ProcessEnv = { ...process.env, SVC_CONFIG: join(dir, 'models.json'), DATA_DIR: join(dir, dataDir), PORT: '0', SVC_ADMIN_TOKEN: benchAdminToken, ...extra };
+  if (extra.LOG_LEVEL === undefined) delete env.LOG_LEVEL;
+  return env;
 }
 
 const children = new Set<ChildProcess>();
@@ -46,14 +50,20 @@ process.once('exit', () => {
   for (const child of children) if (child.exitCode === null) child.kill('SIGKILL');
 });
 
-/** Spawns a process and resolves with the first JSON line on stdout that carries a URL (or a regex match on stderr). */
-export async function spawnWithUrl(args: string[], env: NodeJS.ProcessEnv, stderrPattern?: RegExp): Promise<{ child: ChildProcess; url: string }> {
-  const child = spawn(process.execPath, args, { cwd: root, env, stdio: ['ignore', 'pipe', 'pipe'] });
+/**
+ * Spawns a process and resolves with the first JSON line on stdout that carries a URL, or with
+ * `stderrPattern` the first match on stderr (a gateway's "listening on"). A gateway's stdout is its log:
+ * it goes to `logFile` when given, else nowhere, never through this process (which is the benches' client).
+ */
+export async function spawnWithUrl(args: string[], env: NodeJS.ProcessEnv, stderrPattern?: RegExp, logFile?: string): Promise<{ child: ChildProcess; url: string }> {
+  const log = logFile ? openSync(logFile, 'a') : null;
+  const child = spawn(process.execPath, args, { cwd: root, env, stdio: ['ignore', log ?? (stderrPattern ? 'ignore' : 'pipe'), 'pipe'] });
+  if (log !== null) closeSync(log);
   children.add(child);
   child.once('exit', () => children.delete(child));
   const url = await new Promise<string>((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`no URL from ${args.join(' ')} in 60 s`)), 60_000);
-    createInterface({ input: child.stdout! }).on('line', (line) => {
+    if (child.stdout) createInterface({ input: child.stdout }).on('line', (line) => {
       try {
         const parsed = JSON.parse(line);
         if (parsed.url && parsed.event === 'listening') {
@@ -248,6 +258,8 @@ export async function postLoad(options: {
     connections: options.connections,
     duration: options.seconds,
     pipelining: 1,
+    // 30 s, not autocannon's 10: on a loaded machine a request behind 63 others can take longer than 10 s.
+    timeout: 30,
     requests: [
       {
         method: 'POST',
@@ -257,7 +269,7 @@ export async function postLoad(options: {
       },
     ],
   });
-  if (result.non2xx > 0 || result.errors > 0) throw new Error(`${options.label ?? url}: ${result.non2xx} non-2xx, ${result.errors} errors`);
+  if (result.non2xx > 0 || result.errors > 0) throw new Error(`${options.label ?? url}: ${result.non2xx} non-2xx, ${result.errors} errors (${(result as { timeouts?: number }).timeouts ?? 0} timeouts) in ${result.requests.total} requests`);
   return result;
 }
 

@@ -9,12 +9,15 @@
 //   none         no activations key at all (a stock vLLM ignores the capture)
 //   break        the connection drops half-way through the data
 //   first        `activations` first, the rest of the completion after it (another engine's order)
-// Run: node --import tsx test/support/capture-engine.ts [checkpoint]; prints {"event":"listening","url"}.
+// The tensor's base64 goes out in writes of 256 KiB, or with `layer` as second argument one write per
+// layer (about 0.7 MB for 129 positions), as an engine that serialises layer by layer does.
+// Run: node --import tsx test/support/capture-engine.ts [checkpoint] [layer]; prints {"event":"listening","url"}.
 import { createServer, type ServerResponse } from 'node:http';
 
 const D_MODEL = 2048;
 const N_LAYERS = 16;
 const checkpoint = process.argv[2] ?? 'stub/capture-16l-2048d';
+const perLayer = process.argv[3] === 'layer';
 
 // 3 × 64 Ki bytes of varied bf16-like patterns: base64 of a multiple of 3 bytes has no padding, so copies
 // of the block concatenate into valid base64 of their concatenated bytes.
@@ -22,6 +25,17 @@ const BLOCK_RAW = 3 * 65_536;
 const blockRaw = Buffer.alloc(BLOCK_RAW);
 for (let i = 0; i < BLOCK_RAW; i++) blockRaw[i] = (i * 2654435761) >>> 24;
 const block = Buffer.from(blockRaw.toString('base64'));
+
+/** Copies of `block` covering `bytes` from any offset in it: the data is periodic, so any slice of it is data. */
+const rings = new Map<number, Buffer>();
+function ringFor(bytes: number): Buffer {
+  let ring = rings.get(bytes);
+  if (!ring) {
+    ring = Buffer.concat(Array.from({ length: Math.ceil(bytes / block.length) + 1 }, () => block));
+    rings.set(bytes, ring);
+  }
+  return ring;
+}
 
 function layersOf(xargs: Record<string, unknown> | undefined): number {
   const value = xargs?.output_residual_stream;
@@ -58,13 +72,17 @@ async function capture(res: ServerResponse, body: Record<string, any>): Promise<
   const close = `","dtype":${dtype},"original_dtype":"torch.bfloat16","shape":[${layers},${positions},${D_MODEL}],"compression":null}}${first ? `,${head.slice(1)}` : ''}}`;
   res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(open) + dataLength + Buffer.byteLength(close) });
   await write(res, open);
-  const stopAt = mode === 'break' ? Math.floor(whole / 2) : Infinity;
-  for (let i = 0; i < whole; i++) {
-    if (i === stopAt) {
+  const periodic = whole * block.length;
+  const stopAt = mode === 'break' ? Math.floor(whole / 2) * block.length : Infinity;
+  const writeBytes = perLayer ? Math.max(1, Math.round(dataLength / Math.max(1, layers))) : block.length;
+  const ring = perLayer ? ringFor(writeBytes) : block;
+  for (let at = 0; at < periodic; at += writeBytes) {
+    if (at >= stopAt) {
       res.destroy();
       return;
     }
-    await write(res, block);
+    const offset = at % block.length;
+    await write(res, ring.subarray(offset, offset + Math.min(writeBytes, periodic - at)));
   }
   await write(res, tail);
   res.end(close);
