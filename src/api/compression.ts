@@ -2,7 +2,8 @@
 // JSON, highly redundant, and speed matters more than the last percent), whatever its size and route,
 // except two that must reach the client as they are: SSE, whose frames must not wait in a compressor,
 // and a capture, relayed byte for byte (its base64 tensor hardly compresses, and at hundreds of MB the
-// compressor would be the slowest part of the path), as is a harvest shard's download.
+// compressor would be the slowest part of the path; gzipped only when full-vocabulary prompt logprobs,
+// which the contract compresses, ride with it), as is a harvest shard's download.
 import { pipeline, Readable, type Writable } from 'node:stream';
 import { createGzip, gzip, gzipSync, type Gzip } from 'node:zlib';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';

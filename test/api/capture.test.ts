@@ -4,6 +4,9 @@ import { startTestGateway, type TestGateway } from '../support/gateway.ts';
 import { until } from '../support/until.ts';
 import { captureRequest, engineCaptureBody, postHashed, startCaptureStub, stubModel, STUB_CHECKPOINT, type CaptureStub } from '../support/capture.ts';
 import { BodyEnds } from '../../src/api/usage-relay.ts';
+import { createHash } from 'node:crypto';
+import { gunzipSync } from 'node:zlib';
+import { request } from 'undici';
 
 // An 11 MB capture (16 layers x 129 positions x 2048, bf16) from a stub engine process that answers at
 // once, relayed by a real gateway; the 610 MB one is in capture-large.test.ts.
@@ -54,6 +57,25 @@ capture('every layer: the engine body arrives byte-identical, with its length', 
   // Written straight to the socket (the whole body was held), with every header a reply carries.
   assert.is(relayed.headers['x-request-id'], 'capture-headers-1');
   assert.is(relayed.headers['access-control-allow-origin'], '*');
+});
+
+capture('with full-vocabulary prompt logprobs beside it, a capture is gzipped for a client that accepts it (the contract compresses those)', async () => {
+  const req = captureRequest('whole', POSITIONS);
+  const direct = await postHashed(`${stub.url}/v1/completions`, engineCaptureBody(req));
+  const res = await request(`${gw.url}/v1/completions`, {
+    method: 'POST',
+    body: JSON.stringify({ ...req, prompt_logprobs: -1 }),
+    headers: { 'content-type': 'application/json', 'accept-encoding': 'gzip', ...gw.authHeaders() },
+  });
+  const zipped = Buffer.from(await res.body.arrayBuffer());
+  assert.is(res.statusCode, 200, zipped.subarray(0, 300).toString());
+  assert.is(res.headers['content-encoding'], 'gzip');
+  const body = gunzipSync(zipped);
+  assert.is(createHash('sha256').update(body).digest('hex'), direct.sha256);
+  // Without Accept-Encoding it is relayed as it is.
+  const plain = await viaGateway({ ...req, prompt_logprobs: -1 });
+  assert.is(plain.headers['content-encoding'], undefined);
+  assert.is(plain.sha256, direct.sha256);
 });
 
 capture('an envelope ahead of the rest of the body is judged there, and the rest streamed through', async () => {

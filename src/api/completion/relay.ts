@@ -6,6 +6,7 @@
  * After a cold boot's commit, the 200 went out with the keepalives: the body (or an error object)
  * follows them (cold-boot.ts).
  */
+import { Readable } from 'node:stream';
 import type { FastifyReply } from 'fastify';
 import { apiError } from '../../errors/index.ts';
 import type { EngineResponse } from '../../engine-client/index.ts';
@@ -92,7 +93,9 @@ function relayCapture(call: CompletionCall, upstream: EngineResponse): FastifyRe
   }
   reply.raw.once('close', over);
   if (coldBoot?.committed) return coldBoot.sendCapture(upstream, completion.captureLayerCount, controller.signal, captured, earlyCapture?.checked ?? null);
-  return sendCapture(reply, completion, upstream, call.upstreamHeaders(), controller.signal, captured, earlyCapture?.checked ?? null);
+  // Full-vocabulary prompt logprobs beside the capture compress well, and the contract gzips them on request.
+  const gzip = completion.fullVocab && acceptsGzip(call.request);
+  return sendCapture(reply, completion, upstream, call.upstreamHeaders(), controller.signal, captured, earlyCapture?.checked ?? null, gzip);
 }
 
 /** Larger bodies flow through a tap that keeps their first and last bytes, where `usage` is. */
@@ -137,10 +140,15 @@ function relayEvents(upstream: EngineResponse, requestId: string, headers: Recor
 }
 
 /** A capture is relayed unchanged once its envelope holds every requested layer (see capture-relay.ts). */
-async function sendCapture(reply: FastifyReply, prepared: PreparedCompletion, upstream: EngineResponse, headers: Record<string, string>, signal: AbortSignal, relayed: RelayedUsage, started: Promise<CheckedCapture | null> | null): Promise<FastifyReply> {
+async function sendCapture(reply: FastifyReply, prepared: PreparedCompletion, upstream: EngineResponse, headers: Record<string, string>, signal: AbortSignal, relayed: RelayedUsage, started: Promise<CheckedCapture | null> | null, gzip: boolean): Promise<FastifyReply> {
   const checked = await (started ?? checkCapture(upstream, prepared.captureLayerCount, headers, signal, relayed));
   if (checked === null) return reply; // the client left; nothing to answer
   sendUncompressed(reply);
+  if (gzip) {
+    const compressor = gzipStream(reply);
+    void feed(Array.isArray(checked.body) ? Readable.from(checked.body) : checked.body, compressor);
+    return reply.send(compressor);
+  }
   if (checked.length !== null) reply.header('content-length', checked.length);
   if (!Array.isArray(checked.body)) return reply.send(checked.body);
   // The whole body is held: it leaves in one corked write, a writev of all its chunks, where a pipe
