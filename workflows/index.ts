@@ -7,10 +7,10 @@ export * from './breaker-half-open.ts';
 
 import { carriedHoldsWorkflow } from './carried-holds.ts';
 import { harvestSlotsWorkflow } from './harvest-slots.ts';
-import { breakerHalfOpenWorkflow } from './breaker-half-open.ts';
 
 /**
- * Every workflow the gateway drives (src/processors) that needs nothing but the log; the periodic ones
- * (timed-workflows.ts) are built by the services whose read models they read (metering, harvests).
+ * The workflows the gateway drives (src/processors) whose commands go through the command handler;
+ * the timers (the breakers' half-open, the periodic ones of timed-workflows.ts) come with the
+ * services that read their views and send their commands (backends, metering, harvests).
  */
-export const workflows = [carriedHoldsWorkflow, harvestSlotsWorkflow, breakerHalfOpenWorkflow] as const;
+export const workflows = [carriedHoldsWorkflow, harvestSlotsWorkflow] as const;

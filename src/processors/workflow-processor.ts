@@ -33,25 +33,11 @@
  * has no timer pending.
  */
 import type { CommandHandler } from '../command-handler/index.ts';
-import type { EventLog, GlobalPosition, NewEvent, RecordedEvent, SqlDatabase, SqlTransaction, StoreTransaction, Subscription } from '../store/index.ts';
-import { eventIdFor } from '../command-handler/index.ts';
-import {
-  isScheduled,
-  messageOf,
-  outputRecord,
-  reactTo,
-  recordsOf,
-  schemaVersionKey,
-  workflowEvents,
-  workflowStream,
-  type DomainEvent,
-  type Workflow,
-  type WorkflowCommand,
-  type WorkflowInput,
-  type WorkflowOutput,
-  type WorkflowSchedule,
-} from '../event-sourcing/index.ts';
-import { sqlTimers, type TimerRow, type TimerStore } from './timers.ts';
+import type { EventLog, RecordedEvent, SqlDatabase, SqlTransaction, StoreTransaction } from '../store/index.ts';
+import { isScheduled, reactTo, workflowStream, type DomainEvent, type Workflow, type WorkflowCommand, type WorkflowInput } from '../event-sourcing/index.ts';
+import { sqlTimers, type TimerStore } from './timers.ts';
+import { addReaction, readInstance, type AnyWorkflow, type Instance, type Output, type Records, type Running } from './workflow-instances.ts';
+import { fireDue, hasTimers, type TimerContext } from './workflow-timers.ts';
 import {
   caughtUpWith,
   CheckpointMoved,
@@ -65,10 +51,14 @@ import {
   type ResolvedSources,
 } from '../processors/index.ts';
 
-type AnyWorkflow = Workflow<DomainEvent, unknown, unknown, unknown>;
-type Output = WorkflowOutput<DomainEvent, unknown>;
 
 export type WorkflowProcessorOptions = ProcessorSources & WorkflowProcessorSettings;
+
+/** Workflows a service builds (their views are its read models) and how their commands go out (its own steps). */
+export interface ServiceWorkflows {
+  readonly workflows: readonly Workflow<any, any, any, any>[];
+  readonly deliver: Readonly<Record<string, (output: WorkflowCommand<any>) => Promise<void>>>;
+}
 
 export interface WorkflowProcessorSettings extends LeaseSettings {
   handler: CommandHandler;
@@ -98,41 +88,6 @@ const cachedInstances = 10_000;
 /** The checkpoint name of a workflow (beside the projections' in the same table). */
 export const checkpointOf = (workflow: { name: string }): string => `workflow:${workflow.name}`;
 
-interface Instance {
-  readonly stream: string;
-  state: unknown;
-  version: number;
-  /** With the log apart from the database: ids of the inputs this stream has recorded (those past the checkpoint are not decided again). */
-  readonly recorded: Set<string> | null;
-  /** With the log apart: the timers each recorded input scheduled (indexed again when a crash came between the record and the index). */
-  readonly scheduledBy: Map<string, TimerRow[]> | null;
-}
-
-/** What one step records on instances' streams (their events, by instance) and indexes (timers). */
-interface Records {
-  readonly events: Map<Instance, { state: unknown; events: NewEvent[] }>;
-  readonly timers: TimerRow[];
-}
-
-const hasTimers = (workflow: AnyWorkflow): boolean => (workflow.scheduledTypes?.length ?? 0) > 0;
-
-interface Running {
-  readonly workflow: AnyWorkflow;
-  readonly checkpoint: string;
-  /** Where this runner's reading stands (what the stored checkpoint must still say at its next commit). */
-  position: GlobalPosition;
-  /** Instances' states as stored, by stream. */
-  readonly instances: Map<string, Instance>;
-  subscription: Subscription | null;
-  /** Driven here (its lease held): read from the log when it has log inputs, its timers fired. */
-  active: boolean;
-  /** Seeded since it was last taken up (a periodic workflow with no timer pending). */
-  seeded: boolean;
-  /** The wake-up for its next timer, when due before the next idle round. */
-  wake: NodeJS.Timeout | null;
-  /** Its batches, timers and idle checkpoint moves, one at a time. */
-  serial: Promise<unknown>;
-}
 
 export class WorkflowProcessor {
   readonly #sources: ResolvedSources;
@@ -148,6 +103,8 @@ export class WorkflowProcessor {
   /** Which workflows this processor drives: those whose lease it holds. */
   readonly #leases: ProcessorLeases;
   #following: Promise<void> | null = null;
+  /** What the timers' steps use of this processor (workflow-timers.ts). */
+  readonly #timerContext: TimerContext;
   #idleTimer: NodeJS.Timeout | null = null;
 
   constructor(options: WorkflowProcessorOptions) {
@@ -159,6 +116,18 @@ export class WorkflowProcessor {
     this.#timers = sqlTimers(this.#db);
     this.#now = options.now ?? (() => new Date());
     this.#options = options;
+    this.#timerContext = {
+      db: this.#db,
+      timers: this.#timers,
+      now: this.#now,
+      idleMs: options.idleCheckpointMs ?? 1000,
+      expectHeld: (running) => this.#leases.expectHeld([running.checkpoint]),
+      holds: (running) => this.#leases.holds(running.checkpoint),
+      instance: (running, id) => this.#instance(running, id),
+      send: (running, outputs) => this.#send(running, outputs),
+      commit: (running, records, alsoInTx) => this.#commit(running, records, alsoInTx),
+      fireSoon: (running) => this.#fireSoon(running),
+    };
     const names = new Set(options.workflows.map((w) => w.name));
     if (names.size !== options.workflows.length) throw new Error('workflow names must be unique');
     this.#leases = new ProcessorLeases({
@@ -353,7 +322,7 @@ export class WorkflowProcessor {
       const state = records.events.get(instance)?.state ?? instance.state;
       const reaction = reactTo(workflow, state, input, workflow.read ? await workflow.read(input, state) : undefined);
       if (!reaction) continue;
-      this.#record(running, records, instance, input, reaction);
+      addReaction(running.workflow, records, instance, input, reaction);
       outputs.push(...reaction.outputs);
     }
 
@@ -365,21 +334,6 @@ export class WorkflowProcessor {
     });
     running.position = last;
     if (records.timers.length > 0) this.#fireSoon(running);
-  }
-
-  /** Adds an input's records (and its schedules' index rows) to what the step records. */
-  #record(running: Running, records: Records, instance: Instance, input: WorkflowInput<DomainEvent>, reaction: { outputs: readonly Output[]; state: unknown }): void {
-    const { workflow } = running;
-    const events = recordsOf(workflow, input, reaction.outputs).map(
-      (e, i): NewEvent => ({ id: eventIdFor(`${workflow.name}:${input.id}`, i), type: e.type, data: e.data, metadata: { [schemaVersionKey]: 1, input_event_id: input.id } }),
-    );
-    const pending = records.events.get(instance);
-    records.events.set(instance, { state: reaction.state, events: [...(pending?.events ?? []), ...events] });
-    records.timers.push(...reaction.outputs.filter(isScheduled).map((o) => this.#timerRow(workflow, instance.stream, o)));
-  }
-
-  #timerRow(workflow: AnyWorkflow, stream: string, { schedule }: WorkflowSchedule<DomainEvent>): TimerRow {
-    return { timerId: schedule.timerId, stream, at: new Date(schedule.at), input: { type: schedule.input.type, schemaVersion: workflow.inputs.versionOf(schedule.input.type), data: schedule.input.data } };
   }
 
   /** Sends the commands; each one's id makes a second sending of it (after a crash, by another process) append nothing. */
@@ -421,73 +375,9 @@ export class WorkflowProcessor {
     }
   }
 
-  // --- timers ---------------------------------------------------------------------------------
-
   /** Fires the workflow's due timers after its work under way (errors handled like a failed batch). */
   #fireSoon(running: Running): void {
-    void this.#serially(running, () => this.#fireDue(running)).catch((error) => this.#failed(running, error));
-  }
-
-  /** Gives every timer due now, held here: each its own transaction; then waits for the next. */
-  async #fireDue(running: Running): Promise<void> {
-    if (!running.active || !this.#leases.holds(running.checkpoint)) return;
-    const { workflow } = running;
-    if (!running.seeded) {
-      await this.#seed(running);
-      running.seeded = true;
-    }
-    for (let more = true; more; ) {
-      const now = this.#now();
-      const due = await this.#timers.due(this.#db, workflow.name, now, 100);
-      for (const row of due) await this.#fire(running, row, now);
-      more = due.length === 100;
-    }
-    if (running.wake) clearTimeout(running.wake);
-    running.wake = null;
-    const next = await this.#timers.next(this.#db, workflow.name);
-    const waitMs = next === null ? Infinity : next.getTime() - this.#now().getTime();
-    // Later than the next idle round: that round looks again (a clock moved by a test is seen there too).
-    if (!running.active || waitMs > (this.#options.idleCheckpointMs ?? 1000)) return;
-    running.wake = setTimeout(() => {
-      running.wake = null;
-      this.#fireSoon(running);
-    }, Math.max(0, waitMs));
-    running.wake.unref();
-  }
-
-  /** One due timer: its input decided on the instance's state, its commands sent, then recorded with it marked fired. */
-  async #fire(running: Running, row: TimerRow, now: Date): Promise<void> {
-    this.#leases.expectHeld([running.checkpoint]);
-    const { workflow } = running;
-    const checked = workflow.inputs.parse({ type: row.input.type, data: row.input.data, metadata: { [schemaVersionKey]: row.input.schemaVersion } });
-    const input = { ...checked, id: row.timerId, streamId: row.stream, firedAt: now.toISOString() } as WorkflowInput<DomainEvent>;
-    const instance = await this.#instance(running, workflow.instanceOf(input));
-    const records: Records = { events: new Map(), timers: [] };
-    if (instance.recorded?.has(row.timerId)) {
-      records.timers.push(...(instance.scheduledBy?.get(row.timerId) ?? [])); // fired before a crash kept it from being marked
-    } else {
-      const reaction = reactTo(workflow, instance.state, input, workflow.read ? await workflow.read(input, instance.state) : undefined)!;
-      this.#record(running, records, instance, input, reaction);
-      await this.#send(running, reaction.outputs);
-    }
-    await this.#commit(running, records, (tx) => this.#timers.fired(tx, workflow.name, [row.timerId], now));
-  }
-
-  /** A periodic workflow with no timer pending (its first start, or a chain that ended): its seeds scheduled. */
-  async #seed(running: Running): Promise<void> {
-    const { workflow } = running;
-    if (!workflow.seed || (await this.#timers.next(this.#db, workflow.name)) !== null) return;
-    const records: Records = { events: new Map(), timers: [] };
-    for (const seed of workflow.seed(this.#now().toISOString())) {
-      const { timerId, input } = seed.schedule;
-      const instance = await this.#instance(running, workflow.instanceOf({ ...input, id: timerId, streamId: '' } as WorkflowInput<DomainEvent>));
-      const e = outputRecord(workflow, seed);
-      const pending = records.events.get(instance);
-      const event: NewEvent = { id: eventIdFor(`${workflow.name}:seed:${timerId}`, 0), type: e.type, data: e.data, metadata: { [schemaVersionKey]: 1, input_event_id: `seed:${timerId}` } };
-      records.events.set(instance, { state: workflow.evolve(pending?.state ?? instance.state, { kind: 'output', output: seed }), events: [...(pending?.events ?? []), event] });
-      records.timers.push(this.#timerRow(workflow, instance.stream, seed));
-    }
-    await this.#commit(running, records, async () => {});
+    void this.#serially(running, () => fireDue(this.#timerContext, running)).catch((error) => this.#failed(running, error));
   }
 
   /** An instance's state as its stream holds it (read once, then kept). */
@@ -498,19 +388,7 @@ export class WorkflowProcessor {
       running.instances.delete(stream); // most recently used last: the first ones are evicted
       running.instances.set(stream, instance);
     } else {
-      const read = await this.#log.readStream(stream);
-      const events = read.events.map((e) => workflowEvents.parse(e));
-      const state = events.reduce((folded, event) => running.workflow.evolve(folded, messageOf(running.workflow, event)), running.workflow.initialState());
-      const apart = this.#sources.store === null;
-      const recorded = apart ? new Set(read.events.map((e) => e.metadata.input_event_id as string)) : null;
-      const scheduledBy = apart ? new Map<string, TimerRow[]>() : null;
-      events.forEach((event, i) => {
-        if (!scheduledBy || event.type !== 'WorkflowInputScheduled') return;
-        const by = read.events[i].metadata.input_event_id as string;
-        const { timer_id: timerId, at, type, schema_version: schemaVersion, data } = event.data;
-        scheduledBy.set(by, [...(scheduledBy.get(by) ?? []), { timerId, stream, at: new Date(at), input: { type, schemaVersion, data } }]);
-      });
-      instance = { stream, state, version: read.version, recorded, scheduledBy };
+      instance = await readInstance(this.#log, running.workflow, stream, this.#sources.store === null);
       running.instances.set(stream, instance);
       // Bounded: an evicted instance is read from its stream again when an input for it comes.
       if (running.instances.size > cachedInstances) running.instances.delete(running.instances.keys().next().value!);
