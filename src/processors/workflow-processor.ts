@@ -319,7 +319,8 @@ export class WorkflowProcessor {
         records.timers.push(...(instance.scheduledBy?.get(event.id) ?? []));
         continue;
       }
-      const state = records.events.get(instance)?.state ?? instance.state;
+      const pending = records.events.get(instance);
+      const state = pending ? pending.state : instance.state;
       const reaction = reactTo(workflow, state, input, workflow.read ? await workflow.read(input, state) : undefined);
       if (!reaction) continue;
       addReaction(running.workflow, records, instance, input, reaction);

@@ -81,7 +81,7 @@ async function seed(ctx: TimerContext, running: Running): Promise<void> {
     const e = outputRecord(workflow, seed);
     const pending = records.events.get(instance);
     const event: NewEvent = { id: eventIdFor(`${workflow.name}:seed:${timerId}`, 0), type: e.type, data: e.data, metadata: { [schemaVersionKey]: 1, input_event_id: `seed:${timerId}` } };
-    records.events.set(instance, { state: workflow.evolve(pending?.state ?? instance.state, { kind: 'output', output: seed }), events: [...(pending?.events ?? []), event] });
+    records.events.set(instance, { state: workflow.evolve(pending ? pending.state : instance.state, { kind: 'output', output: seed }), events: [...(pending?.events ?? []), event] });
     records.timers.push(timerRow(workflow, instance.stream, seed));
   }
   await ctx.commit(running, records, async () => {});
