@@ -174,6 +174,40 @@ function runSuites(): void {
     it.run();
   }
 
+  const apart = suite('workflow timers, the log apart from the database (two PGlite stores)');
+  apart('a crash between the records on the log and the index in the database loses no timer and doubles none', async () => {
+    const log = await openEventStore({ inMemory: true, pollIntervalMs: 50 });
+    const db = await openEventStore({ inMemory: true });
+    try {
+      const id = randomBytes(4).toString('hex');
+      await request(log, id, new Date(Date.now() + 300));
+      // The first process appends its records to the log, then dies before every database transaction (index, checkpoint).
+      const dying = new Proxy(db, {
+        get(target, property, receiver) {
+          if (property === 'transaction') return () => Promise.reject(new Error('killed before the commit'));
+          const value = Reflect.get(target, property, receiver);
+          return typeof value === 'function' ? value.bind(target) : value;
+        },
+      }) as EventStore;
+      const first = pingProcessor({ log, db: dying }, log);
+      await first.processor.start();
+      await until('the first recording the schedule on the log', async () => (await typesOf(log, workflowStream('pings', id))).includes('WorkflowInputScheduled'), 10_000, 20);
+      await first.processor.stop();
+      const second = pingProcessor({ log, db }, log);
+      await second.processor.start();
+      await until('the second firing the timer', async () => second.fired.length > 0, 10_000, 20);
+      await settle();
+      assert.equal(second.fired, [id], 'fired once');
+      assert.is(await firings(log, id), 1);
+      assert.equal(await typesOf(log, workflowStream('pings', id)), ['WorkflowInputRecorded', 'WorkflowInputScheduled', 'WorkflowInputRecorded', 'WorkflowCommandSent'], 'the request recorded once');
+      await second.processor.stop();
+    } finally {
+      await log.close();
+      await db.close();
+    }
+  });
+  apart.run();
+
   const url = process.env.DATABASE_URL;
   if (!url) return;
   const schema = `test_${randomBytes(6).toString('hex')}`;
