@@ -1,6 +1,6 @@
 /**
  * A periodic workflow: a rule on the passing of time, given a tick every `periodMs`. The processor
- * seeds it (a tick now) when it has no tick pending; each tick reads its view (`read`: a read model at
+ * seeds it (a tick one period on) when it has no tick pending; each tick reads its view (`read`: a read model at
  * that time), decides its commands with the rule, and schedules the next tick on the period's grid
  * after the time it fired (a tick given late, after no process held the lease for a while, is
  * followed by one a period later, not by the ticks it missed). Ticks are kept on one stream per hour
@@ -59,6 +59,6 @@ export function periodicWorkflow<Command, View>(options: PeriodicOptions<Command
       return [...options.decide(now, view), tick(nextTickAt(input.data.at, now.now, periodMs))];
     },
     evolve: (state) => state,
-    seed: (now) => [tick(now)],
+    seed: (now) => [tick(new Date(Date.parse(now) + periodMs).toISOString())],
   };
 }

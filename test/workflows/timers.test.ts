@@ -79,10 +79,10 @@ const periodMs = 15_000;
 const tick = (at: string) => scheduleInput(at, `tick:${at}`, PeriodicTick({ at }));
 const hold = (requestId: string, expiresAt: string) => ({ requestId, streamId: 'meter-k-2026-11-26', expiresAt: new Date(expiresAt) });
 
-it('a periodic workflow is seeded with a tick now; each tick decides its rule and schedules the next, one period on', () => {
+it('a periodic workflow is seeded with a tick one period on; each tick decides its rule and schedules the next, one period on', () => {
   const reaper = workflowSpecification(holdReaperWorkflow({ periodMs, leaseTtlMs: 60_000, read: async () => ({ expired: [], runningHere: new Set() }) }));
   const view = { expired: [hold('a', '2026-11-26T11:59:00Z')], runningHere: new Set<string>() };
-  const first = reaper.given([], { seededAt: T0 }).whenTick(T0, view);
+  const first = reaper.given([], { seededAt: plus(T0, -periodMs) }).whenTick(T0, view);
   first.thenFired([`tick:${T0}`]);
   first.then([{ stream: 'meter-k-2026-11-26', commandId: 'expire:a', command: { type: 'Expire', requestId: 'a', now: T0 } }, tick(plus(T0, periodMs))]);
   first.andThen().whenTick(plus(T0, periodMs - 1), view).thenNothing();
@@ -94,7 +94,7 @@ it('a periodic workflow is seeded with a tick now; each tick decides its rule an
 it('a tick given late (no process held the lease) fires once, and the next is on the grid after it, not every tick it missed', () => {
   const late = plus(T0, 3_600_000 + 4_000);
   const watcher = workflowSpecification(spendWatcherWorkflow({ periodMs, read: async () => ({ spendMicros: 0, capMicros: null, reachedDay: null }) }));
-  const round = watcher.given([], { seededAt: T0 }).whenTick(late, { spendMicros: 0, capMicros: null, reachedDay: null });
+  const round = watcher.given([], { seededAt: plus(T0, -periodMs) }).whenTick(late, { spendMicros: 0, capMicros: null, reachedDay: null });
   round.thenFired([`tick:${T0}`]);
   round.then([tick(plus(T0, 3_600_000 + periodMs))]);
   assert.is(nextTickAt(T0, T0, periodMs), plus(T0, periodMs));
@@ -105,7 +105,7 @@ it("the spend watcher's tick reports the day's spend to its spend stream", () =>
   const view = { spendMicros: 12_500_000, capMicros: 100_000_000, reachedDay: null };
   const watcher = workflowSpecification(spendWatcherWorkflow({ periodMs, read: async () => view }));
   watcher
-    .given([], { seededAt: T0 })
+    .given([], { seededAt: plus(T0, -periodMs) })
     .whenTick(T0, view)
     .then([
       { stream: 'spend-2026-11-26', commandId: 'spend-check:2026-11-26:12500000', command: { type: 'CheckSpend', day: '2026-11-26', spendMicros: 12_500_000, capMicros: 100_000_000, now: T0 } },
@@ -121,7 +121,7 @@ it("the harvest resumer's tick redispatches a job whose claim lapsed", () => {
   };
   const resumer = workflowSpecification(harvestResumerWorkflow({ periodMs: 5_000, read: async () => view }));
   resumer
-    .given([], { seededAt: T0 })
+    .given([], { seededAt: plus(T0, -5_000) })
     .whenTick(T0, view)
     .then([
       {
@@ -136,7 +136,7 @@ it("the harvest resumer's tick redispatches a job whose claim lapsed", () => {
 it("the harvest retention's tick removes the files of each ended job past the retention", () => {
   const retention = workflowSpecification(harvestRetentionWorkflow({ periodMs: 60_000, read: async () => ({ expired: ['j9'] }) }));
   retention
-    .given([], { seededAt: T0 })
+    .given([], { seededAt: plus(T0, -60_000) })
     .whenTick(T0, { expired: ['j9'] })
     .then([
       { stream: 'harvest-j9', commandId: 'remove-files:j9', command: { type: 'RemoveFiles', reason: 'retention', byKeyPrefix: null, now: T0 } },
