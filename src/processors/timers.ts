@@ -57,9 +57,12 @@ export function sqlTimers(db: Pick<SqlDatabase, 'internalSchema'>): TimerStore {
         .catch((error: { code?: string }) => {
           if (error.code !== '23505' && error.code !== '42P07') throw error;
         });
-      await db.query(`CREATE INDEX IF NOT EXISTS workflow_timers_due ON ${table} (workflow, due_at) WHERE fired_at IS NULL`).catch((error: { code?: string }) => {
-        if (error.code !== '23505' && error.code !== '42P07') throw error;
-      });
+      // What is due (unfired, by time), and what was fired long enough ago to drop.
+      for (const [name, columns, where] of [['workflow_timers_due', 'due_at', 'IS NULL'], ['workflow_timers_fired', 'fired_at', 'IS NOT NULL']]) {
+        await db.query(`CREATE INDEX IF NOT EXISTS ${name} ON ${table} (workflow, ${columns}) WHERE fired_at ${where}`).catch((error: { code?: string }) => {
+          if (error.code !== '23505' && error.code !== '42P07') throw error;
+        });
+      }
       await db.query(`COMMENT ON TABLE ${table} IS 'Inputs the workflows scheduled for themselves (timers), by workflow: when each is due, and when it fired. The schedule itself is on the workflow instance''s stream.'`);
     },
     async schedule(tx, workflow, timers) {
