@@ -2,9 +2,15 @@
 export * from './carried-holds.ts';
 export * from './harvest-slots.ts';
 export * from './timed-workflows.ts';
+export * from './periodic.ts';
+export * from './breaker-half-open.ts';
 
 import { carriedHoldsWorkflow } from './carried-holds.ts';
 import { harvestSlotsWorkflow } from './harvest-slots.ts';
 
-/** Every workflow the gateway drives (src/processors). */
+/**
+ * The workflows the gateway drives (src/processors) whose commands go through the command handler;
+ * the timers (the breakers' half-open, the periodic ones of timed-workflows.ts) come with the
+ * services that read their views and send their commands (backends, metering, harvests).
+ */
 export const workflows = [carriedHoldsWorkflow, harvestSlotsWorkflow] as const;

@@ -1,20 +1,22 @@
 /**
- * Reactions to the passing of time: the hold reaper and the spend watcher. Each is a pure
- * `decide(tick, view)`: the tick brings the time, the view is what a read model says at that time
- * (open holds past their expiry; the day's spend), and the output is commands with ids derived from
- * what they act on. They keep no state of their own: the read models are it, and a tick that died
- * half-way is decided again from them at the next one, its commands appending nothing twice.
+ * Reactions to the passing of time: the hold reaper, the spend watcher, the harvest resumer and the
+ * harvest files' retention. Each rule is a pure `decide(tick, view)`: the tick brings the time, the
+ * view is what a read model says at that time (open holds past their expiry; the day's spend; the
+ * unfinished jobs; the ended jobs with files), and the output is commands with ids derived from what
+ * they act on. They keep no state of their own: the read models are it, and a tick that died half-way
+ * is decided again from them, its commands appending nothing twice. Each is a periodic workflow
+ * (periodic.ts), driven by the workflow processor in the one process holding its lease; the services
+ * give each its view (`read`) and send its commands (the processor's `deliver`).
  */
 import type { WorkflowCommand } from '../src/event-sourcing/index.ts';
 import { spendStream, utcDay } from '../events/index.ts';
-import type { MeterCommand } from '../deciders/meter.ts';
-import type { SpendCommand } from '../deciders/spend.ts';
+import { meterDecider, type MeterCommand } from '../deciders/meter.ts';
+import { spendDecider, type SpendCommand } from '../deciders/spend.ts';
 import { harvestStream } from '../events/harvest.ts';
-import type { HarvestCommand } from '../deciders/harvest.ts';
+import { harvestDecider, type HarvestCommand } from '../deciders/harvest.ts';
+import { periodicWorkflow, type PeriodicWorkflow, type Tick } from './periodic.ts';
 
-export interface Tick {
-  readonly now: string;
-}
+export type { Tick } from './periodic.ts';
 
 /** An open hold as the meter_holds projection lists it. */
 export interface ExpiringHold {
@@ -109,4 +111,45 @@ export function resumeHarvests(
     out.push({ stream: harvestStream(job.jobId), commandId, command: { type: 'Redispatch', now: tick.now, leaseMs, maxRedispatches, reason } });
   }
   return out;
+}
+
+/** The harvest files' retention: each ended job whose files outlived the retention (the view lists them) has them removed. */
+export function retireHarvestFiles(tick: Tick, view: { expired: readonly string[] }): WorkflowCommand<Extract<HarvestCommand, { type: 'RemoveFiles' }>>[] {
+  return view.expired.map((jobId) => ({
+    stream: harvestStream(jobId),
+    commandId: `remove-files:${jobId}`,
+    command: { type: 'RemoveFiles', reason: 'retention', byKeyPrefix: null, now: tick.now },
+  }));
+}
+
+type Reaped = Extract<MeterCommand, { type: 'Expire' }>;
+type Resumed = Extract<HarvestCommand, { type: 'Redispatch' }>;
+type Retired = Extract<HarvestCommand, { type: 'RemoveFiles' }>;
+
+/** The reaper as a periodic workflow: every `periodMs`, the holds `read` lists are judged by `reapHolds`. */
+export function holdReaperWorkflow(options: {
+  periodMs: number;
+  leaseTtlMs: number;
+  read(tick: Tick): Promise<{ expired: readonly ExpiringHold[]; runningHere: ReadonlySet<string> }>;
+}): PeriodicWorkflow<Reaped, { expired: readonly ExpiringHold[]; runningHere: ReadonlySet<string> }> {
+  return periodicWorkflow<Reaped, { expired: readonly ExpiringHold[]; runningHere: ReadonlySet<string> }>({ name: 'hold-reaper', periodMs: options.periodMs, target: meterDecider, read: options.read, decide: (tick, view) => reapHolds(tick, { ...view, leaseTtlMs: options.leaseTtlMs }) });
+}
+
+type SpendView = { spendMicros: number; capMicros: number | null; reachedDay: string | null };
+
+/** The spend watcher as a periodic workflow: every `periodMs`, the day's spend `read` gives is judged by `watchSpend`. */
+export function spendWatcherWorkflow(options: { periodMs: number; read(tick: Tick): Promise<SpendView> }): PeriodicWorkflow<SpendCommand, SpendView> {
+  return periodicWorkflow({ name: 'spend-watcher', periodMs: options.periodMs, target: spendDecider, read: options.read, decide: watchSpend });
+}
+
+type ResumeView = { jobs: readonly ResumableHarvest[]; leaseMs: number; maxRedispatches: number };
+
+/** The harvest resumer as a periodic workflow: every `periodMs`, the unfinished jobs `read` lists are judged by `resumeHarvests`. */
+export function harvestResumerWorkflow(options: { periodMs: number; read(tick: Tick): Promise<ResumeView> }): PeriodicWorkflow<Resumed, ResumeView> {
+  return periodicWorkflow<Resumed, ResumeView>({ name: 'harvest-resumer', periodMs: options.periodMs, target: harvestDecider, read: options.read, decide: resumeHarvests });
+}
+
+/** The harvest files' retention as a periodic workflow: every `periodMs`, the expired jobs `read` lists have their files removed. */
+export function harvestRetentionWorkflow(options: { periodMs: number; read(tick: Tick): Promise<{ expired: readonly string[] }> }): PeriodicWorkflow<Retired, { expired: readonly string[] }> {
+  return periodicWorkflow<Retired, { expired: readonly string[] }>({ name: 'harvest-retention', periodMs: options.periodMs, target: harvestDecider, read: options.read, decide: retireHarvestFiles });
 }

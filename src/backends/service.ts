@@ -1,17 +1,19 @@
 /**
- * The breakers on the request path. Every configured backend's state is held in memory: loaded
- * through the command handler at start, replaced by each decision this process makes, and read
- * again when another process appends to its stream (the handler's log subscription, within a
- * second). Asking whether a closed breaker lets a call through is one map lookup and a field read:
- * no I/O, no allocation. Outcomes are recorded as commands only when they may change something (a
- * failure, or a success after failures, or a probe's end); the decider appends nothing otherwise.
+ * The breakers on the request path, over the backend decider's rules (deciders/backend.ts): each
+ * backend's state in memory (breaker-states.ts). Asking whether a closed breaker lets a call through
+ * is one map lookup and a field read: no I/O, no allocation. Outcomes are recorded as commands only
+ * when the decider's rule says they may change something. The timed half-open is a workflow
+ * (workflows/breaker-half-open.ts, `timers()`), its command sent here so this process sees it at once.
  */
 import { randomUUID } from 'node:crypto';
-import { backendDecider, breakerAdmission, failureCounts, halfOpenBreakers, successCounts, type BackendCommand, type BackendRejection, type BackendState } from '../../deciders/backend.ts';
-import { backendStream, type BackendEvent, type BackendKind, type BootStage } from '../../events/backend.ts';
+import { backendDecider, breakerAdmission, failureCounts, successCounts, type BackendCommand, type BackendRejection, type BackendState } from '../../deciders/backend.ts';
+import type { BackendEvent, BackendKind, BootStage } from '../../events/backend.ts';
+import { breakerHalfOpenWorkflow } from '../../workflows/breaker-half-open.ts';
 import type { CommandHandler, Outcome } from '../command-handler/index.ts';
+import type { ServiceWorkflows } from '../processors/index.ts';
 import { backendOutcomeOf } from '../engine-client/index.ts';
 import { apiError, type ApiError } from '../errors/index.ts';
+import { BreakerStates, snapshotOf, type Entry } from './breaker-states.ts';
 import { defaultBreakerSettings, type BackendCall, type BackendSnapshot, type BreakerSettings } from './types.ts';
 
 export interface BackendServiceOptions {
@@ -31,22 +33,7 @@ export interface TrackedModel {
   activation?: boolean;
 }
 
-interface Entry {
-  readonly modelId: string;
-  readonly backend: BackendKind;
-  readonly streamId: string;
-  state: BackendState;
-  /** The stream version `state` is at: an older state (a slow read) never replaces a newer one. */
-  version: number;
-  /** The call handed out while the breaker is closed (shared: nothing is allocated per request). */
-  readonly closedCall: BackendCall;
-  reloading: Promise<void> | null;
-  reloadAgain: boolean;
-  halfOpenTimer: NodeJS.Timeout | null;
-}
-
 const noBreaker: BackendCall = { succeeded() {}, failed() {} };
-const streamPrefix = 'backend-';
 
 export class BackendService {
   readonly #handler: CommandHandler;
@@ -54,11 +41,7 @@ export class BackendService {
   readonly #now: () => number;
   readonly #upstreamHeaders: (modelId: string) => Record<string, string>;
   readonly #onError: (error: unknown, what: string) => void;
-  readonly #completion = new Map<string, Entry>();
-  readonly #activation = new Map<string, Entry>();
-  readonly #byStream = new Map<string, Entry>();
-  #unlisten: (() => void) | null = null;
-  #stopped = false;
+  readonly #states: BreakerStates;
 
   constructor(options: BackendServiceOptions) {
     this.#handler = options.handler;
@@ -66,41 +49,42 @@ export class BackendService {
     this.#now = options.now ?? Date.now;
     this.#upstreamHeaders = options.upstreamHeaders ?? (() => ({}));
     this.#onError = options.onError ?? (() => {});
+    this.#states = new BreakerStates(options.handler, this.#onError, (entry) => this.#closedCall(entry));
   }
 
   get settings(): Readonly<BreakerSettings> {
     return this.#settings;
   }
 
-  /** Loads every tracked backend's stream and follows the others' writes to them (joins the handler's log subscription). */
+  /** Loads every tracked backend's stream and follows the others' writes to them. */
   async start(models: readonly TrackedModel[]): Promise<void> {
-    this.#unlisten ??= this.#handler.onForeignEvent((event) => {
-      if (!event.streamId.startsWith(streamPrefix)) return;
-      const entry = this.#byStream.get(event.streamId);
-      if (entry) this.#reload(entry);
-    });
-    const entries = models.flatMap((m) => [this.#entry(m.id, 'completion'), ...(m.activation ? [this.#entry(m.id, 'activation')] : [])]);
-    await Promise.all(entries.map((e) => this.#load(e)));
-    await this.#handler.followLog((error) => this.#onError(error, 'log subscription'));
+    await this.#states.start(models.flatMap((m) => [{ modelId: m.id, backend: 'completion' as const }, ...(m.activation ? [{ modelId: m.id, backend: 'activation' as const }] : [])]));
   }
 
   async stop(): Promise<void> {
-    this.#stopped = true;
-    this.#unlisten?.();
-    this.#unlisten = null;
-    for (const entry of this.#byStream.values()) if (entry.halfOpenTimer) clearTimeout(entry.halfOpenTimer);
+    this.#states.stop();
+  }
+
+  /** The breakers' timed half-open, for the workflow processor: its HalfOpen decided here, so this process's state has it at once. */
+  timers(): ServiceWorkflows {
+    const deliver = async ({ stream, command, commandId }: { stream: string; command: BackendCommand; commandId: string }) => {
+      const outcome = await this.#handler.handle(stream, command, backendDecider, { commandId });
+      const entry = this.#states.all().find((e) => e.streamId === stream);
+      if (entry) this.#states.set(entry, outcome.state, outcome.version);
+    };
+    return { workflows: [breakerHalfOpenWorkflow], deliver: { [breakerHalfOpenWorkflow.name]: deliver } };
   }
 
   // --- the request path ---------------------------------------------------------------------------
 
   /**
-   * May this request call the backend now? A closed breaker answers at once with its shared call
-   * object. An open one throws 503 `circuit_open` (with `retry_after_seconds` and `Retry-After`)
-   * until its cooldown is over; then the first request to ask, across every process, becomes the
-   * probe (a promise: it is decided against the stream) and the others are refused.
+   * May this request call the backend now (`breakerAdmission`)? A closed breaker answers at once with
+   * its shared call object. An open one throws 503 `circuit_open` (with `retry_after_seconds` and
+   * `Retry-After`) until its cooldown is over; then the first request to ask, across every process,
+   * becomes the probe (a promise: it is decided against the stream) and the others are refused.
    */
   admit(modelId: string, backend: BackendKind = 'completion'): BackendCall | Promise<BackendCall> {
-    const entry = (backend === 'completion' ? this.#completion : this.#activation).get(modelId);
+    const entry = this.#states.find(modelId, backend);
     if (entry === undefined) return noBreaker;
     if (entry.state.breaker === 'closed') return entry.closedCall;
     const now = this.#now();
@@ -121,22 +105,21 @@ export class BackendService {
       this.#onError(error, `starting a probe of ${entry.streamId}`);
       throw apiError('store_unavailable', 'the event store is unreachable: the backend\'s probe cannot be coordinated');
     }
-    this.#set(entry, outcome.state, outcome.version);
+    this.#states.set(entry, outcome.state, outcome.version);
     if (outcome.accepted) return this.#probeCall(entry, probeId);
     if (outcome.rejection.rejected === 'breaker_closed') return entry.closedCall;
-    const retryAt = String(outcome.rejection.details?.retry_at ?? '');
-    throw this.#circuitOpen(entry, Date.parse(retryAt) - this.#now());
+    throw this.#circuitOpen(entry, Date.parse(String(outcome.rejection.details?.retry_at ?? '')) - this.#now());
   }
 
   #probeCall(entry: Entry, probeId: string): BackendCall {
     const success = (): BackendCommand => ({ type: 'RecordSuccess', backend: entry.backend, now: this.#iso(), probeId });
     return {
-      succeeded: () => this.#record(entry, success()),
+      succeeded: () => this.#states.record(entry, success()),
       failed: (error) => {
         const outcome = backendOutcomeOf(error);
         // The engine answered (a 4xx): it is up. Nothing learnt (the client left): the probe's lease runs out.
-        if (outcome === 'answered') this.#record(entry, success());
-        else if (outcome !== null) this.#record(entry, this.#failure(entry, outcome, probeId));
+        if (outcome === 'answered') this.#states.record(entry, success());
+        else if (outcome !== null) this.#states.record(entry, this.#failure(entry, outcome, probeId));
       },
     };
   }
@@ -144,14 +127,14 @@ export class BackendService {
   /** A request's outcome while closed: sent as a command only when the decider's rule says it changes something. */
   #closedCall(entry: Entry): BackendCall {
     const succeeded = () => {
-      if (successCounts(entry.state, null)) this.#record(entry, { type: 'RecordSuccess', backend: entry.backend, now: this.#iso(), probeId: null });
+      if (successCounts(entry.state, null)) this.#states.record(entry, { type: 'RecordSuccess', backend: entry.backend, now: this.#iso(), probeId: null });
     };
     return {
       succeeded,
       failed: (error) => {
         const outcome = backendOutcomeOf(error);
         if (outcome === 'answered') succeeded();
-        else if (outcome !== null && failureCounts(entry.state, null)) this.#record(entry, this.#failure(entry, outcome, null));
+        else if (outcome !== null && failureCounts(entry.state, null)) this.#states.record(entry, this.#failure(entry, outcome, null));
       },
     };
   }
@@ -170,136 +153,27 @@ export class BackendService {
     });
   }
 
-  // --- boot stages (platforms publish them) --------------------------------------------------------
+  // --- boot stages (platforms publish them), reads (health, metrics, status) -----------------------
 
   /** Publishes a backend's boot stage; appends only when it differs from the last one published. */
   async publishBootStage(modelId: string, backend: BackendKind, stage: BootStage, reason: string | null = null): Promise<void> {
-    const entry = this.#entry(modelId, backend);
+    const entry = this.#states.entry(modelId, backend);
     const outcome = await this.#handler.handle(entry.streamId, { type: 'PublishBootStage', backend, stage, now: this.#iso(), reason } satisfies BackendCommand, backendDecider);
-    this.#set(entry, outcome.state, outcome.version);
+    this.#states.set(entry, outcome.state, outcome.version);
   }
-
-  // --- reads (health, metrics, status) -------------------------------------------------------------
 
   /** One backend as this process knows it now (null: not tracked). */
   snapshot(modelId: string, backend: BackendKind = 'completion'): BackendSnapshot | null {
-    const entry = (backend === 'completion' ? this.#completion : this.#activation).get(modelId);
+    const entry = this.#states.find(modelId, backend);
     return entry ? snapshotOf(entry) : null;
   }
 
   /** Every tracked backend. */
   snapshots(): BackendSnapshot[] {
-    return [...this.#byStream.values()].map(snapshotOf);
-  }
-
-  // --- state ----------------------------------------------------------------------------------------
-
-  #entry(modelId: string, backend: BackendKind): Entry {
-    const byModel = backend === 'completion' ? this.#completion : this.#activation;
-    let entry = byModel.get(modelId);
-    if (!entry) {
-      const created: Entry = {
-        modelId,
-        backend,
-        streamId: backendStream(modelId, backend),
-        state: backendDecider.initialState(),
-        version: 0,
-        closedCall: noBreaker,
-        reloading: null,
-        reloadAgain: false,
-        halfOpenTimer: null,
-      };
-      (created as { closedCall: BackendCall }).closedCall = this.#closedCall(created);
-      entry = created;
-      byModel.set(modelId, entry);
-      this.#byStream.set(entry.streamId, entry);
-    }
-    return entry;
-  }
-
-  async #load(entry: Entry): Promise<void> {
-    const { state, version } = await this.#handler.load(entry.streamId, backendDecider);
-    this.#set(entry, state, version);
-  }
-
-  /** Another process wrote the stream: read it again (one read at a time; one more if it moved meanwhile). */
-  #reload(entry: Entry): void {
-    if (entry.reloading) {
-      entry.reloadAgain = true;
-      return;
-    }
-    entry.reloading = (async () => {
-      do {
-        entry.reloadAgain = false;
-        await this.#load(entry);
-      } while (entry.reloadAgain);
-    })()
-      .catch((error) => this.#onError(error, `reading ${entry.streamId}`))
-      .finally(() => {
-        entry.reloading = null;
-      });
-  }
-
-  /** A decision that may change something: decided in memory now (this process sees it at once), durable alongside. */
-  #record(entry: Entry, command: BackendCommand): void {
-    void this.#handler.decide(entry.streamId, command, backendDecider).then(
-      (pending) => {
-        this.#set(entry, pending.outcome.state, pending.outcome.version);
-        pending.durable.then(
-          (outcome) => this.#set(entry, outcome.state, outcome.version),
-          (error) => {
-            this.#onError(error, `recording ${command.type} on ${entry.streamId}`);
-            this.#reload(entry);
-          },
-        );
-      },
-      (error) => this.#onError(error, `recording ${command.type} on ${entry.streamId}`),
-    );
-  }
-
-  #set(entry: Entry, state: BackendState, version: number): void {
-    if (version < entry.version) return;
-    entry.state = state;
-    entry.version = version;
-    this.#scheduleHalfOpen(entry);
-  }
-
-  /** The timed half-open (deciders/backend.ts halfOpenBreakers), run when the cooldown of an open breaker ends. */
-  #scheduleHalfOpen(entry: Entry): void {
-    if (entry.halfOpenTimer) clearTimeout(entry.halfOpenTimer);
-    entry.halfOpenTimer = null;
-    const { breaker, retryAt } = entry.state;
-    if (this.#stopped || breaker !== 'open' || retryAt === null) return;
-    entry.halfOpenTimer = setTimeout(() => {
-      entry.halfOpenTimer = null;
-      const due = halfOpenBreakers({ now: this.#iso() }, [{ modelId: entry.modelId, backend: entry.backend, state: entry.state }]);
-      if (due.length === 0) return this.#scheduleHalfOpen(entry); // the timer fired early
-      for (const { stream, command, commandId } of due) {
-        void this.#handler.handle(stream, command, backendDecider, { commandId }).then(
-          (outcome) => this.#set(entry, outcome.state, outcome.version),
-          (error) => this.#onError(error, `half-opening ${stream}`),
-        );
-      }
-    }, Math.max(0, Date.parse(retryAt) - this.#now()) + 5);
-    entry.halfOpenTimer.unref();
+    return this.#states.all().map(snapshotOf);
   }
 
   #iso(): string {
     return new Date(this.#now()).toISOString();
   }
-}
-
-function snapshotOf(entry: Entry): BackendSnapshot {
-  const s = entry.state;
-  return {
-    modelId: entry.modelId,
-    backend: entry.backend,
-    breaker: s.breaker,
-    consecutiveFailures: s.consecutiveFailures,
-    lastFailureKind: s.lastFailureKind,
-    lastFailureAt: s.lastFailureAt,
-    openedAt: s.openedAt,
-    retryAt: s.retryAt,
-    boot: s.boot,
-  };
 }

@@ -15,9 +15,12 @@ export { defineEvent, eventCatalogue, EventSchemaViolation, schemaVersionKey, ty
 export { reject, isRejection, decisionEvents, foldEvents, type Decider, type Decision, type Rejection } from './decider.ts';
 export { defineBatchProjection, defineProjection, type Recorded } from './projection.ts';
 export {
+  isScheduled,
   messageOf,
+  outputRecord,
   reactTo,
   recordsOf,
+  scheduleInput,
   workflowEvents,
   workflowStream,
   type Workflow,
@@ -25,6 +28,8 @@ export {
   type WorkflowEvent,
   type WorkflowInput,
   type WorkflowMessage,
+  type WorkflowOutput,
+  type WorkflowSchedule,
 } from './workflow.ts';
 export type { Projection } from '../processors/index.ts';
 export type { Queryable } from '../store/index.ts';

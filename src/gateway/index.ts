@@ -1,6 +1,4 @@
 import { EventEmitter, once } from 'node:events';
-import type { IncomingMessage, ServerResponse } from 'node:http';
-import type { Socket } from 'node:net';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { DestinationStream } from 'pino';
 import {
@@ -41,8 +39,9 @@ import { WorkflowProcessor } from '../processors/index.ts';
 import { workflows } from '../../workflows/index.ts';
 import { projections } from '../../projections/index.ts';
 import { lastCompletions } from '../../projections/backend-health.ts';
-import { fileHarvestStorage, HarvestResumer, HarvestService, HarvestWorker } from '../harvest/index.ts';
-import { inProcessTransport, kafkaTransport, postgresTransport, type DispatchTransport } from '../dispatch/index.ts';
+import type { HarvestService } from '../harvest/index.ts';
+import { drainAndClose, pingBoth, trackConnections } from './http.ts';
+import { startHarvests } from './harvests.ts';
 
 export { EventLogUnreachable, openConfiguredEventLog, redactedEventStoreUrl } from './event-log.ts';
 
@@ -97,75 +96,8 @@ export interface Gateway {
   close(): Promise<void>;
 }
 
-/** The SQL store's ping and the EventStoreDB log's (when the log is apart): ok when both are, the slower one's latency. */
-async function pingBoth(store: EventStore, log: { ping(timeoutMs: number): Promise<{ ok: boolean; latencyMs: number }> } | null, timeoutMs: number): Promise<{ ok: boolean; latencyMs: number }> {
-  const pings = await Promise.all([store.ping(timeoutMs), ...(log ? [log.ping(timeoutMs)] : [])]);
-  return { ok: pings.every((p) => p.ok), latencyMs: Math.max(...pings.map((p) => p.latencyMs)) };
-}
-
-/** The harvest jobs' dispatch transport the settings name (src/dispatch). */
-function dispatchTransportFor(settings: Settings, store: EventStore, logger: Logger): DispatchTransport {
-  const onError = (error: unknown) => logger.warn({ err: (error as Error)?.message }, 'harvest dispatch failed; retrying');
-  switch (settings.harvest.transport) {
-    case 'postgres':
-      return postgresTransport(store, {
-        // A message whose worker died is delivered again once its visibility (renewed by the worker's heartbeat) lapses: the claim's lease.
-        visibilityTimeoutMs: settings.harvest.leaseMs,
-        // Its own LISTEN connection: a job published by another process reaches an idle worker at once, not at the next poll.
-        listenUrl: settings.databaseUrl ?? undefined,
-        onError,
-      });
-    case 'kafka':
-      // A consumer that dies leaves its group after the session timeout; another takes its partitions and redelivers.
-      return kafkaTransport({ brokers: [], ...settings.harvest.kafka, sasl: settings.harvest.kafka?.sasl ?? undefined, onError });
-    case 'inprocess':
-      return inProcessTransport();
-  }
-}
-
 /** How long a boot stage or a completion counts as recent (boot freshness, warm estimate). */
 const freshForMs = 15 * 60_000;
-
-/**
- * Stops accepting, lets in-flight requests finish (up to `graceMs`), and closes keep-alive connections
- * as soon as they fall idle, so a client's pooled connection does not hold the process open.
- */
-async function drainAndClose(app: FastifyInstance, graceMs: number, connections: { closeUnused(): void }): Promise<void> {
-  const idleSweep = setInterval(() => {
-    app.server.closeIdleConnections();
-    connections.closeUnused();
-  }, 50);
-  const force = setTimeout(() => app.server.closeAllConnections(), graceMs);
-  try {
-    await app.close();
-  } finally {
-    clearInterval(idleSweep);
-    clearTimeout(force);
-  }
-}
-
-/**
- * The server's sockets, each with the number of its responses under way. Node counts a connection on
- * which no request has arrived yet as busy until its headersTimeout (60 s), and closeIdleConnections
- * leaves it open: a client's spare connection (undici opens one after an aborted fetch) held the
- * drain for the whole grace. `closeUnused` closes every socket with no response under way.
- */
-function trackConnections(server: FastifyInstance['server']): { closeUnused(): void } {
-  const open = new Map<Socket, number>();
-  server.on('connection', (socket: Socket) => {
-    open.set(socket, 0);
-    socket.once('close', () => open.delete(socket));
-  });
-  server.on('request', (request: IncomingMessage, response: ServerResponse) => {
-    const socket = request.socket;
-    open.set(socket, (open.get(socket) ?? 0) + 1);
-    response.once('close', () => {
-      const n = open.get(socket);
-      if (n !== undefined) open.set(socket, n - 1);
-    });
-  });
-  return { closeUnused: () => open.forEach((n, socket) => n <= 0 && socket.destroy()) };
-}
 
 /**
  * Starts the whole service: event store, model registry (tokenizers), reference engines as child
@@ -260,17 +192,6 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     // The handler's cache follows the log: another process's write to a stream is read before the next decision there.
     const following = await commands.followLog((error) => logger.error({ err: (error as Error)?.message }, 'log subscription (cache freshness) failed a read; retrying'));
     stoppers.push(() => following.stop());
-    // Reactions across streams (a hold carried over midnight released on the day that carried it) follow the log too.
-    const workflowProcessor = new WorkflowProcessor({
-      log,
-      db: store,
-      handler: commands,
-      workflows,
-      leaseMs: settings.processorLeaseMs,
-      onError: (workflow, error) => logger.error({ workflow, err: (error as Error)?.message }, 'workflow batch failed; retrying'),
-    });
-    await workflowProcessor.start();
-    stoppers.push(() => workflowProcessor.stop());
     const keys = new KeyService({ handler: commands });
     await keys.start();
     stoppers.push(() => keys.stop());
@@ -324,40 +245,39 @@ export async function startGateway(settings: Settings, options: GatewayOptions =
     );
     stoppers.push(() => engines.close());
 
-    // Harvests: jobs dispatched on a transport to this process's workers (or another's), files under SVC_HARVEST_DIR.
-    const harvestStorage = fileHarvestStorage(settings.harvest.storageDir);
-    const transport = dispatchTransportFor(settings, store, logger);
-    stoppers.push(() => transport.close());
-    const harvests = new HarvestService({ handler: commands, db: store, storage: harvestStorage, transport, registry, settings: settings.harvest, logger });
-    harvests.start();
-    stoppers.push(async () => harvests.stop());
-    if (settings.harvest.workers > 0) {
-      const worker = new HarvestWorker({
-        service: harvests,
-        storage: harvestStorage,
-        transport,
+    const { harvests, timers: harvestTimers } = startHarvests(
+      settings,
+      {
+        store,
+        commands,
         registry,
-        engines,
-        context: { registry, tokenizers, requestWindowMs: settings.requestWindowMs, deadlineTokensPerSecond: settings.deadlineTokensPerSecond },
-        settings: settings.harvest,
-        platformOf: (modelId) => platforms.get(modelId),
-        backends: backendService,
-        metering: metering ? { meter: metering, key: (prefix) => keys.current(prefix) } : null,
         logger,
-      });
-      worker.start();
-      stoppers.push(() => worker.stop());
-    }
-    const resumer = new HarvestResumer({
-      service: harvests,
+        worker: {
+          engines,
+          context: { registry, tokenizers, requestWindowMs: settings.requestWindowMs, deadlineTokensPerSecond: settings.deadlineTokensPerSecond },
+          platformOf: (modelId) => platforms.get(modelId),
+          backends: backendService,
+          metering: metering ? { meter: metering, key: (prefix) => keys.current(prefix) } : null,
+        },
+      },
+      stoppers,
+    );
+
+    // Reactions across streams (a hold carried over midnight released on the day that carried it) and
+    // the timers (the breakers' half-open, the reaper, the spend watcher, the harvests' resumer and
+    // retention) follow the log, each in the one process holding its lease; stopped before the services.
+    const timed = [backendService.timers(), ...(metering ? [metering.timers()] : []), harvestTimers];
+    const workflowProcessor = new WorkflowProcessor({
+      log,
       db: store,
-      leaseMs: settings.harvest.leaseMs,
-      maxRedispatches: settings.harvest.maxRedispatches,
-      retention: { storage: harvestStorage, failedRetentionMs: settings.harvest.failedRetentionMs },
-      logger,
+      handler: commands,
+      workflows: [...workflows, ...timed.flatMap((t) => t.workflows)],
+      deliver: Object.assign({}, ...timed.map((t) => t.deliver)),
+      leaseMs: settings.processorLeaseMs,
+      onError: (workflow, error) => logger.error({ workflow, err: (error as Error)?.message }, 'workflow batch failed; retrying'),
     });
-    resumer.start();
-    stoppers.push(() => resumer.stop());
+    await workflowProcessor.start();
+    stoppers.push(() => workflowProcessor.stop());
 
     // Each model's last completion across processes: the backend_health projection's, read every second, or this process's own if later.
     const lastCompletion = new LastCompletions(settings.projections ? () => lastCompletions(store) : null);

@@ -10,9 +10,9 @@
  * - retry.ts: a settlement survives a passing store failure;
  * - rejections.ts: the decider's rejections as the contract's errors.
  * Reactions across streams are workflows, not steps here: a hold carried over midnight is released by
- * workflows/carried-holds.ts (driven by src/processors); the reaper and the spend watcher are
- * the timed workflows of workflows/timed-workflows.ts, ticked by this service's sweep, which also renews
- * the holds of requests still running in this process.
+ * workflows/carried-holds.ts (driven by src/processors); the reaper and the spend watcher are the
+ * periodic workflows of workflows/timed-workflows.ts (`timers()`, for the workflow processor). This
+ * service's own loop renews the holds of requests still running in this process and their slot leases.
  */
 import { randomUUID } from 'node:crypto';
 import { setImmediate as nextTurn } from 'node:timers/promises';
@@ -20,6 +20,7 @@ import type { Logger } from 'pino';
 import { apiError } from '../errors/index.ts';
 import type { CommandHandler } from '../command-handler/index.ts';
 import type { EventLog, EventStore, Queryable } from '../store/index.ts';
+import type { ServiceWorkflows } from '../processors/index.ts';
 import { meterDayAfterRefusal, meterDecider, secondsUntilUtcTurn, spendCapPauses } from '../../deciders/index.ts';
 import { meterStream, meterStreamParts, utcDay, type RequestFactsData } from '../../events/index.ts';
 import { RequestQueue } from './queue.ts';
@@ -52,7 +53,7 @@ export interface MeteringSettings {
   reservationTtlMs: number;
   /** Past this day's GPU spend the whole service answers 429 spend_cap until the next UTC day; null: no cap. */
   dailySpendCap: number | null;
-  /** How often the renewals, the reaper and the spend check run (default: a quarter of the TTL or of the slot lease, whichever is shorter, at most 15 s). */
+  /** How often the renewals run, and the reaper's and the spend watcher's ticks (default: a quarter of the TTL or of the slot lease, whichever is shorter, at most 15 s). */
   sweepIntervalMs?: number;
   /**
    * How long a settlement's (or a refused request's record's) append may wait for later decisions on
@@ -64,7 +65,7 @@ export interface MeteringSettings {
    * How long a slot lease stands without a renewal (default: 60 s, or the TTL when shorter): the
    * longest a process keeps an idle slot of a key from the other processes, and, if it died, the
    * longest its lease's slots and its holds stay taken (the reaper expires a hold whose lease lapsed).
-   * The sweep renews it while requests under it run.
+   * This process renews it while requests under it run.
    */
   slotLeaseTtlMs?: number;
   now?: () => Date;
@@ -159,7 +160,12 @@ export class Metering {
     });
   }
 
-  /** Starts the reaper, the renewals and the spend check, and wakes waiting requests on other processes' meter writes. */
+  /** The reaper and the spend watcher, for the workflow processor (one process at a time runs them). */
+  timers(): ServiceWorkflows {
+    return this.#sweeper.timers();
+  }
+
+  /** Starts the renewals of what runs here, and wakes waiting requests on other processes' meter writes. */
   start(): void {
     this.#unlisten = this.#handler.onForeignEvent((event) => {
       if (event.type === 'SpendCapReached') this.#sweeper.spendCappedDay = (event.data as { day: string }).day;
@@ -167,14 +173,14 @@ export class Metering {
       if (meter) this.#wake(meter.keyId);
     });
     const tick = () => {
-      this.#track(this.#sweeper.sweep()).finally(() => {
+      this.#track(this.#sweeper.renew()).finally(() => {
         if (this.#timer) this.#timer = setTimeout(tick, this.#sweepMs).unref();
       });
     };
     this.#timer = setTimeout(tick, this.#sweepMs).unref();
   }
 
-  /** Stops the timers and waits for settlements and records under way. */
+  /** Stops the renewals and waits for settlements and records under way. */
   async stop(): Promise<void> {
     if (this.#timer) clearTimeout(this.#timer);
     this.#timer = null;

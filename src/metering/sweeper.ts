@@ -1,17 +1,21 @@
 /**
- * The metering service's sweep, on a timer: it renews the holds of requests still running in this
- * process and its slot leases on their keys (their liveness is this process's to tell), and ticks
- * the timed workflows of workflows/timed-workflows.ts: the reaper (holds past their expiry or whose
- * slot lease lapsed, from the meter_holds projection, expired on their own day's stream) and the
- * spend watcher (the day's spend, from the daily_spend projection, reported to the spend decider,
- * whose rule reaches the cap). Their commands carry ids
- * derived from what they act on, so a sweep that died half-way is simply done again at the next tick.
+ * What metering does on the passing of time. Its own work, on a loop of its own: it renews the holds
+ * of requests still running in this process and its slot leases on their keys (their liveness is this
+ * process's to tell, and only this process can tell it). And two periodic workflows
+ * (workflows/timed-workflows.ts), driven by the workflow processor in the one process holding each
+ * one's lease: the reaper (holds past their expiry or whose slot lease lapsed, from the meter_holds
+ * projection, expired on their own day's stream) and the spend watcher (the day's spend, from the
+ * daily_spend projection, reported to the spend decider, whose rule reaches the cap). This module
+ * gives them their views and sends their commands (`timers`). Their commands carry ids derived from
+ * what they act on, so a tick that died half-way is simply decided again.
  */
 import type { Logger } from 'pino';
 import type { CommandHandler } from '../command-handler/index.ts';
 import type { Queryable } from '../store/index.ts';
-import { meterDecider, spendDecider } from '../../deciders/index.ts';
-import { reapHolds, watchSpend } from '../../workflows/index.ts';
+import type { WorkflowCommand } from '../event-sourcing/index.ts';
+import type { ServiceWorkflows } from '../processors/index.ts';
+import { meterDecider, spendDecider, type MeterCommand, type SpendCommand } from '../../deciders/index.ts';
+import { holdReaperWorkflow, spendWatcherWorkflow, watchSpend } from '../../workflows/index.ts';
 import { toMicros } from '../../deciders/billing.ts';
 import { expiredHolds, spendOfDay } from '../../projections/index.ts';
 import { meterStreamParts, utcDay } from '../../events/index.ts';
@@ -23,7 +27,7 @@ export interface SweeperOptions {
   db: Queryable;
   logger: Logger;
   ttlMs: number;
-  /** This process's name on its slot leases, their TTL, and how often the sweep runs (the lease is renewed in time for the next). */
+  /** This process's name on its slot leases, their TTL, and how often the renewals and the timers run (the lease is renewed in time for the next). */
   holder: string;
   leaseTtlMs: number;
   sweepMs: number;
@@ -47,13 +51,29 @@ export class Sweeper {
     this.#o = options;
   }
 
-  async sweep(): Promise<void> {
-    const { logger } = this.#o;
+  /** The renewals of what this process runs: its holds, then its slot leases. */
+  async renew(): Promise<void> {
     const now = this.#o.now();
     await this.#renew(now);
     await this.#renewLeases(now);
-    await this.#reap(now).catch((error) => logger.error({ err: String(error) }, 'reaper pass failed'));
-    await this.checkSpendSoon();
+  }
+
+  /** The reaper and (with a cap) the spend watcher, as the workflow processor drives them: their views read here, their commands sent here. */
+  timers(): ServiceWorkflows {
+    const { db, leaseTtlMs, sweepMs, running, spendCap } = this.#o;
+    const reaper = holdReaperWorkflow({
+      periodMs: sweepMs,
+      leaseTtlMs,
+      read: async (tick) => {
+        const now = new Date(tick.now);
+        return { expired: await expiredHolds(db, now, 500, new Date(now.getTime() - leaseTtlMs)), runningHere: new Set(running.keys()) };
+      },
+    });
+    const watcher = spendWatcherWorkflow({ periodMs: sweepMs, read: (tick) => this.#spendView(new Date(tick.now)) });
+    return {
+      workflows: spendCap === null ? [reaper] : [reaper, watcher],
+      deliver: { [reaper.name]: (output) => this.#expire(output), [watcher.name]: (output) => this.#report(output) },
+    };
   }
 
   /**
@@ -61,7 +81,7 @@ export class Sweeper {
    * while it runs share one more after it. The spend is read from a projection (daily_spend), which
    * moves a batch at a time, so a read per settlement (one query per request at full load) would learn
    * nothing a read per round trip does not. Never rejects: a failed check is logged, and the next
-   * settlement or sweep checks again.
+   * settlement or tick checks again.
    */
   checkSpendSoon(): Promise<void> {
     if (this.#checking) {
@@ -95,9 +115,9 @@ export class Sweeper {
 
   /**
    * The slot lease of each key this process still runs requests of, kept standing while they run (the
-   * meter decider renews it once less than half would be left at the next sweep): a lease that lapses
-   * lets any process's reaper expire the holds made under it, which is how the holds of a process that
-   * died are freed within a lease rather than a reservation TTL.
+   * meter decider renews it once less than half would be left at the next renewal): a lease that lapses
+   * lets the reaper expire the holds made under it, which is how the holds of a process that died are
+   * freed within a lease rather than a reservation TTL.
    */
   async #renewLeases(now: Date): Promise<void> {
     const { handler, running, logger, holder, leaseTtlMs, sweepMs } = this.#o;
@@ -112,32 +132,34 @@ export class Sweeper {
     }
   }
 
-  async #reap(now: Date): Promise<void> {
-    const { handler, db, running, logger, leaseTtlMs } = this.#o;
-    const expired = await expiredHolds(db, now, 500, new Date(now.getTime() - leaseTtlMs));
-    for (const { stream, command, commandId } of reapHolds({ now: now.toISOString() }, { expired, runningHere: new Set(running.keys()), leaseTtlMs })) {
-      const outcome = await handler.handle(stream, command, meterDecider, { commandId });
-      if (outcome.accepted && outcome.newEvents.length > 0) {
-        const keyId = meterStreamParts(stream)!.keyId;
-        logger.warn({ request_id: command.requestId, key_id: keyId }, 'reservation expired: its request died with its process (its slot lease lapsed, or its TTL passed)');
-        this.#o.freed(keyId);
-      }
-    }
+  /** The reaper's command: expired on the hold's stream; a key whose hold it ended may take a waiting request. */
+  async #expire({ stream, command, commandId }: WorkflowCommand<MeterCommand>): Promise<void> {
+    const outcome = await this.#o.handler.handle(stream, command, meterDecider, { commandId, metadata: { workflow: 'hold-reaper' } });
+    if (!outcome.accepted || outcome.newEvents.length === 0) return;
+    const keyId = meterStreamParts(stream)!.keyId;
+    this.#o.logger.warn({ request_id: (command as { requestId?: string }).requestId, key_id: keyId }, 'reservation expired: its request died with its process (its slot lease lapsed, or its TTL passed)');
+    this.#o.freed(keyId);
   }
 
-  /** Reports the day's spend; also run after a settlement that cost something. */
-  async #checkSpend(): Promise<void> {
-    const { handler, db, spendCap, logger } = this.#o;
-    const now = this.#o.now();
-    // In integer micro-units, like daily_spend's cost_micros: the cap is met exactly, not by a float sum.
+  /** The spend watcher's command: the day's spend reported; once the cap is reached, this process pauses (others learn it from the log). */
+  async #report({ stream, command, commandId }: WorkflowCommand<SpendCommand>): Promise<void> {
+    const outcome = await this.#o.handler.handle(stream, command, spendDecider, { commandId });
+    if (!outcome.accepted || !outcome.state.reached) return;
+    this.spendCappedDay = command.day;
+    if (outcome.newEvents.length > 0) this.#o.logger.warn({ day: command.day, spend_micros: command.spendMicros, cap_micros: command.capMicros }, 'daily GPU spend cap reached: the service answers 429 spend_cap until the next UTC day');
+  }
+
+  /** The spend watcher's view at `now`: the cap in integer micro-units (met exactly, like daily_spend's cost_micros), and the day's spend unless the cap is known reached. */
+  async #spendView(now: Date): Promise<{ spendMicros: number; capMicros: number | null; reachedDay: string | null }> {
+    const { spendCap, db } = this.#o;
     const view = { capMicros: spendCap === null ? null : toMicros(spendCap), reachedDay: this.spendCappedDay, spendMicros: 0 };
-    if (view.capMicros === null || view.reachedDay === utcDay(now)) return;
-    view.spendMicros = (await spendOfDay(db, utcDay(now))).costMicros;
-    for (const { stream, command, commandId } of watchSpend({ now: now.toISOString() }, view)) {
-      const outcome = await handler.handle(stream, command, spendDecider, { commandId });
-      if (!outcome.accepted || !outcome.state.reached) continue;
-      this.spendCappedDay = command.day;
-      if (outcome.newEvents.length > 0) logger.warn({ day: command.day, spend_micros: command.spendMicros, cap_micros: command.capMicros }, 'daily GPU spend cap reached: the service answers 429 spend_cap until the next UTC day');
-    }
+    if (view.capMicros !== null && view.reachedDay !== utcDay(now)) view.spendMicros = (await spendOfDay(db, utcDay(now))).costMicros;
+    return view;
+  }
+
+  /** Reports the day's spend after a settlement that cost something (the same rule as the watcher's tick). */
+  async #checkSpend(): Promise<void> {
+    const now = this.#o.now();
+    for (const output of watchSpend({ now: now.toISOString() }, await this.#spendView(now))) await this.#report(output);
   }
 }

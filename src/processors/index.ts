@@ -3,7 +3,8 @@
  * checkpoints both share (one process at a time runs each processor, from its checkpoint), with the
  * `svc projections` commands.
  */
-export { WorkflowProcessor, checkpointOf, type WorkflowProcessorOptions } from './workflow-processor.ts';
+export { WorkflowProcessor, checkpointOf, type ServiceWorkflows, type WorkflowProcessorOptions } from './workflow-processor.ts';
+export { sqlTimers, type TimerRow, type TimerStore } from './timers.ts';
 export { ProjectionRunner, CheckpointMoved, type ProjectionRunnerOptions, type ProjectionStatus, type RebuildProgress, type RebuildReport } from './projection-runner.ts';
 export { internalSchemaOf, type Projection } from './projection.ts';
 export { ProcessorLeases, defaultLeaseMs, type LeaseSettings } from './leases.ts';

@@ -24,21 +24,20 @@
  * moves. A crash between the two leaves inputs recorded past the checkpoint: an instance read from its
  * stream knows which inputs it has recorded, and passes over them when the batch comes again (their
  * commands were sent before they were recorded).
+ *
+ * Timers: an input a workflow scheduled for itself is recorded on its instance's stream and indexed
+ * (timers.ts) in the same transaction; the lease holder gives each once when due (its clock, `now`),
+ * recording the input, its commands and its own schedules on the instance's stream and marking it
+ * fired in one transaction. A crash before that commit fires it again (same commands, same ids); one
+ * due while no process held the lease fires when one takes it. A periodic workflow is seeded when it
+ * has no timer pending.
  */
 import type { CommandHandler } from '../command-handler/index.ts';
-import type { EventLog, GlobalPosition, NewEvent, RecordedEvent, SqlDatabase, StoreTransaction, Subscription } from '../store/index.ts';
-import { eventIdFor } from '../command-handler/index.ts';
-import {
-  messageOf,
-  reactTo,
-  recordsOf,
-  schemaVersionKey,
-  workflowEvents,
-  workflowStream,
-  type DomainEvent,
-  type Workflow,
-  type WorkflowInput,
-} from '../event-sourcing/index.ts';
+import type { EventLog, RecordedEvent, SqlDatabase, SqlTransaction, StoreTransaction } from '../store/index.ts';
+import { isScheduled, reactTo, workflowStream, type DomainEvent, type Workflow, type WorkflowCommand, type WorkflowInput } from '../event-sourcing/index.ts';
+import { sqlTimers, type TimerStore } from './timers.ts';
+import { addReaction, readInstance, type AnyWorkflow, type Instance, type Output, type Records, type Running } from './workflow-instances.ts';
+import { fireDue, hasTimers, type TimerContext } from './workflow-timers.ts';
 import {
   caughtUpWith,
   CheckpointMoved,
@@ -52,13 +51,22 @@ import {
   type ResolvedSources,
 } from '../processors/index.ts';
 
-type AnyWorkflow = Workflow<DomainEvent, unknown, unknown>;
 
 export type WorkflowProcessorOptions = ProcessorSources & WorkflowProcessorSettings;
 
+/** Workflows a service builds (their views are its read models) and how their commands go out (its own steps). */
+export interface ServiceWorkflows {
+  readonly workflows: readonly Workflow<any, any, any, any>[];
+  readonly deliver: Readonly<Record<string, (output: WorkflowCommand<any>) => Promise<void>>>;
+}
+
 export interface WorkflowProcessorSettings extends LeaseSettings {
   handler: CommandHandler;
-  workflows: readonly Workflow<any, any, any>[];
+  workflows: readonly Workflow<any, any, any, any>[];
+  /** A workflow's commands sent another way than through the handler (by workflow name): a service's own step that sends the command and does what follows it. */
+  deliver?: Readonly<Record<string, (output: WorkflowCommand<any>) => Promise<void>>>;
+  /** The clock timers are due by (default: the system's). */
+  now?: () => Date;
   /** Events read per batch (default 500). */
   batchSize?: number;
   /** Polling fallback when no commit hint arrives (ms). */
@@ -80,25 +88,6 @@ const cachedInstances = 10_000;
 /** The checkpoint name of a workflow (beside the projections' in the same table). */
 export const checkpointOf = (workflow: { name: string }): string => `workflow:${workflow.name}`;
 
-interface Instance {
-  readonly stream: string;
-  state: unknown;
-  version: number;
-  /** With the log apart from the database: ids of the inputs this stream has recorded (those past the checkpoint are not decided again). */
-  readonly recorded: Set<string> | null;
-}
-
-interface Running {
-  readonly workflow: AnyWorkflow;
-  readonly checkpoint: string;
-  /** Where this runner's reading stands (what the stored checkpoint must still say at its next commit). */
-  position: GlobalPosition;
-  /** Instances' states as stored, by stream. */
-  readonly instances: Map<string, Instance>;
-  subscription: Subscription | null;
-  /** Its batches and its idle checkpoint moves, one at a time. */
-  serial: Promise<unknown>;
-}
 
 export class WorkflowProcessor {
   readonly #sources: ResolvedSources;
@@ -106,12 +95,16 @@ export class WorkflowProcessor {
   readonly #db: SqlDatabase;
   readonly #checkpoints: CheckpointStore;
   readonly #handler: CommandHandler;
+  readonly #timers: TimerStore;
+  readonly #now: () => Date;
   readonly #options: WorkflowProcessorOptions;
   readonly #running = new Map<string, Running>();
   #started = false;
   /** Which workflows this processor drives: those whose lease it holds. */
   readonly #leases: ProcessorLeases;
   #following: Promise<void> | null = null;
+  /** What the timers' steps use of this processor (workflow-timers.ts). */
+  readonly #timerContext: TimerContext;
   #idleTimer: NodeJS.Timeout | null = null;
 
   constructor(options: WorkflowProcessorOptions) {
@@ -120,7 +113,21 @@ export class WorkflowProcessor {
     this.#db = this.#sources.db;
     this.#checkpoints = this.#sources.checkpoints;
     this.#handler = options.handler;
+    this.#timers = sqlTimers(this.#db);
+    this.#now = options.now ?? (() => new Date());
     this.#options = options;
+    this.#timerContext = {
+      db: this.#db,
+      timers: this.#timers,
+      now: this.#now,
+      idleMs: options.idleCheckpointMs ?? 1000,
+      expectHeld: (running) => this.#leases.expectHeld([running.checkpoint]),
+      holds: (running) => this.#leases.holds(running.checkpoint),
+      instance: (running, id) => this.#instance(running, id),
+      send: (running, outputs) => this.#send(running, outputs),
+      commit: (running, records, alsoInTx) => this.#commit(running, records, alsoInTx),
+      fireSoon: (running) => this.#fireSoon(running),
+    };
     const names = new Set(options.workflows.map((w) => w.name));
     if (names.size !== options.workflows.length) throw new Error('workflow names must be unique');
     this.#leases = new ProcessorLeases({
@@ -143,16 +150,30 @@ export class WorkflowProcessor {
     if (this.#started) return;
     this.#started = true;
     for (const workflow of this.#options.workflows as readonly AnyWorkflow[]) {
-      const running: Running = { workflow, checkpoint: checkpointOf(workflow), position: this.#log.start, instances: new Map(), subscription: null, serial: Promise.resolve() };
+      const running: Running = {
+        workflow,
+        checkpoint: checkpointOf(workflow),
+        position: this.#log.start,
+        instances: new Map(),
+        subscription: null,
+        active: false,
+        seeded: false,
+        wake: null,
+        serial: Promise.resolve(),
+      };
       this.#running.set(workflow.name, running);
       await this.#checkpoints.ensure(this.#db, running.checkpoint);
     }
+    if (this.#options.workflows.some(hasTimers)) await this.#timers.ensure(this.#db);
     await this.#leases.start();
     await this.#followHeld();
     this.#idleTimer = setInterval(() => {
-      for (const running of this.#running.values()) void this.#serially(running, () => this.#moveIdleCheckpoint(running)).catch((error) => this.#failed(running, error));
+      for (const running of this.#running.values()) {
+        void this.#serially(running, () => this.#moveIdleCheckpoint(running)).catch((error) => this.#failed(running, error));
+        if (hasTimers(running.workflow)) this.#fireSoon(running);
+      }
       // A reader that failed to start (the database away) is started again.
-      if ([...this.#running.values()].some((r) => !r.subscription && this.#leases.holds(r.checkpoint))) void this.#followHeld();
+      if ([...this.#running.values()].some((r) => !r.active && this.#leases.holds(r.checkpoint))) void this.#followHeld();
     }, this.#options.idleCheckpointMs ?? 1000);
     this.#idleTimer.unref();
   }
@@ -165,7 +186,7 @@ export class WorkflowProcessor {
     if (!this.#started) return;
     const checkpointNames = new Map([...this.#running.values()].map((r) => [r.checkpoint, r.workflow.name]));
     await caughtUpWith({
-      names: [...this.#running.keys()],
+      names: [...this.#running.values()].filter((r) => r.workflow.inputTypes.length > 0).map((r) => r.workflow.name),
       log: this.#log,
       target: () => logTarget(this.#log),
       reader: (name) => this.#running.get(name)?.subscription ?? null,
@@ -193,8 +214,8 @@ export class WorkflowProcessor {
       await previous;
       for (const running of this.#running.values()) {
         const wanted = this.#started && this.#leases.holds(running.checkpoint);
-        if (wanted && !running.subscription) await this.#follow(running).catch((e) => this.#options.onError?.(running.workflow.name, e));
-        if (!wanted && running.subscription) await this.#unfollow(running);
+        if (wanted && !running.active) await this.#follow(running).catch((e) => this.#options.onError?.(running.workflow.name, e));
+        if (!wanted && running.active) await this.#unfollow(running);
       }
     })().finally(() => {
       if (this.#following === following) this.#following = null;
@@ -206,6 +227,10 @@ export class WorkflowProcessor {
   async #unfollow(running: Running): Promise<void> {
     const subscription = running.subscription;
     running.subscription = null;
+    running.active = false;
+    running.seeded = false;
+    if (running.wake) clearTimeout(running.wake);
+    running.wake = null;
     await subscription?.stop();
     await running.serial.catch(() => {});
     running.instances.clear();
@@ -260,6 +285,9 @@ export class WorkflowProcessor {
     const checkpoint = (await this.#checkpoints.read(this.#db, [running.checkpoint])).get(running.checkpoint);
     running.position = checkpoint?.position ?? this.#log.start;
     running.instances.clear();
+    running.active = true;
+    if (hasTimers(running.workflow)) this.#fireSoon(running);
+    if (running.workflow.inputTypes.length === 0) return; // only its own timers
     running.subscription = this.#log.subscribe({
       after: running.position,
       batchSize: this.#options.batchSize ?? 500,
@@ -280,49 +308,77 @@ export class WorkflowProcessor {
     const last = batch[batch.length - 1].globalPosition;
 
     // Decide in memory, instance by instance, in log order.
-    const records = new Map<Instance, { state: unknown; events: NewEvent[] }>();
-    const commands: { stream: string; command: unknown; commandId: string }[] = [];
+    const records: Records = { events: new Map(), timers: [] };
+    const outputs: Output[] = [];
     for (const event of batch) {
       if (log.comparePositions(event.globalPosition, running.position) <= 0) continue;
       const input = { ...workflow.inputs.parse(event), id: event.id, streamId: event.streamId } as WorkflowInput<DomainEvent>;
       const instance = await this.#instance(running, workflow.instanceOf(input));
-      if (instance.recorded?.has(event.id)) continue; // recorded before a crash kept the checkpoint from moving
-      const pending = records.get(instance);
-      const reaction = reactTo(workflow, pending ? pending.state : instance.state, input);
+      if (instance.recorded?.has(event.id)) {
+        // Recorded before a crash kept the checkpoint from moving: not decided again, its timers indexed (again).
+        records.timers.push(...(instance.scheduledBy?.get(event.id) ?? []));
+        continue;
+      }
+      const pending = records.events.get(instance);
+      const state = pending ? pending.state : instance.state;
+      const reaction = reactTo(workflow, state, input, workflow.read ? await workflow.read(input, state) : undefined);
       if (!reaction) continue;
-      const events = recordsOf(workflow, input, reaction.outputs).map(
-        (e, i): NewEvent => ({ id: eventIdFor(`${workflow.name}:${event.id}`, i), type: e.type, data: e.data, metadata: { [schemaVersionKey]: 1, input_event_id: event.id } }),
-      );
-      records.set(instance, { state: reaction.state, events: [...(pending?.events ?? []), ...events] });
-      commands.push(...reaction.outputs);
+      addReaction(running.workflow, records, instance, input, reaction);
+      outputs.push(...reaction.outputs);
     }
 
-    // Send; each command's id makes a second sending of it (after a crash, by another process) append nothing.
-    for (const { stream, command, commandId } of commands) {
-      this.#leases.expectHeld([running.checkpoint]);
-      const outcome = await this.#handler.handle(stream, command, workflow.target, { commandId, metadata: { workflow: workflow.name } });
-      if (!outcome.accepted) this.#options.onError?.(workflow.name, new Error(`${stream} refused ${(command as { type?: string }).type}: ${outcome.rejection.message}`));
-    }
-
-    const expected = (instance: Instance) => (instance.version === 0 ? ('no_stream' as const) : instance.version);
-    const sameStore = this.#sources.store !== null;
-    if (!sameStore) {
-      // The log apart: record first (a retry appends the same ids at the same versions: nothing twice), then move the checkpoint.
-      for (const [instance, { events }] of records) await log.append(instance.stream, events, expected(instance));
-    }
-    await this.#db.transaction(async (tx) => {
-      // One store: record and move the checkpoint together, the appends first (they must be a transaction's first writes).
-      if (sameStore) for (const [instance, { events }] of records) await (tx as StoreTransaction).append(instance.stream, events, expected(instance));
-      await this.#leases.fence(tx, [running.checkpoint]);
+    await this.#send(running, outputs);
+    await this.#commit(running, records, async (tx) => {
       const locked = await this.#checkpoints.lock(tx, [running.checkpoint]);
       if (log.comparePositions(locked.get(running.checkpoint)?.position ?? log.start, running.position) !== 0) throw new CheckpointMoved(`checkpoint of ${running.checkpoint} moved`);
       await this.#checkpoints.move(tx, [running.checkpoint], last);
     });
-    for (const [instance, { state, events }] of records) {
+    running.position = last;
+    if (records.timers.length > 0) this.#fireSoon(running);
+  }
+
+  /** Sends the commands; each one's id makes a second sending of it (after a crash, by another process) append nothing. */
+  async #send(running: Running, outputs: readonly Output[]): Promise<void> {
+    const { workflow } = running;
+    const deliver = this.#options.deliver?.[workflow.name];
+    for (const output of outputs) {
+      if (isScheduled(output)) continue;
+      this.#leases.expectHeld([running.checkpoint]);
+      if (deliver) {
+        await deliver(output);
+        continue;
+      }
+      const { stream, command, commandId } = output;
+      const outcome = await this.#handler.handle(stream, command, workflow.target, { commandId, metadata: { workflow: workflow.name } });
+      if (!outcome.accepted) this.#options.onError?.(workflow.name, new Error(`${stream} refused ${(command as { type?: string }).type}: ${outcome.rejection.message}`));
+    }
+  }
+
+  /**
+   * Records on the instances' streams (under their expected versions), indexes the timers and runs
+   * `alsoInTx`, fenced by the lease: in one transaction when the log and the database are one store;
+   * else the records first (a retry appends the same ids at the same versions: nothing twice).
+   */
+  async #commit(running: Running, records: Records, alsoInTx: (tx: SqlTransaction) => Promise<void>): Promise<void> {
+    const expected = (instance: Instance) => (instance.version === 0 ? ('no_stream' as const) : instance.version);
+    const sameStore = this.#sources.store !== null;
+    if (!sameStore) for (const [instance, { events }] of records.events) await this.#log.append(instance.stream, events, expected(instance));
+    await this.#db.transaction(async (tx) => {
+      // The appends first: they must be a transaction's first writes.
+      if (sameStore) for (const [instance, { events }] of records.events) await (tx as StoreTransaction).append(instance.stream, events, expected(instance));
+      await this.#leases.fence(tx, [running.checkpoint]);
+      await this.#timers.schedule(tx, running.workflow.name, records.timers);
+      await alsoInTx(tx);
+    });
+    for (const [instance, { state, events }] of records.events) {
       instance.state = state;
       instance.version += events.length;
     }
-    running.position = last;
+  }
+
+  /** Fires the workflow's due timers after its work under way (errors handled like a failed batch). */
+  #fireSoon(running: Running): void {
+    void this.#serially(running, () => fireDue(this.#timerContext, running)).catch((error) => this.#failed(running, error));
   }
 
   /** An instance's state as its stream holds it (read once, then kept). */
@@ -333,11 +389,7 @@ export class WorkflowProcessor {
       running.instances.delete(stream); // most recently used last: the first ones are evicted
       running.instances.set(stream, instance);
     } else {
-      const read = await this.#log.readStream(stream);
-      const messages = read.events.map((e) => messageOf(running.workflow, workflowEvents.parse(e)));
-      const state = messages.reduce((folded, message) => running.workflow.evolve(folded, message), running.workflow.initialState());
-      const recorded = this.#sources.store ? null : new Set(read.events.map((e) => e.metadata.input_event_id as string));
-      instance = { stream, state, version: read.version, recorded };
+      instance = await readInstance(this.#log, running.workflow, stream, this.#sources.store === null);
       running.instances.set(stream, instance);
       // Bounded: an evicted instance is read from its stream again when an input for it comes.
       if (running.instances.size > cachedInstances) running.instances.delete(running.instances.keys().next().value!);

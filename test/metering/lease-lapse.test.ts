@@ -1,7 +1,7 @@
 /**
  * Holds are tied to their process's slot lease: a process that dies holding requests stops renewing
  * its lease, and once it lapses any process's reaper expires those holds (charged whole, as every
- * expiry), long before their reservation TTL; a living process's sweep keeps its lease standing while
+ * expiry), long before their reservation TTL; a living process's renewals keep its lease standing while
  * its requests run, so its holds are left alone however long they run. Two processes' `Metering`s
  * (their own command handlers) on one real store, the projection the reaper reads (meter_holds), a
  * clock the test moves; PGlite, and PostgreSQL when DATABASE_URL is set.
@@ -12,7 +12,7 @@ import { randomUUID } from 'node:crypto';
 import pino from 'pino';
 import { CommandHandler } from '../../src/command-handler/index.ts';
 import { Metering } from '../../src/metering/index.ts';
-import { ProjectionRunner } from '../../src/processors/index.ts';
+import { ProjectionRunner, WorkflowProcessor } from '../../src/processors/index.ts';
 import { meterHoldsProjection } from '../../projections/index.ts';
 import { meterEvents, meterStream, type MeterEvent } from '../../events/meter.ts';
 import type { EventStore } from '../../src/store/index.ts';
@@ -49,6 +49,8 @@ for (const adapter of adaptersUnderTest()) {
     const following = await livingHandler.followLog();
     const dead = meter(new CommandHandler({ store }));
     const living = meter(livingHandler);
+    // The living process's reaper: its metering's timers, driven by a workflow processor on the test's clock.
+    const reaper = new WorkflowProcessor({ store, handler: livingHandler, ...living.timers(), now: () => clock.now, idleCheckpointMs: 50, pollIntervalMs: 100 });
     try {
       // The dead process's two requests, never settled (it was killed); the living one's, still running.
       const deadHolds = [await dead.admit(admitRequest(keyId)), await dead.admit(admitRequest(keyId))];
@@ -58,6 +60,7 @@ for (const adapter of adaptersUnderTest()) {
       await running.durable;
       await within(10_000, runner.caughtUp(), 'meter_holds catching up');
       living.start();
+      await reaper.start();
 
       // Past half the living lease: its sweep renews it (the dead one's is not).
       clock.now = new Date(T0 + leaseMs / 2 + 1);
@@ -107,6 +110,7 @@ for (const adapter of adaptersUnderTest()) {
         'the living hold settled, never expired',
       );
     } finally {
+      await reaper.stop();
       await living.stop();
       await dead.stop();
       await following.stop();

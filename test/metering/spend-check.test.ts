@@ -10,6 +10,9 @@ import { randomUUID } from 'node:crypto';
 import pino from 'pino';
 import { CommandHandler } from '../../src/command-handler/index.ts';
 import { Metering, type Usage } from '../../src/metering/index.ts';
+import { ProjectionRunner, WorkflowProcessor } from '../../src/processors/index.ts';
+import { dailySpendProjection } from '../../projections/index.ts';
+import { until } from '../support/until.ts';
 import type { EventStore } from '../../src/store/index.ts';
 import { admitRequest } from '../support/admit-request.ts';
 import { meteringSuite } from '../support/metering-suite.ts';
@@ -71,6 +74,35 @@ it('a spend check that fails is logged and the process goes on', async ({ store 
   assert.ok(spend.reads() >= 1);
   assert.equal(unhandled, [], 'no rejection left unhandled');
   assert.ok(logged.includes('spend check failed'), logged.join(' | '));
+});
+
+it("the spend watcher's tick, run by the workflow processor, pauses a process that settled nothing itself once the day's spend reaches the cap", async ({ store, meterings }) => {
+  const runner = new ProjectionRunner({ store, projections: [dailySpendProjection], pollIntervalMs: 50 });
+  await runner.start();
+  // Another process (no cap of its own) settles priced requests; this one, capped, only ticks.
+  const other = new Metering({ handler: new CommandHandler({ store }), store, logger: pino({ level: 'silent' }), reservationTtlMs: 60_000, dailySpendCap: null });
+  const capped = new Metering({ handler: new CommandHandler({ store }), store, logger: pino({ level: 'silent' }), reservationTtlMs: 60_000, dailySpendCap: 0.005, sweepIntervalMs: 50 });
+  meterings.push(other, capped);
+  const timers = capped.timers();
+  assert.equal(timers.workflows.map((w) => w.name), ['hold-reaper', 'spend-watcher']);
+  const processor = new WorkflowProcessor({ store, handler: new CommandHandler({ store }), ...timers, idleCheckpointMs: 50 });
+  await processor.start();
+  try {
+    const keyId = randomUUID().slice(0, 12);
+    await settleAtOnce(other, keyId, 1);
+    await until('the capped process refusing with spend_cap', async () => {
+      try {
+        const admission = await capped.admit(admitRequest(keyId));
+        await admission.durable;
+        return false;
+      } catch (error) {
+        return (error as { code?: string }).code === 'spend_cap';
+      }
+    }, 10_000, 25);
+  } finally {
+    await processor.stop();
+    await runner.stop();
+  }
 });
 
 it.run();

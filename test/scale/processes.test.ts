@@ -23,7 +23,7 @@ import { meterDecider } from '../../deciders/meter.ts';
 import { harvestEvents, harvestStream } from '../../events/harvest.ts';
 import { backendEvents, backendStream } from '../../events/backend.ts';
 import { projections } from '../../projections/index.ts';
-import { workflows } from '../../workflows/index.ts';
+import { breakerHalfOpenWorkflow, workflows } from '../../workflows/index.ts';
 
 const databaseUrl = process.env.DATABASE_URL;
 const unavailable = await postgresUnavailable(databaseUrl);
@@ -32,7 +32,9 @@ const it = suite('gateways and workers on one PostgreSQL: one process per projec
 const leaseMs = 3000;
 const limits = { rate_limit_per_minute: 30, max_inflight_per_key: 4 };
 const projectionNames = projections.map((p) => p.name).sort();
-const workflowNames = workflows.map((w) => `workflow:${w.name}`).sort();
+// The gateway's workflows: those of workflows/index.ts and the timers its services bring (no spend cap here: no spend watcher).
+const timerNames = [breakerHalfOpenWorkflow.name, 'hold-reaper', 'harvest-resumer', 'harvest-retention'];
+const workflowNames = [...workflows.map((w) => w.name), ...timerNames].map((name) => `workflow:${name}`).sort();
 const leaseNames = [...projectionNames, ...workflowNames].sort();
 const svc = fileURLToPath(new URL('../../bin/svc.js', import.meta.url));
 

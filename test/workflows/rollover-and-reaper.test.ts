@@ -10,7 +10,7 @@ import { randomUUID } from 'node:crypto';
 import pino from 'pino';
 import { CommandHandler } from '../../src/command-handler/index.ts';
 import { Metering } from '../../src/metering/index.ts';
-import { ProjectionRunner } from '../../src/processors/index.ts';
+import { ProjectionRunner, WorkflowProcessor } from '../../src/processors/index.ts';
 import { meterHoldsProjection } from '../../projections/index.ts';
 import { meterDecider } from '../../deciders/meter.ts';
 import { meterEvents, meterStream, type MeterEvent } from '../../events/meter.ts';
@@ -26,6 +26,14 @@ const D1 = '2026-11-25';
 
 function metering(store: EventStore, clock: { now: Date }, handler = new CommandHandler({ store })) {
   return new Metering({ handler, store, logger: pino({ level: 'silent' }), reservationTtlMs: ttlMs, dailySpendCap: null, sweepIntervalMs: 50, now: () => clock.now });
+}
+
+/** The reaper of a process: its metering's timers, driven by a workflow processor on the test's clock. */
+async function reaperOf(store: EventStore, clock: { now: Date }, meter: Metering): Promise<WorkflowProcessor> {
+  const { workflows, deliver } = meter.timers();
+  const processor = new WorkflowProcessor({ store, handler: new CommandHandler({ store }), workflows, deliver, now: () => clock.now, idleCheckpointMs: 50, pollIntervalMs: 100 });
+  await processor.start();
+  return processor;
 }
 
 async function typesOn(store: EventStore, keyId: string, day: string): Promise<MeterEvent[]> {
@@ -93,15 +101,22 @@ for (const adapter of adaptersUnderTest()) {
     });
     const dying = metering(store, clock, dyingHandler);
     dying.start();
-    await until('the dying reaper expiring one hold', async () => (await typesOn(store, keyId, D)).some((e) => e.type === 'ReservationExpired'), 10_000, 20);
+    const dyingReaper = await reaperOf(store, clock, dying);
+    // Time passes (the reaper's ticks come a period apart) while the test waits.
+    const passing = () => void (clock.now = new Date(clock.now.getTime() + 25));
+    await until('the dying reaper expiring one hold', async () => (passing(), (await typesOn(store, keyId, D)).some((e) => e.type === 'ReservationExpired')), 10_000, 20);
+    await dyingReaper.stop();
     await dying.stop();
     assert.is((await typesOn(store, keyId, D)).filter((e) => e.type === 'ReservationExpired').length, 1, 'one expired before the crash');
 
     await within(10_000, runner.caughtUp(), 'meter_holds catching up');
     const next = metering(store, clock);
     next.start();
-    await until('the next reaper expiring the other', async () => (await typesOn(store, keyId, D)).filter((e) => e.type === 'ReservationExpired').length === 2, 10_000, 20);
-    await new Promise((r) => setTimeout(r, 300)); // more sweeps: nothing more is expired
+    const nextReaper = await reaperOf(store, clock, next);
+    await until('the next reaper expiring the other', async () => (passing(), (await typesOn(store, keyId, D)).filter((e) => e.type === 'ReservationExpired').length === 2), 10_000, 20);
+    clock.now = new Date(clock.now.getTime() + 1_000);
+    await new Promise((r) => setTimeout(r, 300)); // more ticks: nothing more is expired
+    await nextReaper.stop();
     await next.stop();
     const expired = (await typesOn(store, keyId, D)).filter((e) => e.type === 'ReservationExpired').map((e) => (e.data as { request_id: string }).request_id);
     assert.equal(expired.sort(), holds.map((h) => h.requestId).sort(), 'each hold expired once');
