@@ -6,8 +6,7 @@
  */
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
-import { execFile, spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import pg from 'pg';
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { readFileSync, rmSync, statSync } from 'node:fs';
 import { join } from 'node:path';
@@ -15,6 +14,7 @@ import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { freshDataDir } from '../support/data-dir.ts';
 import { until } from '../support/until.ts';
+import { psqlStatement, targetOf } from '../support/psql.ts';
 
 const run = promisify(execFile);
 const root = fileURLToPath(new URL('../..', import.meta.url));
@@ -36,32 +36,8 @@ async function svc(args: string[]): Promise<{ code: number; stdout: string; stde
   }
 }
 
-/** psql is installed with PostgreSQL (infra/dev/services.sh); without it, the same statements go through the `pg` client, so the port's rules are still checked. */
-const havePsql = spawnSync('psql', ['--version'], { stdio: 'ignore' }).status === 0;
-
-async function psql(target: string[], sql: string, password: string): Promise<{ ok: boolean; out: string }> {
-  if (!havePsql) return viaPg(target[0], sql, password);
-  try {
-    const { stdout } = await run('psql', ['-X', '-w', ...target, '-v', 'ON_ERROR_STOP=1', '-tA', '-c', sql], { env: { ...env(), PGPASSWORD: password, PGCONNECT_TIMEOUT: '5' } });
-    return { ok: true, out: stdout.trim() };
-  } catch (error) {
-    return { ok: false, out: (error as { stderr: string }).stderr.trim() };
-  }
-}
-
-async function viaPg(url: string, sql: string, password: string): Promise<{ ok: boolean; out: string }> {
-  const withPassword = new URL(url);
-  withPassword.password = encodeURIComponent(password);
-  const client = new pg.Client({ connectionString: withPassword.href, connectionTimeoutMillis: 5_000 });
-  try {
-    await client.connect();
-    const result = await client.query({ text: sql, rowMode: 'array' });
-    return { ok: true, out: result.rows.map((row: unknown[]) => row.join('|')).join('\n') };
-  } catch (error) {
-    return { ok: false, out: String((error as Error).message) };
-  } finally {
-    await client.end().catch(() => undefined);
-  }
+function psql(target: string[], sql: string, password: string): Promise<{ ok: boolean; out: string }> {
+  return psqlStatement(targetOf(target[0]), sql, password, env());
 }
 
 /** The addresses (hex, as /proc/net/tcp{,6} write them) on which something listens on `port`. */

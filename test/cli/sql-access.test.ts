@@ -13,6 +13,7 @@ import { promisify } from 'node:util';
 import { svcCommand, packageRoot } from '../../src/config/index.ts';
 import { firstKeywords } from '../../src/store/sql-port.ts';
 import { freshDataDir } from '../support/data-dir.ts';
+import { psqlStatement } from '../support/psql.ts';
 
 const run = promisify(execFile);
 const adminToken = 'sql-access-test-admin-token';
@@ -38,16 +39,8 @@ async function svc(args: string[]): Promise<{ code: number; stdout: string; stde
 /** The port's password, as `svc serve` keeps it (printed once, on the start that made it). */
 const sqlPassword = () => readFileSync(join(dataDir, 'sql-password'), 'utf8').trim();
 
-async function psql(port: number, sql: string, password: string | null = sqlPassword()): Promise<{ ok: boolean; out: string }> {
-  try {
-    const env: NodeJS.ProcessEnv = { ...process.env, PGCONNECT_TIMEOUT: '5' };
-    if (password === null) delete env.PGPASSWORD;
-    else env.PGPASSWORD = password;
-    const { stdout } = await run('psql', ['-X', '-w', '-h', '127.0.0.1', '-p', String(port), '-U', 'analyst', '-d', 'svc', '-v', 'ON_ERROR_STOP=1', '-tA', '-c', sql], { env });
-    return { ok: true, out: stdout.trim() };
-  } catch (error) {
-    return { ok: false, out: (error as { stderr: string }).stderr.trim() };
-  }
+function psql(port: number, sql: string, password: string | null = sqlPassword()): Promise<{ ok: boolean; out: string }> {
+  return psqlStatement({ host: '127.0.0.1', port, user: 'analyst', database: 'svc' }, sql, password);
 }
 
 /** Starts `svc serve` and resolves once it prints its listening line. */
@@ -148,10 +141,7 @@ test('svc serve --sql-port: psql reads the tables while the gateway runs, writes
       assert.match(refused.out, /permission denied/, `${denied}: ${refused.out}`);
     }
     // The analysts' password is not the owner's: user svc (every column, for the CLI) needs DATA_DIR's other password.
-    const asOwner = await run('psql', ['-X', '-w', '-h', '127.0.0.1', '-p', String(gateway.sqlPort), '-U', 'svc', '-d', 'svc', '-tA', '-c', 'SELECT 1'], { env: { ...process.env, PGPASSWORD: sqlPassword() } }).then(
-      () => 'accepted',
-      (error: { stderr: string }) => error.stderr,
-    );
+    const asOwner = (await psqlStatement({ host: '127.0.0.1', port: gateway.sqlPort!, user: 'svc', database: 'svc' }, 'SELECT 1', sqlPassword())).out;
     assert.match(asOwner, /password authentication failed/);
     assert.is(statSync(join(dataDir, 'sql-owner-password')).mode & 0o777, 0o600);
 
