@@ -12,6 +12,7 @@
  * state after its append conflicts, is refused. Nothing is appended unless something changes: a
  * success on a closed breaker with no failures appends nothing.
  */
+import { later } from '../events/shapes.ts';
 import { reject, type Decider, type Rejection, type WorkflowCommand } from '../src/event-sourcing/index.ts';
 import {
   BackendFailed,
@@ -60,7 +61,6 @@ export type BackendRejection = Rejection<'circuit_open' | 'probe_in_flight' | 'b
 
 const initialState: BackendState = { breaker: 'closed', consecutiveFailures: 0, lastFailureKind: null, lastFailureAt: null, openedAt: null, retryAt: null, probe: null, boot: null };
 
-const later = (now: string, ms: number): string => new Date(Date.parse(now) + ms).toISOString();
 const reached = (now: string, at: string): boolean => Date.parse(now) >= Date.parse(at);
 
 // The rules below are the decider's, exported so that the backends service's hot path asks them

@@ -18,6 +18,7 @@
  * refused or appends nothing, so it is never overwritten. Time, ids and limits come in on the
  * commands.
  */
+import { later } from '../events/shapes.ts';
 import { reject, type Decider, type Rejection } from '../src/event-sourcing/index.ts';
 import {
   HarvestCancelled,
@@ -111,7 +112,6 @@ const initialState: HarvestState = {
   filesRemovedAt: null,
 };
 
-const later = (now: string, ms: number): string => new Date(Date.parse(now) + ms).toISOString();
 const elapsed = (from: string, to: string): number => Date.parse(to) - Date.parse(from);
 const latest = (a: string | null, b: string): string => (a !== null && Date.parse(a) > Date.parse(b) ? a : b);
 const cut = (text: string): string => (text.length > harvestMessageMax ? text.slice(0, harvestMessageMax) : text);

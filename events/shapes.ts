@@ -58,3 +58,6 @@ export function secondsUntilUtcTurn(now: number, period: 'day' | 'month'): numbe
   const turn = period === 'day' ? Date.UTC(at.getUTCFullYear(), at.getUTCMonth(), at.getUTCDate() + 1) : Date.UTC(at.getUTCFullYear(), at.getUTCMonth() + 1, 1);
   return Math.max(1, Math.ceil((turn - now) / 1000));
 }
+
+/** The instant `ms` milliseconds after `now` (both ISO 8601, UTC). */
+export const later = (now: string, ms: number): string => new Date(Date.parse(now) + ms).toISOString();
