@@ -4,16 +4,19 @@
  * on the state the other left: the monthly job quota and the cap on running jobs cannot be passed.
  *
  * The month's count is the jobs admitted in that UTC month minus those released uncounted (their
- * start failed: no GPU was engaged); a new month starts it at 0. A job holds a running slot from its
- * admission until its release. One rule frees a slot (`harvestSlotFreed`): the job ended on its own
- * stream (counted as it was), or its stream never appeared `harvestOrphanAdmissionMs` after the
- * admission (the submit died or failed in between: not counted). It is applied by `Release` (the
- * harvest-slots workflow, when a job ends) and by `Admit` to the key's active jobs as the submit read
- * them, so a slot never waits on the workflow's lag; whichever comes first appends the release.
+ * start failed, or they were never recorded: no GPU was engaged); a new month starts it at 0. A job
+ * holds a running slot from its admission until its release. One rule frees a slot
+ * (`harvestSlotFreed`): the job ended on its own stream (counted as it was); it is stale at an
+ * admission (`harvestStale`: counted; the job is then aged out on its stream by the harvest-age-out
+ * workflow); or its stream never appeared `harvestOrphanAdmissionMs` after the admission (the submit
+ * died in between: not counted). Every release goes through it: `Release` (the harvest-slots workflow
+ * when a job ends, the harvest-orphans workflow's check a minute after each admission) and `Admit`,
+ * on the key's jobs as the submit read them, so that the running cap counts only jobs still running
+ * however far the workflows lag; whichever comes first appends the release, the others nothing.
  */
 import { reject, type Decider, type Rejection } from '../src/event-sourcing/index.ts';
 import { HarvestJobAdmitted, harvestQuotaEvents, HarvestSlotReleased, utcMonth, type HarvestQuotaEvent } from '../events/harvest.ts';
-import { isHarvestTerminal, type HarvestStatus } from './harvest.ts';
+import { harvestStale, isHarvestTerminal, type HarvestStatus } from './harvest.ts';
 
 export interface HarvestQuotaState {
   /** Jobs holding a running slot, with the month they were admitted in. */
@@ -33,10 +36,13 @@ export type HarvestQuotaCommand =
       monthlyQuota: number | null;
       /** Jobs admitted and not yet released, at most; 0 or less: no cap. */
       runningCap: number;
-      /** The key's active jobs as their own streams hold them (read just before): those ended are released first, in this decision. */
+      /** A pending or running job without progress this long is stale: its slot is freed. */
+      staleAfterMs: number;
+      /** The key's active jobs as their own streams hold them (read just before): those freed are released first, in this decision. */
       jobs: readonly ObservedJob[];
     }
-  | { type: 'Release'; jobId: string; counted: boolean; now: string };
+  /** The job as its stream holds it: its slot is released if `harvestSlotFreed` says so (stale jobs are judged by `Admit` only). */
+  | { type: 'Release'; job: ObservedJob; now: string };
 
 export type HarvestQuotaRejection = Rejection<'harvest_quota_exceeded' | 'harvest_concurrency_exceeded'>;
 
@@ -45,17 +51,31 @@ export interface ObservedJob {
   readonly jobId: string;
   readonly status: HarvestStatus;
   readonly counted: boolean;
+  /** Its last progress (submitted, started, a shard written); null when unknown. */
+  readonly lastProgressAt: string | null;
 }
 
 /** An admission whose job stream is still empty this long after it is an orphan: its submit died or failed in between. */
 export const harvestOrphanAdmissionMs = 60_000;
 
-/** Whether an admitted job's slot is free at `now`, and whether it counts against its month; null while it holds it. */
-export function harvestSlotFreed(admittedAt: string, job: ObservedJob, now: string): { counted: boolean } | null {
-  if (isHarvestTerminal(job.status)) return { counted: job.counted };
-  if (job.status === 'none' && Date.parse(now) - Date.parse(admittedAt) >= harvestOrphanAdmissionMs) return { counted: false };
+export type HarvestSlotFreed = { readonly counted: boolean; readonly reason: 'ended' | 'orphan' | 'stale' };
+
+/**
+ * Whether an admitted job's slot is free at `now`, whether it counts against its month and why; null
+ * while it holds it. `staleAfterMs` (an admission's): a stale job's slot is free too.
+ */
+export function harvestSlotFreed(admittedAt: string, job: ObservedJob, now: string, staleAfterMs?: number): HarvestSlotFreed | null {
+  if (isHarvestTerminal(job.status)) return { counted: job.counted, reason: 'ended' };
+  if (job.status === 'none') return Date.parse(now) - Date.parse(admittedAt) >= harvestOrphanAdmissionMs ? { counted: false, reason: 'orphan' } : null;
+  if (staleAfterMs !== undefined && harvestStale(job, now, staleAfterMs)) return { counted: job.counted, reason: 'stale' };
   return null;
 }
+
+const released = (state: HarvestQuotaState, job: ObservedJob, now: string, staleAfterMs?: number): HarvestQuotaEvent | null => {
+  const admitted = state.active.get(job.jobId);
+  const freed = admitted ? harvestSlotFreed(admitted.at, job, now, staleAfterMs) : null;
+  return freed ? HarvestSlotReleased({ job_id: job.jobId, counted: freed.counted, reason: freed.reason, at: now }) : null;
+};
 
 const initialState: HarvestQuotaState = { active: new Map(), month: null, counted: 0 };
 
@@ -90,18 +110,16 @@ export const harvestQuotaDecider: Decider<HarvestQuotaState, HarvestQuotaCommand
     switch (command.type) {
       case 'Admit': {
         const at = command.now;
-        const released: HarvestQuotaEvent[] = [];
+        const releases: HarvestQuotaEvent[] = [];
         let next = state;
         for (const job of command.jobs) {
-          const admitted = next.active.get(job.jobId);
-          const freed = admitted ? harvestSlotFreed(admitted.at, job, at) : null;
-          if (!freed) continue;
-          const event = HarvestSlotReleased({ job_id: job.jobId, counted: freed.counted, at });
-          released.push(event);
+          const event = released(next, job, at, command.staleAfterMs);
+          if (!event) continue;
+          releases.push(event);
           next = harvestQuotaDecider.evolve(next, event);
         }
         // A resent admission (a retry under another command id): the slot is taken already.
-        if (next.active.has(command.jobId)) return released;
+        if (next.active.has(command.jobId)) return releases;
         const month = utcMonth(at);
         const used = harvestJobsCounted(next, month);
         const quota = command.monthlyQuota;
@@ -112,10 +130,10 @@ export const harvestQuotaDecider: Decider<HarvestQuotaState, HarvestQuotaCommand
         if (cap > 0 && next.active.size >= cap) {
           return reject('harvest_concurrency_exceeded', `this key has ${next.active.size} harvest jobs running (at most ${cap})`, { cap, running: next.active.size });
         }
-        return [...released, HarvestJobAdmitted({ job_id: command.jobId, month, at })];
+        return [...releases, HarvestJobAdmitted({ job_id: command.jobId, month, at })];
       }
       case 'Release':
-        return state.active.has(command.jobId) ? HarvestSlotReleased({ job_id: command.jobId, counted: command.counted, at: command.now }) : [];
+        return released(state, command.job, command.now) ?? [];
       default: {
         const unhandled: never = command;
         throw new Error(`unknown harvest quota command ${JSON.stringify(unhandled)}`);

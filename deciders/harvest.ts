@@ -5,6 +5,7 @@
  *                       |                  |
  *                       +--FailStart--> failed (not counted)      Fail, AgeOut, Redispatch (worker_lost) --> failed
  *                       +--Cancel, Fail, AgeOut------------------> cancelled / failed
+ * (none) --FailStart--> failed (not counted: the submit failed before its job was recorded)
  *
  * A failed job's files can then be removed (RemoveFiles: by its owner, or by the retention, which also
  * removes a cancelled job's); the status stays.
@@ -81,7 +82,7 @@ type Now = { now: string };
 export type HarvestCommand =
   | { type: 'Submit'; job: HarvestSubmittedData }
   | ({ type: 'Start'; transport: string } & Now)
-  | ({ type: 'FailStart'; reason: string } & Now)
+  | ({ type: 'FailStart'; jobId: string; keyId: string; reason: string } & Now)
   | ({ type: 'Claim'; claimId: string; workerId: string; leaseMs: number } & Now)
   | ({ type: 'RenewClaim'; claimId: string; leaseMs: number } & Now)
   | ({ type: 'RecordShard'; claimId: string; leaseMs: number; record: HarvestShard } & Now)
@@ -89,7 +90,7 @@ export type HarvestCommand =
   | ({ type: 'Fail'; code: string; message: string; claimId: string | null } & Now)
   | ({ type: 'Cancel'; byKeyPrefix: string } & Now)
   | ({ type: 'RemoveFiles'; reason: 'owner' | 'retention'; byKeyPrefix: string | null } & Now)
-  | ({ type: 'AgeOut'; staleAfterMs: number } & Now)
+  | ({ type: 'AgeOut' } & Now)
   | ({ type: 'Redispatch'; leaseMs: number; maxRedispatches: number; reason: string } & Now);
 
 export type HarvestRejection = Rejection<
@@ -131,6 +132,16 @@ export function plannedShard(job: Pick<HarvestSubmittedData, 'shard_size' | 'pro
 export function harvestLeaseLapsed(state: HarvestState, now: string): boolean {
   if (state.status !== 'running') return false;
   return state.claim !== null && Date.parse(now) >= Date.parse(state.claim.leaseUntil);
+}
+
+/**
+ * Whether a job is stale at `now`: pending or running with no progress (submitted, started, a shard
+ * written; claims and renewals are not progress) for `staleAfterMs`. The key's next admission frees
+ * a stale job's slot (deciders/harvest-quota.ts) and the job is then aged out (`AgeOut`).
+ */
+export function harvestStale(job: { readonly status: HarvestStatus; readonly lastProgressAt: string | null }, now: string, staleAfterMs: number): boolean {
+  if (job.status !== 'pending' && job.status !== 'running') return false;
+  return job.lastProgressAt !== null && elapsed(job.lastProgressAt, now) >= staleAfterMs;
 }
 
 /** Whether events a command appended dispatch the job (to be published on its transport): a start, a redispatch, a republish. */
@@ -188,6 +199,8 @@ export const harvestDecider: Decider<HarvestState, HarvestCommand, HarvestEvent,
       if (job.shard_count !== Math.ceil(job.prompt_count / job.shard_size)) throw new RangeError(`shard_count ${job.shard_count} is not ceil(${job.prompt_count} / ${job.shard_size})`);
       return HarvestSubmitted(job);
     }
+    // A submit that failed before its job was recorded: the job is recorded as never started (its slot and count go back).
+    if (command.type === 'FailStart' && state.status === 'none') return HarvestStartFailed({ job_id: command.jobId, key_id: command.keyId, reason: cut(command.reason), at: command.now });
     const job = state.job;
     if (state.status === 'none' || job === null) return reject('no_such_job', 'no harvest job has this id');
     const { job_id, key_id } = job;
@@ -267,9 +280,9 @@ export const harvestDecider: Decider<HarvestState, HarvestCommand, HarvestEvent,
         }
         return HarvestFilesRemoved({ job_id, key_id, reason: command.reason, by_key_prefix: command.byKeyPrefix, at });
       case 'AgeOut': {
-        if (terminal || state.lastProgressAt === null) return [];
-        const idle = elapsed(state.lastProgressAt, at);
-        if (idle < command.staleAfterMs) return [];
+        // Its key's admission found it stale (`harvestStale`) and freed its slot: it ends, whatever came since.
+        if (terminal) return [];
+        const idle = Math.max(0, elapsed(state.lastProgressAt ?? job.at, at));
         return HarvestFailed({ job_id, key_id, code: 'stale', message: `no progress for ${Math.floor(idle / 60_000)} minutes; aged out`, at });
       }
       case 'Redispatch':

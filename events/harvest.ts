@@ -209,10 +209,17 @@ export type HarvestEnded = Extract<HarvestEvent, { type: 'HarvestSucceeded' | 'H
 /** A job's slot taken on its key's quota stream, in the UTC month it counts against. */
 export const HarvestJobAdmitted = defineEvent('HarvestJobAdmitted', Type.Object({ job_id: JobId, month: Month, at: Instant }, { additionalProperties: false }));
 
-/** The job ended: its running slot is free. `counted` false (its start failed) also gives its month's quota back. */
+/**
+ * The job's running slot is free. `counted` false (its start failed, or it was never recorded) also
+ * gives its month's quota back. `reason`: `ended` (on its own stream), `orphan` (its stream never
+ * appeared), `stale` (no progress for the stale time: the job is aged out after it); absent on older events.
+ */
 export const HarvestSlotReleased = defineEvent(
   'HarvestSlotReleased',
-  Type.Object({ job_id: JobId, counted: Type.Boolean(), at: Instant }, { additionalProperties: false }),
+  Type.Object(
+    { job_id: JobId, counted: Type.Boolean(), reason: Type.Optional(Type.Union([Type.Literal('ended'), Type.Literal('orphan'), Type.Literal('stale')])), at: Instant },
+    { additionalProperties: false },
+  ),
 );
 
 export const harvestQuotaEvents = eventCatalogue('harvest-quota', [HarvestJobAdmitted, HarvestSlotReleased]);
@@ -220,6 +227,11 @@ export type HarvestQuotaEvent = EventOf<typeof HarvestJobAdmitted> | EventOf<typ
 
 export const harvestStream = (jobId: string): string => `harvest-${jobId}`;
 export const harvestQuotaStream = (keyId: string): string => `harvest-quota-${keyId}`;
+
+/** The key a `harvest-quota-<keyId>` stream belongs to; null for any other stream. */
+export function harvestQuotaKeyOf(streamId: string): string | null {
+  return streamId.startsWith('harvest-quota-') ? streamId.slice('harvest-quota-'.length) : null;
+}
 
 /** The job a `harvest-<jobId>` stream belongs to; null for any other stream (a quota stream included). */
 export function harvestJobOf(streamId: string): string | null {

@@ -2,9 +2,11 @@
  * The harvest application service: submit, read, wait, list, cancel, download. It sends commands and
  * reads; every rule is in the deciders (deciders/harvest.ts on `harvest-<jobId>`,
  * deciders/harvest-quota.ts on `harvest-quota-<keyId>`), and what happens after the submit's answer
- * is the harvest-slots workflow's (a slot released when its job ends) and the resumer's (a start that
- * never happened, a job nobody claimed, a worker lost: `Redispatch`). Every command on a job goes
- * through `command`, which also wakes this process's long-polls.
+ * is the workflows' (src/harvest/resumer.ts, workflows/): a slot released when its job ends
+ * (harvest-slots) or a minute after an admission whose job was never recorded (harvest-orphans), a
+ * job aged out once its admission freed its slot as stale (harvest-age-out), a start that never
+ * happened, a job nobody claimed, a worker lost (the resumer's `Redispatch`). Every command on a job
+ * goes through `command`, which also wakes this process's long-polls.
  */
 import type { Readable } from 'node:stream';
 import { apiError } from '../errors/index.ts';
@@ -97,11 +99,12 @@ export class HarvestService {
   // --- submit ---------------------------------------------------------------------------------
 
   /**
-   * What the contract's answer needs, in order: the request's checks; the admission on the key's
-   * quota stream (stale jobs aged out first, ended ones released in it); the input stored and the job
-   * recorded `pending`; its compute job published; then `running` and 202. A publish that fails is
-   * `FailStart` and 503 (the harvest-slots workflow gives its slot and its count back); an input or a
-   * record that fails gives the admission back at once and is 507 (storage full) or 503.
+   * A straight line of commands, what the contract's answer needs in order: the request's checks; the
+   * admission on the key's quota stream (the quota decider frees the slots of the key's jobs that
+   * ended or are stale, as their streams hold them); the input stored and the job recorded `pending`;
+   * its compute job published; then `running` and 202. Any failure after the admission is `FailStart`
+   * (recorded or not), answered 507 (storage full) or 503; it gives the slot and the count back by the
+   * one release path (the harvest-slots workflow, or the key's next admission that finds it failed).
    */
   async submit(caller: HarvestCaller, request: HarvestRequest): Promise<HarvestJobView> {
     const now = this.#now();
@@ -114,63 +117,41 @@ export class HarvestService {
       now: now.toISOString(),
       monthlyQuota: quota === 0 ? null : quota,
       runningCap: this.#settings.maxRunningPerKey,
-      jobs: await this.#activeJobs(caller.keyId, now),
+      staleAfterMs: this.#settings.staleAfterMs,
+      jobs: await this.#activeJobs(caller.keyId),
     };
     const admitted = await this.#handler.handle(harvestQuotaStream(caller.keyId), admit, harvestQuotaDecider, { commandId: `admit:${jobId}`, metadata: { key_prefix: caller.prefix } });
     if (!admitted.accepted) throw admissionRefused(admitted.rejection, now);
-
-    let recorded = false;
     try {
       const input = await this.#storage.saveInput(jobId, request.prompts);
       const outcome = await this.command(jobId, { type: 'Submit', job: { ...planned, input_sha256: input.sha256 } });
       if (!outcome.accepted) throw new Error(`job ${jobId} not recorded: ${outcome.rejection.rejected}`);
-      recorded = true;
-      // The compute job starts once the pending job is stored: a transport that refuses fails the job (never counted).
       await this.#transport.publish(harvestWorkKind, jobId, { job_id: jobId });
     } catch (error) {
-      return this.#startFailed(caller, jobId, recorded, error);
+      return this.#startFailed(caller, jobId, error);
     }
     const started = await this.command(jobId, { type: 'Start', transport: this.#transport.name, now: this.#now().toISOString() });
     return this.#view(started.state);
   }
 
-  /**
-   * The key's admitted jobs as their streams hold them, for the admission to release those that
-   * ended; each pending or running one is sent `AgeOut` first (the decider fails it if it is stale),
-   * so a stale job is aged out before the quota counts.
-   */
-  async #activeJobs(keyId: string, now: Date): Promise<ObservedJob[]> {
+  /** The key's admitted jobs as their streams hold them, for the admission to judge. */
+  async #activeJobs(keyId: string): Promise<ObservedJob[]> {
     const { state } = await this.#handler.load(harvestQuotaStream(keyId), harvestQuotaDecider, { fresh: true });
-    const jobs: ObservedJob[] = [];
-    for (const jobId of state.active.keys()) {
-      let job = await this.#load(jobId, true);
-      if (job.status === 'pending' || job.status === 'running') {
-        job = (await this.command(jobId, { type: 'AgeOut', now: now.toISOString(), staleAfterMs: this.#settings.staleAfterMs })).state;
-      }
-      jobs.push({ jobId, status: job.status, counted: job.counted });
-    }
-    return jobs;
+    return Promise.all([...state.active.keys()].map((jobId) => this.observed(jobId)));
   }
 
-  /** The submit's failure after its admission, answered 507 or 503 (it does not count against the quota). */
-  async #startFailed(caller: HarvestCaller, jobId: string, recorded: boolean, error: unknown): Promise<HarvestJobView> {
-    const reason = `the job could not be ${recorded ? 'started' : 'recorded'}: ${(error as Error)?.message ?? 'unknown error'}`;
-    const now = () => this.#now().toISOString();
-    if (recorded) {
-      const failed = await this.command(jobId, { type: 'FailStart', reason, now: now() }).catch(() => null);
-      if (failed && !failed.accepted && failed.state.status !== 'pending') {
-        // A publish slower than a lease: the resumer started the job meanwhile. It runs and counts: answered as started.
-        this.#logger.warn({ job_id: jobId, err: (error as Error)?.message }, 'harvest job start failed here, but the resumer had started it meanwhile');
-        return this.#view(failed.state);
-      }
-      this.#logger.error({ job_id: jobId, err: (error as Error)?.message }, 'harvest job could not be started');
-    } else {
-      this.#logger.error({ job_id: jobId, err: (error as Error)?.message }, 'harvest job could not be recorded');
-      // Never recorded: its admission is given back now (the same release the next admission would make once it is an orphan).
-      const release: HarvestQuotaCommand = { type: 'Release', jobId, counted: false, now: now() };
-      await this.#handler.handle(harvestQuotaStream(caller.keyId), release, harvestQuotaDecider, { commandId: `release:${jobId}` }).catch(() => undefined);
-      await this.#storage.removeJob(jobId).catch(() => undefined);
+  /** The submit's failure after its admission: `FailStart`, answered 507 or 503 (it does not count against the quota). */
+  async #startFailed(caller: HarvestCaller, jobId: string, error: unknown): Promise<HarvestJobView> {
+    const reason = `the job could not be started: ${(error as Error)?.message ?? 'unknown error'}`;
+    const failed = await this.command(jobId, { type: 'FailStart', jobId, keyId: caller.keyId, reason, now: this.#now().toISOString() }).catch(() => null);
+    if (failed && !failed.accepted && failed.state.status !== 'pending') {
+      // A publish slower than a lease: the resumer started the job meanwhile. It runs and counts: answered as started.
+      this.#logger.warn({ job_id: jobId, err: (error as Error)?.message }, 'harvest job start failed here, but the resumer had started it meanwhile');
+      return this.#view(failed.state);
     }
+    this.#logger.error({ job_id: jobId, err: (error as Error)?.message }, 'harvest job could not be started');
+    // Never recorded: no job owns its input file.
+    if (failed?.state.job === null) await this.#storage.removeJob(jobId).catch(() => undefined);
     if (isStorageFull(error)) {
       throw apiError('harvest_storage_full', 'the harvest storage is full: the job was not recorded and does not count against your quota; try again once space is freed (the operators, or DELETE of failed jobs)');
     }
@@ -287,6 +268,12 @@ export class HarvestService {
   /** The job's state as stored, other processes' writes included. */
   state(jobId: string): Promise<HarvestState> {
     return this.#load(jobId, true);
+  }
+
+  /** The job as the quota decider judges it (`ObservedJob`), as stored. */
+  async observed(jobId: string): Promise<ObservedJob> {
+    const { status, counted, lastProgressAt } = await this.#load(jobId, true);
+    return { jobId, status, counted, lastProgressAt };
   }
 
   /** Calls `listener` with the job's state after each change to it (this process's commands, others' seen on the log). */

@@ -22,12 +22,15 @@ const admit = (n: number, now: string, over: Partial<Extract<HarvestQuotaCommand
   now,
   monthlyQuota: 3,
   runningCap: 2,
+  staleAfterMs: 30 * 60_000,
   jobs: [],
   ...over,
 });
 const admitted = (n: number, at: string) => HarvestJobAdmitted({ job_id: job(n), month: utcMonth(at), at });
-const released = (n: number, counted: boolean, at: string) => HarvestSlotReleased({ job_id: job(n), counted, at });
-const seen = (n: number, status: ObservedJob['status'], counted = status !== 'none'): ObservedJob => ({ jobId: job(n), status, counted });
+type Reason = 'ended' | 'orphan' | 'stale';
+const released = (n: number, counted: boolean, at: string, reason: Reason = 'ended') => HarvestSlotReleased({ job_id: job(n), counted, reason, at });
+const seen = (n: number, status: ObservedJob['status'], counted = status !== 'none', lastProgressAt: string | null = null): ObservedJob => ({ jobId: job(n), status, counted, lastProgressAt });
+const release = (n: number, status: ObservedJob['status'], now: string, counted = status !== 'none' && status !== 'failed'): HarvestQuotaCommand => ({ type: 'Release', job: seen(n, status, counted), now });
 
 it('the stream is harvest-quota-<keyId>; months are UTC', () => {
   assert.is(harvestQuotaStream('0c8190d112da'), 'harvest-quota-0c8190d112da');
@@ -97,20 +100,34 @@ it('an admission whose job stream never appeared is an orphan a minute after it:
   const at = '2026-11-02T12:00:00.000Z';
   const later = (ms: number) => new Date(Date.parse(at) + ms).toISOString();
   const one = [admitted(1, at), admitted(2, at)];
-  spec.given(one).when(admit(3, later(harvestOrphanAdmissionMs), { jobs: [seen(1, 'none'), seen(2, 'pending')] })).then([released(1, false, later(harvestOrphanAdmissionMs)), admitted(3, later(harvestOrphanAdmissionMs))]);
+  spec.given(one).when(admit(3, later(harvestOrphanAdmissionMs), { jobs: [seen(1, 'none'), seen(2, 'pending')] })).then([released(1, false, later(harvestOrphanAdmissionMs), 'orphan'), admitted(3, later(harvestOrphanAdmissionMs))]);
   spec.given(one).when(admit(3, later(harvestOrphanAdmissionMs - 1), { jobs: [seen(1, 'none'), seen(2, 'pending')] })).thenRejects('harvest_concurrency_exceeded');
   spec.given(one).when(admit(3, later(harvestOrphanAdmissionMs), { jobs: [seen(1, 'none'), seen(2, 'pending')] })).thenState((s) => assert.is(harvestJobsCounted(s, '2026-11'), 2));
 });
 
-it('harvestSlotFreed: an ended job as counted as it was, an orphan uncounted, anything else holds its slot', () => {
+it('harvestSlotFreed: an ended job as counted as it was, an orphan uncounted, a stale one (given the stale time) counted, anything else holds its slot', () => {
   const at = nov(2);
-  assert.equal(harvestSlotFreed(at, seen(1, 'succeeded'), at), { counted: true });
-  assert.equal(harvestSlotFreed(at, seen(1, 'failed', false), at), { counted: false });
-  assert.equal(harvestSlotFreed(at, seen(1, 'cancelled'), at), { counted: true });
-  assert.is(harvestSlotFreed(at, seen(1, 'running'), nov(30)), null, 'a running job, however old (its age-out is the harvest decider\'s)');
-  assert.is(harvestSlotFreed(at, seen(1, 'pending'), nov(30)), null);
+  assert.equal(harvestSlotFreed(at, seen(1, 'succeeded'), at), { counted: true, reason: 'ended' });
+  assert.equal(harvestSlotFreed(at, seen(1, 'failed', false), at), { counted: false, reason: 'ended' });
+  assert.equal(harvestSlotFreed(at, seen(1, 'cancelled'), at), { counted: true, reason: 'ended' });
+  assert.is(harvestSlotFreed(at, seen(1, 'running', true, at), nov(30)), null, 'a running job, however old, without the stale time');
+  assert.is(harvestSlotFreed(at, seen(1, 'pending', true, at), nov(30)), null);
+  assert.equal(harvestSlotFreed(at, seen(1, 'running', true, at), nov(30), 30 * 60_000), { counted: true, reason: 'stale' });
+  assert.is(harvestSlotFreed(at, seen(1, 'running', true, nov(29, 23)), nov(30), 30 * 60 * 60_000), null, 'progress within the stale time');
   assert.is(harvestSlotFreed(at, seen(1, 'none'), at), null);
-  assert.equal(harvestSlotFreed(at, seen(1, 'none'), nov(3)), { counted: false });
+  assert.equal(harvestSlotFreed(at, seen(1, 'none'), nov(3)), { counted: false, reason: 'orphan' });
+  assert.equal(harvestSlotFreed(at, seen(1, 'none'), nov(3), 1), { counted: false, reason: 'orphan' }, 'an orphan is never stale');
+});
+
+it('Admit frees the slot of a job that its stream says is stale (no progress for the stale time), counted; the job is aged out after it', () => {
+  const two = [admitted(1, nov(2)), admitted(2, nov(3))];
+  const stuck = seen(1, 'running', true, nov(2, 12));
+  const moving = seen(2, 'running', true, '2026-11-02T12:01:00.000Z');
+  const at = '2026-11-02T12:30:00.000Z';
+  spec.given(two).when(admit(3, at, { jobs: [stuck, moving] })).then([released(1, true, at, 'stale'), admitted(3, at)]);
+  spec.given(two).when(admit(3, at, { jobs: [stuck, moving] })).thenState((s) => assert.equal([[...s.active.keys()], s.counted], [[job(2), job(3)], 3]));
+  spec.given(two).when(admit(3, '2026-11-02T12:29:59.999Z', { jobs: [stuck, moving] })).thenRejects('harvest_concurrency_exceeded', { cap: 2, running: 2 });
+  spec.given(two).when(admit(3, at, { jobs: [seen(1, 'pending', true, nov(2, 12)), moving] })).then([released(1, true, at, 'stale'), admitted(3, at)]);
 });
 
 it('a job already admitted is not admitted twice (a retried submit under another command id)', () => {
@@ -118,12 +135,22 @@ it('a job already admitted is not admitted twice (a retried submit under another
   spec.given([admitted(1, nov(2)), admitted(2, nov(3))]).when(admit(1, nov(3), { jobs: [seen(2, 'succeeded')] })).then([released(2, true, nov(3))]);
 });
 
-it('Release frees an active slot, with or without its count; a job not active releases nothing', () => {
-  spec.given([admitted(1, nov(2))]).when({ type: 'Release', jobId: job(1), counted: true, now: nov(3) }).then([released(1, true, nov(3))]);
-  spec.given([admitted(1, nov(2))]).when({ type: 'Release', jobId: job(1), counted: false, now: nov(3) }).thenState((s) => assert.equal([s.active.size, s.counted], [0, 0]));
-  spec.given([admitted(1, nov(2))]).when({ type: 'Release', jobId: job(1), counted: true, now: nov(3) }).thenState((s) => assert.equal([s.active.size, s.counted], [0, 1]));
-  spec.given([admitted(1, nov(2)), released(1, true, nov(3))]).when({ type: 'Release', jobId: job(1), counted: true, now: nov(4) }).thenNothing();
-  spec.given([]).when({ type: 'Release', jobId: job(1), counted: true, now: nov(4) }).thenNothing();
+it('Release judges the job as its stream holds it by the same rule: an ended job frees its slot, counted as it was', () => {
+  spec.given([admitted(1, nov(2))]).when(release(1, 'succeeded', nov(3))).then([released(1, true, nov(3))]);
+  spec.given([admitted(1, nov(2))]).when(release(1, 'failed', nov(3), false)).thenState((s) => assert.equal([s.active.size, s.counted], [0, 0]));
+  spec.given([admitted(1, nov(2))]).when(release(1, 'cancelled', nov(3))).thenState((s) => assert.equal([s.active.size, s.counted], [0, 1]));
+  spec.given([admitted(1, nov(2)), released(1, true, nov(3))]).when(release(1, 'succeeded', nov(4))).thenNothing();
+  spec.given([]).when(release(1, 'succeeded', nov(4))).thenNothing();
+});
+
+it('Release of a job never recorded frees its slot uncounted once it is an orphan (a minute after its admission), not before; a recorded job, however old, keeps it', () => {
+  const at = '2026-11-02T12:00:00.000Z';
+  const later = (ms: number) => new Date(Date.parse(at) + ms).toISOString();
+  spec.given([admitted(1, at)]).when(release(1, 'none', later(harvestOrphanAdmissionMs))).then([released(1, false, later(harvestOrphanAdmissionMs), 'orphan')]);
+  spec.given([admitted(1, at)]).when(release(1, 'none', later(harvestOrphanAdmissionMs))).thenState((s) => assert.equal([s.active.size, harvestJobsCounted(s, '2026-11')], [0, 0]));
+  spec.given([admitted(1, at)]).when(release(1, 'none', later(harvestOrphanAdmissionMs - 1))).thenNothing();
+  spec.given([admitted(1, at)]).when(release(1, 'pending', nov(30))).thenNothing();
+  spec.given([admitted(1, at)]).when(release(1, 'running', nov(30))).thenNothing();
 });
 
 it.run();

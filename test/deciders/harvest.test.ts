@@ -5,7 +5,7 @@
  */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import { harvestDecider, harvestDispatched, harvestLeaseLapsed, plannedShard, type HarvestCommand } from '../../deciders/harvest.ts';
+import { harvestDecider, harvestDispatched, harvestLeaseLapsed, harvestStale, plannedShard, type HarvestCommand } from '../../deciders/harvest.ts';
 import {
   type HarvestShard,
   HarvestCancelled,
@@ -96,7 +96,8 @@ const written = (claim: string, shard: number, s: number) => {
 const succeed = (claimId: string | null, s: number): HarvestCommand => ({ type: 'Succeed', claimId, manifestSha256: sha('f'), manifestBytes: 2048, now: at(s) });
 const fail = (claimId: string | null, s: number, code = 'capture_incomplete'): HarvestCommand => ({ type: 'Fail', code, message: 'the engine returned 2 of 3 layers', claimId, now: at(s) });
 const cancel = (s: number): HarvestCommand => ({ type: 'Cancel', byKeyPrefix: 'ffeeddccbbaa', now: at(s) });
-const ageOut = (s: number, staleAfterMs = 30 * 60_000): HarvestCommand => ({ type: 'AgeOut', now: at(s), staleAfterMs });
+const ageOut = (s: number): HarvestCommand => ({ type: 'AgeOut', now: at(s) });
+const failStart = (s: number, reason = 'spawn ENOENT'): HarvestCommand => ({ type: 'FailStart', jobId: job_id, keyId: key_id, reason, now: at(s) });
 const redispatch = (s: number, maxRedispatches = 2): HarvestCommand => ({ type: 'Redispatch', now: at(s), leaseMs, maxRedispatches, reason: 'lease lapsed' });
 
 const running = [submitted, started];
@@ -131,10 +132,9 @@ it('Submit makes a pending job, once; a plan whose shard count does not follow f
   assert.throws(() => harvestDecider.decide({ type: 'Submit', job: { ...job, shard_count: 2 } }, harvestDecider.initialState()), /shard_count/);
 });
 
-it('every command but Submit on a job that does not exist: no_such_job', () => {
+it('every command but Submit and FailStart on a job that does not exist: no_such_job', () => {
   const commands: HarvestCommand[] = [
     { type: 'Start', transport: 'inprocess', now: at(1) },
-    { type: 'FailStart', reason: 'x', now: at(1) },
     { type: 'Claim', claimId: 'a', workerId: 'w', now: at(1), leaseMs },
     { type: 'RenewClaim', claimId: 'a', now: at(1), leaseMs },
     shardCommand('a', 0, 1),
@@ -154,14 +154,21 @@ it('Start: pending becomes running; a second start appends nothing; an ended job
 });
 
 it('FailStart: a pending job fails uncounted (its reason cut to length); a started one is refused, an ended one too', () => {
-  spec.given([submitted]).when({ type: 'FailStart', reason: 'spawn ENOENT', now: at(1) }).then([startFailed]);
+  spec.given([submitted]).when(failStart(1)).then([startFailed]);
   spec.given([submitted, startFailed]).when({ type: 'Start', transport: 'x', now: at(2) }).thenRejects('job_finished');
-  spec.given([submitted]).when({ type: 'FailStart', reason: 'spawn ENOENT', now: at(1) }).thenState((s) => {
+  spec.given([submitted]).when(failStart(1)).thenState((s) => {
     assert.equal([s.status, s.counted, s.error], ['failed', false, { code: 'start_failed', message: 'spawn ENOENT' }]);
   });
-  spec.given([submitted]).when({ type: 'FailStart', reason: 'x'.repeat(harvestMessageMax + 10), now: at(1) }).thenState((s) => assert.is(s.error?.message.length, harvestMessageMax));
-  spec.given(running).when({ type: 'FailStart', reason: 'late', now: at(2) }).thenRejects('not_pending');
-  for (const events of Object.values(terminals)) spec.given(events).when({ type: 'FailStart', reason: 'late', now: at(40) }).thenRejects('job_finished');
+  spec.given([submitted]).when(failStart(1, 'x'.repeat(harvestMessageMax + 10))).thenState((s) => assert.is(s.error?.message.length, harvestMessageMax));
+  spec.given(running).when(failStart(2, 'late')).thenRejects('not_pending');
+  for (const events of Object.values(terminals)) spec.given(events).when(failStart(40, 'late')).thenRejects('job_finished');
+});
+
+it('FailStart on a job never recorded (its submit failed before Submit): failed uncounted, under the key it was admitted for; a later Submit is refused', () => {
+  spec.given([]).when(failStart(1, 'disk full')).then([HarvestStartFailed({ job_id, key_id, reason: 'disk full', at: at(1) })]);
+  spec.given([]).when(failStart(1, 'disk full')).thenState((s) => assert.equal([s.status, s.counted, s.job], ['failed', false, null]));
+  spec.given([HarvestStartFailed({ job_id, key_id, reason: 'disk full', at: at(1) })]).when({ type: 'Submit', job }).thenRejects('job_exists');
+  spec.given([HarvestStartFailed({ job_id, key_id, reason: 'disk full', at: at(1) })]).when(failStart(2)).thenRejects('no_such_job');
 });
 
 it('Claim: a running job is claimed from the next unwritten shard, superseding any claim; the same claim again appends nothing', () => {
@@ -236,7 +243,7 @@ it('Fail: a pending or running job fails; again: nothing; a superseded claim or 
 });
 
 it('a racing terminal state is never overwritten: whichever ending came first stays', () => {
-  const late: HarvestCommand[] = [succeed(null, 50), fail(null, 50), cancel(50), ageOut(50 * 60), redispatch(50 * 60, 0), { type: 'Start', transport: 'x', now: at(50) }, { type: 'FailStart', reason: 'x', now: at(50) }];
+  const late: HarvestCommand[] = [succeed(null, 50), fail(null, 50), cancel(50), ageOut(50 * 60), redispatch(50 * 60, 0), { type: 'Start', transport: 'x', now: at(50) }, failStart(50, 'x')];
   for (const [name, events] of Object.entries(terminals)) {
     const before = foldEvents(harvestDecider, harvestDecider.initialState(), events);
     for (const command of late) {
@@ -254,14 +261,24 @@ it('Cancel: a pending or running job is cancelled; an ended one is not cancellab
   for (const events of Object.values(terminals)) spec.given(events).when(cancel(40)).thenRejects('not_cancellable');
 });
 
-it('AgeOut fails only a pending or running job without progress for the stale time (claims and renewals are not progress)', () => {
-  const stale = 30 * 60_000;
-  spec.given([submitted]).when(ageOut(30 * 60, stale)).then([HarvestFailed({ job_id, key_id, code: 'stale', message: 'no progress for 30 minutes; aged out', at: at(30 * 60) })]);
-  spec.given([submitted]).when(ageOut(30 * 60 - 1, stale)).thenNothing();
-  spec.given([...claimedA, written('a', 0, 600)]).when(ageOut(600 + 30 * 60 - 1, stale)).thenNothing();
+it('AgeOut (its key\'s admission freed its slot as stale): a pending or running job fails stale, whatever came since; an ended one appends nothing', () => {
+  const stale = (s: number, minutes: number) => HarvestFailed({ job_id, key_id, code: 'stale', message: `no progress for ${minutes} minutes; aged out`, at: at(s) });
+  spec.given([submitted]).when(ageOut(30 * 60)).then([stale(30 * 60, 30)]);
+  spec.given([...claimedA, written('a', 0, 600)]).when(ageOut(600 + 30 * 60 - 1)).then([stale(600 + 30 * 60 - 1, 29)]);
+  spec.given([...claimedA, written('a', 0, 600)]).when(ageOut(300)).then([stale(300, 0)]);
+  for (const events of Object.values(terminals)) spec.given(events).when(ageOut(100_000)).thenNothing();
+});
+
+it('harvestStale: a pending or running job without progress for the stale time (claims and renewals are not progress)', () => {
+  const staleAfter = 30 * 60_000;
+  const stateOf = (events: HarvestEvent[]) => foldEvents(harvestDecider, harvestDecider.initialState(), events);
+  assert.ok(harvestStale(stateOf([submitted]), at(30 * 60), staleAfter));
+  assert.not.ok(harvestStale(stateOf([submitted]), at(30 * 60 - 1), staleAfter));
+  assert.not.ok(harvestStale(stateOf([...claimedA, written('a', 0, 600)]), at(600 + 30 * 60 - 1), staleAfter));
   const renewedOnly = [...claimedA, HarvestClaimRenewed({ job_id, claim_id: 'a', lease_until: at(1800), at: at(1740) })];
-  spec.given(renewedOnly).when(ageOut(1 + 30 * 60, stale)).then([HarvestFailed({ job_id, key_id, code: 'stale', message: 'no progress for 30 minutes; aged out', at: at(1 + 30 * 60) })]);
-  for (const events of Object.values(terminals)) spec.given(events).when(ageOut(100_000, stale)).thenNothing();
+  assert.ok(harvestStale(stateOf(renewedOnly), at(1 + 30 * 60), staleAfter));
+  for (const events of Object.values(terminals)) assert.not.ok(harvestStale(stateOf(events), at(100_000), staleAfter));
+  assert.not.ok(harvestStale(harvestDecider.initialState(), at(100_000), staleAfter));
 });
 
 it('Redispatch: a running job whose claim lapsed is dispatched again, its claim cleared', () => {

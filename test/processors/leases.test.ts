@@ -276,7 +276,7 @@ for (const adapter of adaptersUnderTest()) {
       for (let i = 0; i < 3; i++) {
         const jobId = `hj_${randomBytes(12).toString('hex')}`;
         const now = new Date().toISOString();
-        assert.ok((await handler.handle(harvestQuotaStream(keyId), { type: 'Admit', jobId, now, monthlyQuota: 10, runningCap: 5, jobs: [] }, harvestQuotaDecider)).accepted);
+        assert.ok((await handler.handle(harvestQuotaStream(keyId), { type: 'Admit', jobId, now, monthlyQuota: 10, runningCap: 5, staleAfterMs: 3_600_000, jobs: [] }, harvestQuotaDecider)).accepted);
         const plan = { job_id: jobId, key_id: keyId, key_prefix: keyId, user_id: 'u', model: 'gpt2', checkpoint: 'main', prompt_count: 1, estimated_tokens: 1, layers: [0], d_model: 8, shard_size: 32, batch_size: 1, shard_count: 1, input_sha256: 'a'.repeat(64), month: now.slice(0, 7), at: now };
         for (const command of [{ type: 'Submit', job: plan }, { type: 'Fail', code: 'stale', message: 'aged out', claimId: null, now }] as HarvestCommand[]) {
           assert.ok((await handler.handle(harvestStream(jobId), command, harvestDecider)).accepted);

@@ -57,7 +57,7 @@ function scenario(userId: string) {
       { type: 'Submit', job: plan(ids.running, userId, 100) }, start(101), claim('b', 102), shard(ids.running, 'b', 0, 110),
       { type: 'Redispatch', now: t(200), leaseMs, maxRedispatches: 3, reason: 'lease lapsed' }, claim('c', 210), { type: 'RenewClaim', claimId: 'c', now: t(240), leaseMs },
     ]),
-    [ids.startFailed]: decided([{ type: 'Submit', job: plan(ids.startFailed, userId, 300) }, { type: 'FailStart', reason: 'spawn ENOENT', now: t(301) }]),
+    [ids.startFailed]: decided([{ type: 'Submit', job: plan(ids.startFailed, userId, 300) }, { type: 'FailStart', jobId: ids.startFailed, keyId: 'k1', reason: 'spawn ENOENT', now: t(301) }]),
     [ids.cancelled]: decided([{ type: 'Submit', job: plan(ids.cancelled, userId, 400) }, start(401), { type: 'Cancel', byKeyPrefix: 'k2', now: t(402) }]),
     [ids.pending]: decided([{ type: 'Submit', job: plan(ids.pending, userId, 500, { layers: [3], prompt_count: 1, shard_count: 1 }) }]),
   };

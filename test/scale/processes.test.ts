@@ -33,7 +33,7 @@ const leaseMs = 3000;
 const limits = { rate_limit_per_minute: 30, max_inflight_per_key: 4 };
 const projectionNames = projections.map((p) => p.name).sort();
 // The gateway's workflows: those of workflows/index.ts and the timers its services bring (no spend cap here: no spend watcher).
-const timerNames = [breakerHalfOpenWorkflow.name, 'hold-reaper', 'harvest-resumer', 'harvest-retention'];
+const timerNames = [breakerHalfOpenWorkflow.name, 'hold-reaper', 'harvest-resumer', 'harvest-age-out', 'harvest-orphans', 'harvest-retention'];
 const workflowNames = [...workflows.map((w) => w.name), ...timerNames].map((name) => `workflow:${name}`).sort();
 const leaseNames = [...projectionNames, ...workflowNames].sort();
 const svc = fileURLToPath(new URL('../../bin/svc.js', import.meta.url));

@@ -35,7 +35,11 @@ const at = '2026-11-26T12:00:00.000Z';
 const key_id = 'k1';
 let ids = 0;
 const input = (event: HarvestEnded) => ({ ...event, id: `e${++ids}`, streamId: harvestStream(event.data.job_id) }) as WorkflowInput<HarvestEnded>;
-const release = (jobId: string, counted: boolean) => ({ stream: harvestQuotaStream(key_id), commandId: `release:${jobId}`, command: { type: 'Release' as const, jobId, counted, now: at } });
+const release = (jobId: string, status: 'succeeded' | 'failed' | 'cancelled', counted: boolean) => ({
+  stream: harvestQuotaStream(key_id),
+  commandId: `release:${jobId}`,
+  command: { type: 'Release' as const, job: { jobId, status, counted, lastProgressAt: null }, now: at },
+});
 
 const unit = suite('harvest-slots workflow');
 
@@ -45,20 +49,20 @@ unit('registered with the workflows the gateway drives', () => {
 
 unit('a job that succeeded, failed or was cancelled gives back its slot, still counted', () => {
   const sha = 'f'.repeat(64);
-  spec.given([]).when(input(HarvestSucceeded({ job_id: 'hj_a', key_id, claim_id: 'c', manifest_sha256: sha, manifest_bytes: 1, shard_count: 1, prompt_count: 1, token_count: 1, bytes: 1, at }))).then([release('hj_a', true)]);
-  spec.given([]).when(input(HarvestFailed({ job_id: 'hj_b', key_id, code: 'stale', message: 'm', at }))).then([release('hj_b', true)]);
-  spec.given([]).when(input(HarvestCancelled({ job_id: 'hj_c', key_id, by_key_prefix: 'p', at }))).then([release('hj_c', true)]);
+  spec.given([]).when(input(HarvestSucceeded({ job_id: 'hj_a', key_id, claim_id: 'c', manifest_sha256: sha, manifest_bytes: 1, shard_count: 1, prompt_count: 1, token_count: 1, bytes: 1, at }))).then([release('hj_a', 'succeeded', true)]);
+  spec.given([]).when(input(HarvestFailed({ job_id: 'hj_b', key_id, code: 'stale', message: 'm', at }))).then([release('hj_b', 'failed', true)]);
+  spec.given([]).when(input(HarvestCancelled({ job_id: 'hj_c', key_id, by_key_prefix: 'p', at }))).then([release('hj_c', 'cancelled', true)]);
 });
 
 unit('a job whose start failed gives back its slot uncounted (it never engaged a GPU)', () => {
-  spec.given([]).when(input(HarvestStartFailed({ job_id: 'hj_d', key_id, reason: 'spawn ENOENT', at }))).then([release('hj_d', false)]);
+  spec.given([]).when(input(HarvestStartFailed({ job_id: 'hj_d', key_id, reason: 'spawn ENOENT', at }))).then([release('hj_d', 'failed', false)]);
 });
 
 unit('one instance per key; stateless: what came before changes nothing', () => {
   const failed = input(HarvestFailed({ job_id: 'hj_e', key_id, code: 'stale', message: 'm', at }));
   const earlier = input(HarvestFailed({ job_id: 'hj_f', key_id, code: 'stale', message: 'm', at }));
   assert.is(spec.given([]).when(failed).instance(), key_id);
-  spec.given([earlier]).when(failed).then([release('hj_e', true)]);
+  spec.given([earlier]).when(failed).then([release('hj_e', 'failed', true)]);
   spec.given([earlier]).when(failed).thenState((s) => assert.equal(s, {}));
 });
 
@@ -77,7 +81,7 @@ function plan(jobId: string, keyId: string): HarvestSubmittedData {
 /** Admits and submits a job as the service does, then sends its job stream `commands`. */
 async function jobThrough(handler: CommandHandler, keyId: string, commands: HarvestCommand[]): Promise<string> {
   const jobId = newJob();
-  const admitted = await handler.handle(harvestQuotaStream(keyId), { type: 'Admit', jobId, now: t(0), monthlyQuota: 10, runningCap: 5, jobs: [] }, harvestQuotaDecider);
+  const admitted = await handler.handle(harvestQuotaStream(keyId), { type: 'Admit', jobId, now: t(0), monthlyQuota: 10, runningCap: 5, staleAfterMs: 3_600_000, jobs: [] }, harvestQuotaDecider);
   assert.ok(admitted.accepted);
   for (const command of [{ type: 'Submit', job: plan(jobId, keyId) } as HarvestCommand, ...commands]) {
     const outcome = await handler.handle(harvestStream(jobId), command, harvestDecider);
@@ -106,7 +110,7 @@ for (const adapter of adaptersUnderTest()) {
     const keyId = newKey();
     const handler = new CommandHandler({ store });
     const done = await jobThrough(handler, keyId, [{ type: 'Start', transport: 'inprocess', now: t(1) }, { type: 'Cancel', byKeyPrefix: keyId, now: t(2) }]);
-    const startFailed = await jobThrough(handler, keyId, [{ type: 'FailStart', reason: 'spawn ENOENT', now: t(1) }]);
+    const startFailed = await jobThrough(handler, keyId, [{ type: 'FailStart', jobId: '', keyId, reason: 'spawn ENOENT', now: t(1) }]);
     const stillRunning = await jobThrough(handler, keyId, [{ type: 'Start', transport: 'inprocess', now: t(1) }]);
     const errors: unknown[] = [];
     const processor = processorOn(store, errors);
@@ -125,7 +129,7 @@ for (const adapter of adaptersUnderTest()) {
     const handler = new CommandHandler({ store });
     const failed = await jobThrough(handler, keyId, [{ type: 'Fail', code: 'stale', message: 'aged out', claimId: null, now: t(5) }]);
     const next = newJob();
-    const admitted = await handler.handle(harvestQuotaStream(keyId), { type: 'Admit', jobId: next, now: t(6), monthlyQuota: 10, runningCap: 5, jobs: [{ jobId: failed, status: 'failed', counted: true }] }, harvestQuotaDecider);
+    const admitted = await handler.handle(harvestQuotaStream(keyId), { type: 'Admit', jobId: next, now: t(6), monthlyQuota: 10, runningCap: 5, staleAfterMs: 3_600_000, jobs: [{ jobId: failed, status: 'failed', counted: true, lastProgressAt: null }] }, harvestQuotaDecider);
     assert.ok(admitted.accepted);
     const errors: unknown[] = [];
     const processor = processorOn(store, errors);
