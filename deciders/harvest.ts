@@ -8,7 +8,9 @@
  * (none) --FailStart--> failed (not counted: the submit failed before its job was recorded)
  *
  * A failed job's files can then be removed (RemoveFiles: by its owner, or by the retention, which also
- * removes a cancelled job's); the status stays.
+ * removes a cancelled job's); the status stays. `AgeOut` ends a job whose slot its key's admission
+ * freed as stale (`harvestStale`, judged there; sent by the harvest-age-out workflow), so no job runs
+ * without its slot.
  *
  * While running, a worker claims the job (a fencing token: a later claim supersedes it, and the
  * superseded worker's records are refused), renews its lease, and records shards one by one in

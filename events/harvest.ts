@@ -212,7 +212,7 @@ export const HarvestJobAdmitted = defineEvent('HarvestJobAdmitted', Type.Object(
 /**
  * The job's running slot is free. `counted` false (its start failed, or it was never recorded) also
  * gives its month's quota back. `reason`: `ended` (on its own stream), `orphan` (its stream never
- * appeared), `stale` (no progress for the stale time: the job is aged out after it); absent on older events.
+ * appeared), `stale` (no progress for the stale time: the job is aged out after it); absent at version 1.
  */
 export const HarvestSlotReleased = defineEvent(
   'HarvestSlotReleased',
@@ -220,6 +220,8 @@ export const HarvestSlotReleased = defineEvent(
     { job_id: JobId, counted: Type.Boolean(), reason: Type.Optional(Type.Union([Type.Literal('ended'), Type.Literal('orphan'), Type.Literal('stale')])), at: Instant },
     { additionalProperties: false },
   ),
+  // Version 2 added `reason` (a release of version 1 does not say why).
+  { version: 2, upcasters: { 1: (data) => data } },
 );
 
 export const harvestQuotaEvents = eventCatalogue('harvest-quota', [HarvestJobAdmitted, HarvestSlotReleased]);
