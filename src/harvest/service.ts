@@ -110,12 +110,11 @@ export class HarvestService {
     const now = this.#now();
     const planned = plannedJob(caller, request, { settings: this.#settings, registry: this.#registry, jobId: newHarvestJobId(), now });
     const jobId = planned.job_id;
-    const quota = caller.budgets.monthly_harvest_jobs;
     const admit: HarvestQuotaCommand = {
       type: 'Admit',
       jobId,
       now: now.toISOString(),
-      monthlyQuota: quota === 0 ? null : quota,
+      monthlyQuota: caller.budgets.monthly_harvest_jobs,
       runningCap: this.#settings.maxRunningPerKey,
       staleAfterMs: this.#settings.staleAfterMs,
       jobs: await this.#activeJobs(caller.keyId),
