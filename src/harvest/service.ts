@@ -103,8 +103,9 @@ export class HarvestService {
    * admission on the key's quota stream (the quota decider frees the slots of the key's jobs that
    * ended or are stale, as their streams hold them); the input stored and the job recorded `pending`;
    * its compute job published; then `running` and 202. Any failure after the admission is `FailStart`
-   * (recorded or not), answered 507 (storage full) or 503; it gives the slot and the count back by the
-   * one release path (the harvest-slots workflow, or the key's next admission that finds it failed).
+   * (recorded or not), answered 503 (`harvest_storage_full` or `harvest_unavailable`); the slot and
+   * the count go back by the quota decider's rule (the harvest-slots workflow, or the key's next
+   * admission that finds the failed start), never by the submit.
    */
   async submit(caller: HarvestCaller, request: HarvestRequest): Promise<HarvestJobView> {
     const now = this.#now();
@@ -139,7 +140,7 @@ export class HarvestService {
     return Promise.all([...state.active.keys()].map((jobId) => this.observed(jobId)));
   }
 
-  /** The submit's failure after its admission: `FailStart`, answered 507 or 503 (it does not count against the quota). */
+  /** The submit's failure after its admission: `FailStart`, answered 503 (it does not count against the quota). */
   async #startFailed(caller: HarvestCaller, jobId: string, error: unknown): Promise<HarvestJobView> {
     const reason = `the job could not be started: ${(error as Error)?.message ?? 'unknown error'}`;
     const failed = await this.command(jobId, { type: 'FailStart', jobId, keyId: caller.keyId, reason, now: this.#now().toISOString() }).catch(() => null);
