@@ -9,7 +9,8 @@
 // For the 11 MB capture, interleaved rounds (each target's turn after the gateway has finished any
 // earlier request's work, in an order that turns each round): each target's median time, the gateway's speed relative to
 // the holding relay (target >= 0.9) and the CPU per capture of every process in the run (gateway,
-// relay, engine, client; PostgreSQL's server processes with DATABASE_URL). Then the 610 MB capture's
+// relay, engine, client; PostgreSQL's server processes with DATABASE_URL); the gateway's also after
+// each response until it is quiet (its settlement and projections), and while idle (its polling). Then the 610 MB capture's
 // time both ways, and the gateway's RSS while relaying 4 concurrent 610 MB captures.
 import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir, cpus, totalmem, loadavg } from 'node:os';
@@ -132,6 +133,17 @@ const times = Object.fromEntries(cases.map((c) => [c, Object.fromEntries(vias.ma
 /** CPU ms per process, summed over each target's requests (during them). */
 const cpu = Object.fromEntries(cases.map((c) => [c, Object.fromEntries(vias.map((v) => [v, {} as Record<string, number>]))])) as Record<CaseName, Record<Via, Record<string, number>>>;
 let smallBytes = 0;
+/**
+ * The gateway's CPU per second while it serves nothing (its processors' and store's polling), over 2 s
+ * once it is quiet: counted in its CPU over the rounds, taken out of its CPU after each response.
+ */
+let idleMsPerS = 0;
+if (parts.has('small')) {
+  await gatewaySettled();
+  const [cpuBefore, at] = [cpuMsOf(gateway.child.pid!), performance.now()];
+  await new Promise((resolve) => setTimeout(resolve, 2000));
+  idleMsPerS = (cpuMsOf(gateway.child.pid!) - cpuBefore) / ((performance.now() - at) / 1000);
+}
 // The gateway's CPU over the whole rounds too: its settlement and projections run after a response,
 // during the other targets' turns. And PostgreSQL's (every server process on this machine: noisy on a shared one).
 const pg = postgresPids();
@@ -151,6 +163,7 @@ async function gatewaySettled(): Promise<void> {
     if (cpuMsOf(gateway.child.pid!) - before < 0.3) return;
   }
 }
+const roundsStarted = performance.now();
 for (let i = 0; i < (parts.has('small') ? rounds : 0); i++) {
   for (const c of cases) {
     // Each round in another order, so no target always follows the same one.
@@ -163,6 +176,12 @@ for (let i = 0; i < (parts.has('small') ? rounds : 0); i++) {
       const into = cpu[c][via];
       into.client = (into.client ?? 0) + clientCpuMs() - clientBefore;
       for (const [name, pid] of Object.entries(pids)) into[name] = (into[name] ?? 0) + cpuMsOf(pid) - before[name];
+      if (via === 'gateway') {
+        // Its settlement and projections, from the response's end until it is quiet, less its idle polling meanwhile.
+        const [cpuBefore, at] = [cpuMsOf(gateway.child.pid!), performance.now()];
+        await gatewaySettled();
+        into['gateway after'] = (into['gateway after'] ?? 0) + cpuMsOf(gateway.child.pid!) - cpuBefore - (idleMsPerS * (performance.now() - at)) / 1000;
+      }
       times[c][via].push(r.ms);
       if (via === 'gateway') gatewayEncoding[c] = r.encoding;
       smallBytes = r.bytes;
@@ -170,6 +189,8 @@ for (let i = 0; i < (parts.has('small') ? rounds : 0); i++) {
   }
 }
 const gatewayRoundsCpuMs = (cpuMsOf(gateway.child.pid!) - gatewayRoundsBefore) / (rounds * cases.length);
+/** The gateway's idle polling over the rounds, per capture through it. */
+const idlePerCaptureMs = (idleMsPerS * (performance.now() - roundsStarted)) / 1000 / (rounds * cases.length);
 const pgRoundsCpuMs = pgCpuMs() / (rounds * cases.length);
 
 // 610 MB: twice each way, interleaved (the block case).
@@ -219,7 +240,7 @@ const lines = [
         ];
       })
     : []),
-  ...(parts.has('small') ? [`  gateway CPU per capture over the whole rounds (with its settlement and projections after the response): ${ms(gatewayRoundsCpuMs)} ms; PostgreSQL's server processes (this machine's, others' work included): ${pg.length ? `${ms(pgRoundsCpuMs)} ms` : 'n/a'}`] : []),
+  ...(parts.has('small') ? [`  gateway CPU per capture over the whole rounds: ${ms(gatewayRoundsCpuMs)} ms (during the response, then after it until quiet: settlement and projections, as above; the rest is its idle polling, ${ms(idleMsPerS)} ms per second: ${ms(idlePerCaptureMs)} ms per capture over the rounds, and the other targets' turns); PostgreSQL's server processes (this machine's, others' work included): ${pg.length ? `${ms(pgRoundsCpuMs)} ms` : 'n/a'}`] : []),
   ...(parts.has('large') ? [`610 MB capture (${mb(largeBytes)} MB, 16 x 6,980 x 2048 bf16), block case: direct ${largeTimes.direct.map((x) => (x / 1000).toFixed(2)).join(', ')} s | gateway ${largeTimes.gateway.map((x) => (x / 1000).toFixed(2)).join(', ')} s | bare holding relay ${largeTimes.hold.map((x) => (x / 1000).toFixed(2)).join(', ')} s: the gateway at ${(median(largeTimes.hold) / median(largeTimes.gateway)).toFixed(2)} of its speed`,
   `  CPU seconds per GB, during each request: direct: ${largeCpuLine('direct')} | holding relay: ${largeCpuLine('hold')} | gateway: ${largeCpuLine('gateway')}`] : []),
   ...(parts.has('memory') ? [`4 concurrent 610 MB captures through the gateway: ${(concurrentMs / 1000).toFixed(1)} s; gateway RSS ${beforeMb.toFixed(0)} MB before, peak ${peakMb.toFixed(0)} MB; bodies in flight ${inFlightMb.toFixed(0)} MB, so the bound (bodies + 200 MB) is ${(inFlightMb + 200).toFixed(0)} MB: ${peakMb <= inFlightMb + 200 ? 'met' : 'NOT met'} (peak - before = ${(peakMb - beforeMb).toFixed(0)} MB)`] : []),

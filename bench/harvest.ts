@@ -2,7 +2,7 @@
  * The harvest data plane against its floors, in one run:
  * 1. A harvest as users run it: `svc serve` and a `svc worker` (with DATABASE_URL: the PostgreSQL transport,
  *    each in its own process; without: the embedded store, the worker in the gateway's process) and a stub
- *    engine answering every capture at once (bench/harvest-engine.ts, its own process), on the same cores.
+ *    engine answering every capture at once (test/support/capture-engine.ts `random`, its own process), on the same cores.
  *    Each process's CPU seconds per GB of shard written (/proc: every thread) and the harvest's GB/s beside a
  *    raw write + fsync of the same files' bytes to the same disk, rounds interleaved.
  * 2. The worker's parts, each alone on the same bytes in this process (CPU per GB of shard bytes, all
@@ -56,7 +56,7 @@ const print = (line = '') => {
 
 // ---- 1. A harvest through the processes users run ----
 
-const engine = await spawnWithUrl(['--import', 'tsx', 'bench/harvest-engine.ts', STUB_CHECKPOINT, String(dModel), String(layers)], process.env);
+const engine = await spawnWithUrl(['--import', 'tsx', 'test/support/capture-engine.ts', STUB_CHECKPOINT, 'random', `d_model=${dModel}`, `n_layers=${layers}`], process.env);
 writeFileSync(join(dir, 'models.json'), JSON.stringify({ models: [stubModel(engine.url)] }));
 buildGateway();
 const db = process.env.DATABASE_URL ? await scratchDatabase(process.env.DATABASE_URL, 'harvest_bench') : null;

@@ -1,10 +1,9 @@
 // The capture reader: finds a codec envelope (by default `activations.residual_stream`) in an engine's
 // JSON response as its bytes arrive, without turning the body into a string and without parsing the
 // tensor. It keeps only the small fields (shape, dtype, original_dtype, compression) and where the
-// base64 `data` text begins and ends. The gateway relays a capture with it; a harvest worker decodes the
-// located text straight into its shard buffer with `decodeCodecInto`, in bounded pieces.
+// base64 `data` text begins and ends. The gateway relays a capture with it; a harvest worker has the
+// text handed to it as it is read (`CodecDataSink`) and decodes it with `Base64Decoder`, in bounded pieces.
 import { Buffer } from 'node:buffer';
-import { zstdDecompressInto } from './zstd.ts';
 import { CodecError } from './errors.ts';
 import {
   base64DecodedLength,
@@ -557,31 +556,4 @@ export class Base64Decoder {
     this.#at += written;
     if (padding > 0) this.#padded = true;
   }
-}
-
-/**
- * Decodes the tensor a reader located in `chunks` (the body, in order, as received) into
- * `dest[offset .. offset + location.byteLength)`: base64 in bounded pieces, then zstd when compressed.
- * Returns the bytes written. The decoded length is checked against shape × itemsize.
- */
-export function decodeCodecInto(chunks: readonly Uint8Array[], location: CodecLocation, dest: Uint8Array, offset = 0): number {
-  if (offset + location.byteLength > dest.length) throw new CodecError(`the destination holds ${dest.length - offset} bytes; the tensor needs ${location.byteLength}`);
-  const target = location.compression === null ? dest.subarray(offset, offset + location.byteLength) : Buffer.allocUnsafe(base64DecodedLength(location.dataEnd - location.dataStart, 0));
-  const decoder = new Base64Decoder(target);
-  let base = 0;
-  for (const chunk of chunks) {
-    const from = Math.max(location.dataStart - base, 0);
-    const to = Math.min(location.dataEnd - base, chunk.length);
-    if (from < to) decoder.write(chunk.subarray(from, to));
-    base += chunk.length;
-    if (base >= location.dataEnd) break;
-  }
-  if (base < location.dataEnd) throw new CodecError('the chunks end before the codec data does');
-  const decoded = decoder.end();
-  if (location.compression === null) {
-    if (decoded !== location.byteLength) throw new CodecError(`the data decodes to ${decoded} bytes; the tensor needs ${location.byteLength}`);
-    return decoded;
-  }
-  // Never past the tensor's size: zstdDecompressInto refuses a frame that declares or decodes to more.
-  return zstdDecompressInto(target.subarray(0, decoded), dest.subarray(offset, offset + location.byteLength));
 }

@@ -1,7 +1,7 @@
 import { test } from 'uvu';
 import * as assert from 'uvu/assert';
 import { Buffer } from 'node:buffer';
-import { Base64Decoder, CodecError, CodecScanner, decodeCodecInto, encodeTensor, encodeTensorZstd, type CodecLocation } from '../../src/codec/index.ts';
+import { Base64Decoder, CodecError, CodecScanner, encodeTensor, encodeTensorZstd, zstdDecompressInto, type CodecLocation } from '../../src/codec/index.ts';
 
 // Strings elsewhere in the body carry every trap a scanner could fall into: escaped quotes and
 // backslashes, \u escapes, braces and brackets, and the codec's own key names as text.
@@ -25,18 +25,31 @@ function scanIn(bytes: Buffer, cuts: number[]): { scanner: CodecScanner; locatio
   return { scanner, location: scanner.codec() };
 }
 
+/**
+ * The located tensor as a harvest decodes it: the scanner hands the base64 text to a sink as the
+ * chunks (cut at `cuts`) arrive, a Base64Decoder writes it into `dest` at an offset, then zstd when
+ * compressed. Checks the text the sink got lies exactly where `location` says.
+ */
 function decoded(bytes: Buffer, location: CodecLocation, cuts: number[] = []): Buffer {
-  const chunks: Buffer[] = [];
+  const dest = Buffer.alloc(location.byteLength + 3, 0xee);
+  const tensor = dest.subarray(2, 2 + location.byteLength);
+  const text = location.compression === null ? tensor : Buffer.alloc(location.dataEnd - location.dataStart);
+  const decoder = new Base64Decoder(text);
+  let pieces = 0;
+  const scanner = new CodecScanner(undefined, { start: () => decoder.reset(), text: (piece) => ((pieces += piece.length), decoder.write(piece)) });
   let from = 0;
   for (const cut of [...cuts, bytes.length]) {
-    chunks.push(bytes.subarray(from, cut));
+    scanner.push(bytes.subarray(from, cut));
     from = cut;
   }
-  const dest = Buffer.alloc(location.byteLength + 3, 0xee);
-  assert.is(decodeCodecInto(chunks, location, dest, 2), location.byteLength);
+  scanner.end();
+  assert.is(pieces, location.dataEnd - location.dataStart);
+  const written = decoder.end();
+  if (location.compression === null) assert.is(written, location.byteLength);
+  else assert.is(zstdDecompressInto(text.subarray(0, written), tensor), location.byteLength);
   assert.is(dest[0], 0xee);
   assert.is(dest[dest.length - 1], 0xee);
-  return dest.subarray(2, 2 + location.byteLength);
+  return tensor;
 }
 
 const values = Array.from({ length: 2 * 3 * 4 }, (_, i) => (i - 11) / 4);
