@@ -297,7 +297,8 @@ for (let round = 0; round < ioRounds; round++) {
   for (const path of written) rmSync(path); // unlinking a shard costs sys time too: kept out of the figures
 }
 const io = Object.fromEntries(Object.entries(ioRuns).map(([name, runs]) => [name, leastSplit(runs)]));
-const writeOnly = { user: io.sink.user - io.hash.user, sys: io.sink.sys - io.hash.sys };
+// The write part round by round (the sink less the hash of its own files, run just after), the least kept.
+const writeOnly = ioRuns.sink.map((r, i) => ({ user: r.user - ioRuns.hash[i].user, sys: r.sys - ioRuns.hash[i].sys })).reduce((a, b) => (b.user + b.sys < a.user + a.sys ? b : a));
 parts.push({ name: 'write (writev, writeback, fsync, rename, dir fsync: the sink less its hash)', cpu: writeOnly.user + writeOnly.sys, floorName: 'raw write + fsync', floor: io.raw.total });
 parts.push({ name: 'hash (sha256 of the file read back, own thread)', cpu: io.hash.total, floorName: 'OpenSSL SHA-256 over a buffer in cache (node:crypto)', floor: io.shaHot.total });
 rmSync(join(dir, 'parts'), { recursive: true, force: true });
@@ -391,7 +392,7 @@ ioRow('**shard sink**: writev per batch, background writeback, commit (fsync + h
 ioRow('hash alone: the sink\'s read-back of the same files (hashing thread, page cache)', 'hash');
 ioRow('SHA-256 floor: OpenSSL over a 1 MiB buffer in cache', 'shaHot');
 ioRow('SHA-256 over the captures\' own buffers (32 MiB each, from memory)', 'shaCold');
-print(`| **write** (sink less hash) against raw | ${split(writeOnly)} | | **${f((writeOnly.user + writeOnly.sys) / io.raw.total)}x raw** |`);
+print(`| **write** (sink less hash, round by round) against raw | ${split(writeOnly)} | | **${f((writeOnly.user + writeOnly.sys) / io.raw.total)}x raw** |`);
 print(`| **sink** against raw + SHA-256 floor | ${f(io.sink.total)} against ${f(io.raw.total + io.shaHot.total)} | | **${f(io.sink.total / (io.raw.total + io.shaHot.total))}x** |`);
 print('');
 print('| the in-process pipeline (decode + write + hash, no HTTP) | CPU s per GB, least (each) |');
