@@ -9,9 +9,12 @@
  *    threads, a batch of captures in flight): receive (through undici, the engine client's HTTP library),
  *    decode (scan + base64 into place), receive + decode as the worker runs them (each chunk decoded as it
  *    arrives) and as it ran them before (each body collected whole, then decoded), convert (float32
- *    captures rounded to bf16), write (the shard sink's writes, writeback and fsync), hash (sha256 of the
- *    file read back), stats; each beside its floor on this machine (a bare node:http read, Node's native
- *    base64 decoder, a raw write + fsync, OpenSSL's SHA-256 through node:crypto) and how far above it.
+ *    captures rounded to bf16), write, hash, stats; each beside its floor on this machine (a bare node:http
+ *    read, Node's native base64 decoder, a raw write + fsync, OpenSSL's SHA-256 through node:crypto) and
+ *    how far above it. Write and hash run interleaved with their floors, round after round (BENCH_HARVEST_
+ *    IO_ROUNDS, 5), each figure the least-CPU round with its user and sys: the shard sink (writes,
+ *    writeback, commit), the hash alone (the sink's read-back of the same files), a raw write + fsync,
+ *    OpenSSL's SHA-256 over a buffer in cache and over the captures' own (32 MiB) buffers.
  * 3. The in-process pipeline (decode + write + hash + stats, no HTTP) with the statistics on and off.
  *   node --import tsx bench/harvest.ts     (npm run bench -- harvest)
  * Shape by environment: BENCH_HARVEST_PROMPTS (48), _TOKENS (512), _SHARD (8 prompts), _BATCH (4),
@@ -162,6 +165,22 @@ async function least(n: number, work: () => Promise<number> | number): Promise<n
   return best;
 }
 
+type Split = { user: number; sys: number; seconds: number; bytes: number };
+/** User and system CPU (this process, every thread) and wall time of `work`, per GB of the bytes it returns. */
+async function measureSplit(work: () => Promise<number> | number): Promise<Split> {
+  const cpu = process.cpuUsage();
+  const started = performance.now();
+  const bytes = await work();
+  const used = process.cpuUsage(cpu);
+  return { user: used.user / 1e6 / gb(bytes), sys: used.system / 1e6 / gb(bytes), seconds: (performance.now() - started) / 1000, bytes };
+}
+/** The run of least CPU (user + sys per GB), with every run's total and the best GB/s. */
+function leastSplit(runs: Split[]): { user: number; sys: number; total: number; all: number[]; gbps: number } {
+  const all = runs.map((r) => r.user + r.sys);
+  const i = all.indexOf(Math.min(...all));
+  return { user: runs[i].user, sys: runs[i].sys, total: all[i], all, gbps: Math.max(...runs.map((r) => gb(r.bytes) / r.seconds)) };
+}
+
 const enginePool = new Pool(engine.url, { connections: 2 });
 const captureRequest = JSON.stringify({ model: STUB_CHECKPOINT, prompt: Array.from({ length: tokens }, (_, i) => i), max_tokens: 1, temperature: 0, vllm_xargs: { output_residual_stream: 'true' } });
 async function receive(keep: 'chunks' | 'none' = 'chunks'): Promise<Buffer[]> {
@@ -231,33 +250,57 @@ const f32Cpu = await least(3, () => {
 });
 parts.push({ name: 'convert float32 captures (decode twice the text, round to bf16)', cpu: f32Cpu - decodeCpu, floorName: 'decode floor of the extra text', floor: base64Floor });
 
-// Write: the shard sink (positional writev a batch at a time, background writeback, fsync at commit) less
-// the hash its commit runs, which is measured alone below.
+// Write and hash, interleaved with their floors: every round runs each variant once, in turn (page-cache
+// allocation cost on a VM drifts by several times within minutes); a variant's figure is its least-CPU
+// round, user and sys beside. The sink's commit hashes the file it wrote (read back in the hashing
+// thread), so its write part is the sink less that hash measured alone on the same files.
 const storage = fileHarvestStorage(join(dir, 'parts'));
 const payload = Buffer.alloc(promptBytes, 0x33);
 const shardBytes = shardSize * promptBytes;
 const written: string[] = [];
 let shardNo = 0;
-const writeCommitCpu = await least(2, async () => {
-  for (let s = 0; s < 2; s++) {
-    const sink = await storage.createShard('hj_parts', shardFileName(shardNo++, 'cl_parts'));
-    for (let b = 0; b < shardSize; b += batchSize) await sink.write(b * promptBytes, Array.from({ length: batchSize }, () => payload));
-    await sink.commit();
-    written.push(join(dir, 'parts', 'hj_parts', shardFileName(shardNo - 1, 'cl_parts')));
-  }
-  return 2 * shardBytes;
-});
-const hashCpu = await least(2, async () => {
-  for (const path of written.slice(-2)) await hashFile(path, shardBytes);
-  return 2 * shardBytes;
-});
-const rawCpu = await least(2, async () => (await rawWrite([shardBytes, shardBytes], join(dir, 'raw-parts'))).bytes);
-parts.push({ name: 'write (writev, writeback, fsync, rename)', cpu: writeCommitCpu - hashCpu, floorName: 'raw write + fsync', floor: rawCpu });
-const sha256Floor = await least(3, () => {
-  for (let i = 0; i < samples; i++) createHash('sha256').update(payload).digest();
-  return samples * promptBytes;
-});
-parts.push({ name: 'hash (sha256 of the file read back, own thread)', cpu: hashCpu, floorName: 'OpenSSL SHA-256 in memory (node:crypto)', floor: sha256Floor });
+const hot = Buffer.alloc(1 << 20, 0x33);
+const ioVariants: Record<string, () => Promise<number> | number> = {
+  raw: async () => (await rawWrite([shardBytes, shardBytes], join(dir, 'raw-parts'))).bytes,
+  sink: async () => {
+    written.length = 0;
+    for (let s = 0; s < 2; s++) {
+      const file = shardFileName(shardNo++, 'cl_parts');
+      const sink = await storage.createShard('hj_parts', file);
+      for (let b = 0; b < shardSize; b += batchSize) await sink.write(b * promptBytes, Array.from({ length: Math.min(batchSize, shardSize - b) }, () => payload));
+      await sink.commit();
+      written.push(join(dir, 'parts', 'hj_parts', file));
+    }
+    return 2 * shardBytes;
+  },
+  hash: async () => {
+    for (const path of written) await hashFile(path, shardBytes);
+    return 2 * shardBytes;
+  },
+  shaHot: () => {
+    const hash = createHash('sha256');
+    for (let at = 0; at < shardBytes; at += hot.length) hash.update(hot);
+    hash.digest();
+    return shardBytes;
+  },
+  shaCold: () => {
+    const hash = createHash('sha256');
+    for (let i = 0; i < shardSize; i++) hash.update(payload);
+    hash.digest();
+    return shardBytes;
+  },
+};
+const ioRounds = setting('IO_ROUNDS', 5);
+const ioRuns: Record<string, Split[]> = {};
+for (let round = 0; round < ioRounds; round++) {
+  for (const [name, work] of Object.entries(ioVariants)) (ioRuns[name] ??= []).push(await measureSplit(work));
+  for (const path of written) rmSync(path); // unlinking a shard costs sys time too: kept out of the figures
+}
+const io = Object.fromEntries(Object.entries(ioRuns).map(([name, runs]) => [name, leastSplit(runs)]));
+// The write part round by round (the sink less the hash of its own files, run just after), the least kept.
+const writeOnly = ioRuns.sink.map((r, i) => ({ user: r.user - ioRuns.hash[i].user, sys: r.sys - ioRuns.hash[i].sys })).reduce((a, b) => (b.user + b.sys < a.user + a.sys ? b : a));
+parts.push({ name: 'write (writev, writeback, fsync, rename, dir fsync: the sink less its hash)', cpu: writeOnly.user + writeOnly.sys, floorName: 'raw write + fsync', floor: io.raw.total });
+parts.push({ name: 'hash (sha256 of the file read back, own thread)', cpu: io.hash.total, floorName: 'OpenSSL SHA-256 over a buffer in cache (node:crypto)', floor: io.shaHot.total });
 rmSync(join(dir, 'parts'), { recursive: true, force: true });
 
 const decoded = bodies.map((b) => decodeCapture(b, { layers, dModel }).bytes);
@@ -297,14 +340,16 @@ async function pipeline(withStats: boolean): Promise<number> {
       },
     },
   );
-  rmSync(join(dir, 'pipeline'), { recursive: true, force: true });
   return total;
 }
 const pipelineOn: number[] = [];
 const pipelineOff: number[] = [];
 for (let i = 0; i < 2; i++) {
+  // The shards are removed outside the measure (unlinking costs sys time the pipeline does not spend).
   pipelineOn.push(perGb(await measure(() => pipeline(true))));
+  rmSync(join(dir, 'pipeline'), { recursive: true, force: true });
   pipelineOff.push(perGb(await measure(() => pipeline(false))));
+  rmSync(join(dir, 'pipeline'), { recursive: true, force: true });
 }
 await enginePool.close();
 httpAgent.destroy();
@@ -337,6 +382,18 @@ print('|---|---|---|---|---|');
 for (const p of parts) print(`| ${p.name} | ${f(p.cpu)} | ${p.floorName} | ${p.floor === null ? '0.30 (at most)' : f(p.floor)} | ${p.floor === null ? '' : `${f(p.cpu - p.floor)} (${f(p.cpu / p.floor)}x)`} |`);
 print(`| sum of the worker's bf16 parts (receive + decode as run, write, hash, stats) | ${f(sumParts)} | | | |`);
 print(`| the rest (metering, claims, records, tokenizing, HTTP to the store): the worker's total less the parts | ${f(Math.max(0, workerCpu - sumParts))} | | | |`);
+print('');
+const split = (x: { user: number; sys: number }) => `${f(x.user + x.sys)} (${f(x.user)} + ${f(x.sys)})`;
+print(`| write and hash, interleaved with their floors (${ioRounds} rounds, 2 shards each): CPU s per GB | least: total (user + sys) | each round's total | GB/s, best |`);
+print('|---|---|---|---|');
+const ioRow = (label: string, name: string) => print(`| ${label} | ${split(io[name])} | ${io[name].all.map((x) => f(x)).join(', ')} | ${f(io[name].gbps)} |`);
+ioRow('raw write + fsync (the write floor)', 'raw');
+ioRow('**shard sink**: writev per batch, background writeback, commit (fsync + hash read back + rename + dir fsync)', 'sink');
+ioRow('hash alone: the sink\'s read-back of the same files (hashing thread, page cache)', 'hash');
+ioRow('SHA-256 floor: OpenSSL over a 1 MiB buffer in cache', 'shaHot');
+ioRow('SHA-256 over the captures\' own buffers (32 MiB each, from memory)', 'shaCold');
+print(`| **write** (sink less hash, round by round) against raw | ${split(writeOnly)} | | **${f((writeOnly.user + writeOnly.sys) / io.raw.total)}x raw** |`);
+print(`| **sink** against raw + SHA-256 floor | ${f(io.sink.total)} against ${f(io.raw.total + io.shaHot.total)} | | **${f(io.sink.total / (io.raw.total + io.shaHot.total))}x** |`);
 print('');
 print('| the in-process pipeline (decode + write + hash, no HTTP) | CPU s per GB, least (each) |');
 print('|---|---|');
