@@ -4,6 +4,8 @@
 // untouched; float32 and float16 captures are rounded to bf16 (nearest even) in one typed-array pass.
 import { Buffer } from 'node:buffer';
 import { endianness } from 'node:os';
+import { KernelMemory, KERNEL_MEMORY_MAX, kernelMemoryOf } from './stats-memory.ts';
+import { fixedMemory, wasmF32ToBf16, type WasmMemory } from './stats-kernel.ts';
 import { Base64Decoder, CodecError, CodecScanner, f16BitsToF32, f32ToBf16Bits, RESIDUAL_STREAM_PATH, zstdDecompressInto } from '../codec/index.ts';
 
 /** The capture holds fewer layers than were asked for (or none): the engine's answer is incomplete. */
@@ -39,13 +41,18 @@ const LITTLE_ENDIAN = endianness() === 'LE';
  * Buffers for decoded captures, taken again once a shard has written them (the pipeline gives them back):
  * a fresh buffer of tens of MB is mapped anew and faulted in page by page each time, about 0.5 s of
  * system CPU per GB decoded, as much as the decoding itself. Keeps at most `keep` free buffers; ones
- * under `minBytes` are left to the allocator.
+ * under `minBytes` are left to the allocator. The buffers are regions of one kernel memory
+ * (stats-memory.ts), room for `keep` + 2 of the largest capture seen, which the statistics kernel and the
+ * float32 rounding work in without a copy; a capture larger than it was made for makes a larger one
+ * (buffers of the older stay valid), and when it is full a buffer is allocated on its own.
  */
 export class CaptureBuffers {
   readonly #keep: number;
   readonly #minBytes: number;
-  readonly #ours = new WeakSet<ArrayBufferLike>();
-  readonly #free: ArrayBuffer[] = [];
+  readonly #free: Slab[] = [];
+  /** Buffers handed out, by their memory and offset (so one given back twice, or not ours, is ignored). */
+  readonly #lent = new WeakMap<ArrayBufferLike, Map<number, Slab>>();
+  #memory: KernelMemory | null = null;
   #made = 0;
 
   constructor({ keep = 16, minBytes = 1 << 20 }: { keep?: number; minBytes?: number } = {}) {
@@ -58,31 +65,56 @@ export class CaptureBuffers {
     return this.#made;
   }
 
-  /** A buffer of `byteLength` bytes (old contents), starting at offset 0 of its memory, so typed views of it are aligned. */
+  /** A buffer of `byteLength` bytes (old contents), aligned for any typed view. */
   take(byteLength: number): Buffer {
+    if (byteLength < this.#minBytes) {
+      this.#made++;
+      return Buffer.allocUnsafeSlow(byteLength);
+    }
     let best = -1;
-    this.#free.forEach((ab, i) => {
-      if (ab.byteLength >= byteLength && (best < 0 || ab.byteLength < this.#free[best].byteLength)) best = i;
+    this.#free.forEach((slab, i) => {
+      if (slab.capacity >= byteLength && (best < 0 || slab.capacity < this.#free[best].capacity)) best = i;
     });
-    if (best >= 0) return Buffer.from(this.#free.splice(best, 1)[0], 0, byteLength);
+    const slab = best >= 0 ? this.#free.splice(best, 1)[0] : this.#slab(byteLength);
+    let lent = this.#lent.get(slab.buffer);
+    if (lent === undefined) this.#lent.set(slab.buffer, (lent = new Map()));
+    lent.set(slab.at, slab);
+    return Buffer.from(slab.buffer, slab.at, byteLength);
+  }
+
+  #slab(byteLength: number): Slab {
     this.#made++;
     // Capacity rounded up to whole MiB, so that captures a few tokens apart use the same buffers.
-    const capacity = byteLength < this.#minBytes ? byteLength : Math.ceil(byteLength / (1 << 20)) * (1 << 20);
-    const made = Buffer.allocUnsafeSlow(capacity);
-    if (capacity >= this.#minBytes) this.#ours.add(made.buffer);
-    return made.subarray(0, byteLength);
+    const capacity = Math.ceil(byteLength / (1 << 20)) * (1 << 20);
+    const room = (this.#keep + 2) * capacity;
+    // A larger one at least twice as big, so captures growing a little at a time make few.
+    if (this.#memory === null || (this.#memory.size < room && this.#memory.size < KERNEL_MEMORY_MAX)) this.#memory = new KernelMemory(Math.max(room, 2 * (this.#memory?.size ?? 0)));
+    const at = this.#memory.alloc(capacity);
+    if (at !== null) return { buffer: this.#memory.buffer, at, capacity, memory: this.#memory };
+    return { buffer: Buffer.allocUnsafeSlow(capacity).buffer as ArrayBuffer, at: 0, capacity, memory: null };
   }
 
   /** Gives back a buffer `take` returned, once nothing reads it any more (others are ignored). */
   give(bytes: Uint8Array): void {
-    const ab = bytes.buffer as ArrayBuffer;
-    if (!this.#ours.has(ab) || this.#free.includes(ab)) return;
-    this.#free.push(ab);
+    const lent = this.#lent.get(bytes.buffer);
+    const slab = lent?.get(bytes.byteOffset);
+    if (slab === undefined) return;
+    lent!.delete(bytes.byteOffset);
+    this.#free.push(slab);
     if (this.#free.length > this.#keep) {
-      const smallest = this.#free.reduce((m, b, i) => (b.byteLength < this.#free[m].byteLength ? i : m), 0);
-      this.#free.splice(smallest, 1);
+      const smallest = this.#free.reduce((m, b, i) => (b.capacity < this.#free[m].capacity ? i : m), 0);
+      const [dropped] = this.#free.splice(smallest, 1);
+      dropped.memory?.release(dropped.at);
     }
   }
+}
+
+/** A pooled buffer: `capacity` bytes at `at` of `buffer`, a region of kernel memory `memory` or an ArrayBuffer of its own. */
+interface Slab {
+  buffer: ArrayBuffer;
+  at: number;
+  capacity: number;
+  memory: KernelMemory | null;
 }
 
 const unpooled = { take: (byteLength: number) => Buffer.allocUnsafeSlow(byteLength), give: () => {} };
@@ -223,10 +255,38 @@ export function decodeCapture(body: Uint8Array | readonly Uint8Array[], expect: 
 
 /** float32 words -> bf16, round to nearest even; a NaN stays a quiet NaN (as the codec's f32ToBf16Bits). */
 function f32ToBf16(words: Uint32Array, out: Uint16Array): void {
-  for (let i = 0; i < words.length; i++) {
+  const km = kernelMemoryOf(new Uint8Array(words.buffer));
+  const round = km !== undefined && out.buffer === words.buffer ? wasmF32ToBf16(km.memory) : null;
+  const simd = words.length - (words.length % 8);
+  const scratch = round === null ? roundingMemory() : null;
+  if (round !== null) round(words.byteOffset, simd, out.byteOffset);
+  else if (scratch !== null) {
+    // Through a small kernel memory: a piece copied in, rounded, copied out (three copies cost less than the loop below).
+    const heap = new Uint8Array(scratch.memory.buffer);
+    for (let i = 0; i < simd; i += SCRATCH_WORDS) {
+      const n = Math.min(SCRATCH_WORDS, simd - i);
+      heap.set(new Uint8Array(words.buffer, words.byteOffset + i * 4, n * 4), 0);
+      scratch.round(0, n, SCRATCH_WORDS * 4);
+      new Uint8Array(out.buffer, out.byteOffset + i * 2, n * 2).set(heap.subarray(SCRATCH_WORDS * 4, SCRATCH_WORDS * 4 + n * 2));
+    }
+  }
+  for (let i = round !== null || scratch !== null ? simd : 0; i < words.length; i++) {
     const w = words[i];
     out[i] = (w & 0x7fffffff) > 0x7f800000 ? (w >>> 16) | 0x0040 : (w + 0x7fff + ((w >>> 16) & 1)) >>> 16;
   }
+}
+
+/** Float32 words rounded at a time through the scratch memory. */
+const SCRATCH_WORDS = 1 << 16;
+let rounding: { memory: WasmMemory; round: (src: number, count: number, dst: number) => void } | null | undefined;
+/** A small kernel memory to round in (null without WebAssembly SIMD). */
+function roundingMemory() {
+  if (rounding === undefined) {
+    const memory = fixedMemory(((SCRATCH_WORDS * 6) >> 16) + 1);
+    const round = wasmF32ToBf16(memory);
+    rounding = round === null ? null : { memory, round };
+  }
+  return rounding;
 }
 
 let f16Table: Uint16Array | null = null;
