@@ -88,13 +88,19 @@ export class CaptureBuffers {
     const capacity = Math.ceil(byteLength / (1 << 20)) * (1 << 20);
     const room = (this.#keep + 2) * capacity;
     // A larger one at least twice as big, so captures growing a little at a time make few.
-    if (this.#memory === null || (this.#memory.size < room && this.#memory.size < KERNEL_MEMORY_MAX)) this.#memory = new KernelMemory(Math.max(room, 2 * (this.#memory?.size ?? 0)));
-    const at = this.#memory.alloc(capacity);
-    if (at !== null) return { buffer: this.#memory.buffer, at, capacity, memory: this.#memory };
+    if (this.#memory === null || (this.#memory.size < room && this.#memory.size < KERNEL_MEMORY_MAX)) {
+      try {
+        this.#memory = new KernelMemory(Math.max(room, 2 * (this.#memory?.size ?? 0)));
+      } catch {
+        // no address space or commit for it: buffers of their own
+      }
+    }
+    const at = this.#memory?.alloc(capacity) ?? null;
+    if (at !== null) return { buffer: this.#memory!.buffer, at, capacity, memory: this.#memory };
     return { buffer: Buffer.allocUnsafeSlow(capacity).buffer as ArrayBuffer, at: 0, capacity, memory: null };
   }
 
-  /** Gives back a buffer `take` returned, once nothing reads it any more (others are ignored). */
+  /** Gives back a buffer `take` returned (or a view starting where it starts), once nothing reads it any more (others are ignored). */
   give(bytes: Uint8Array): void {
     const lent = this.#lent.get(bytes.buffer);
     const slab = lent?.get(bytes.byteOffset);
@@ -255,7 +261,7 @@ export function decodeCapture(body: Uint8Array | readonly Uint8Array[], expect: 
 
 /** float32 words -> bf16, round to nearest even; a NaN stays a quiet NaN (as the codec's f32ToBf16Bits). */
 function f32ToBf16(words: Uint32Array, out: Uint16Array): void {
-  const km = kernelMemoryOf(new Uint8Array(words.buffer));
+  const km = kernelMemoryOf(words);
   const round = km !== undefined && out.buffer === words.buffer ? wasmF32ToBf16(km.memory) : null;
   const simd = words.length - (words.length % 8);
   const scratch = round === null ? roundingMemory() : null;

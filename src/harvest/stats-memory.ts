@@ -65,6 +65,6 @@ export class KernelMemory {
 }
 
 /** The kernel memory `bytes` lie in, if any. */
-export function kernelMemoryOf(bytes: Uint8Array): KernelMemory | undefined {
+export function kernelMemoryOf(bytes: ArrayBufferView): KernelMemory | undefined {
   return registry.get(bytes.buffer);
 }
