@@ -1,7 +1,7 @@
 // Turns an engine's capture response into the bf16 bytes a shard stores, as it arrives, without JSON.parse
 // of the tensor and without a string of it: the codec reader finds the envelope's base64 text in the body's
 // bytes and the bounded base64 decoder writes it straight into the buffer the shard writes. bf16 passes through
-// untouched; float32 and float16 captures are rounded to bf16 (nearest even) in one typed-array pass.
+// untouched; float32 captures are rounded to bf16 (nearest even) by the WebAssembly module of stats-kernel.ts, float16 through a table.
 import { Buffer } from 'node:buffer';
 import { endianness } from 'node:os';
 import { KernelMemory, KERNEL_MEMORY_MAX, kernelMemoryOf } from './stats-memory.ts';
