@@ -226,8 +226,10 @@ const f32Raw = Buffer.alloc(promptBytes * 2);
 const f32Words = new Float32Array(f32Raw.buffer, f32Raw.byteOffset, promptBytes / 2);
 for (let i = 0; i < f32Words.length; i++) f32Words[i] = Math.sin(i) * 3;
 const f32Body = Buffer.concat([Buffer.from('{"activations":{"residual_stream":{"data":"'), Buffer.from(f32Raw.toString('base64'), 'latin1'), Buffer.from(`","dtype":"float32","original_dtype":"torch.float32","compression":null,"shape":[${layers},${tokens},${dModel}]}}}`)]);
+// In 64 KiB chunks, as a body arrives (the bf16 bodies above are the engine's chunks).
+const f32Chunks = Array.from({ length: Math.ceil(f32Body.length / 65536) }, (_, i) => f32Body.subarray(i * 65536, (i + 1) * 65536));
 const f32Cpu = await least(3, () => {
-  for (let i = 0; i < samples / 2; i++) buffers.give(decodeCapture(f32Body, { layers, dModel }, buffers).bytes);
+  for (let i = 0; i < samples / 2; i++) buffers.give(decodeCapture(f32Chunks, { layers, dModel }, buffers).bytes);
   return (samples / 2) * promptBytes;
 });
 parts.push({ name: 'convert float32 captures (decode twice the text, round to bf16)', cpu: f32Cpu - decodeCpu, floorName: 'decode floor of the extra text', floor: base64Floor });

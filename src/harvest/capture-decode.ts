@@ -54,6 +54,8 @@ export class CaptureBuffers {
   readonly #lent = new WeakMap<ArrayBufferLike, Map<number, Slab>>();
   #memory: KernelMemory | null = null;
   #made = 0;
+  /** The last capture decoded through these buffers was uncompressed float32: the next is rounded as its text decodes. */
+  float32Last = false;
 
   constructor({ keep = 16, minBytes = 1 << 20 }: { keep?: number; minBytes?: number } = {}) {
     this.#keep = keep;
@@ -125,6 +127,9 @@ interface Slab {
 
 const unpooled = { take: (byteLength: number) => Buffer.allocUnsafeSlow(byteLength), give: () => {} };
 
+/** Base64 characters decoded at a time when a float32 capture is rounded as it decodes (the decoded words stay in the cache). */
+const ROUND_PIECE = 64 * 1024;
+
 /** Room a body of unknown length starts with for its decoded tensor (it grows by doubling). */
 const UNKNOWN_LENGTH_ROOM = 1 << 20;
 
@@ -134,16 +139,23 @@ const UNKNOWN_LENGTH_ROOM = 1 << 20;
  * the body's length when known), so no chunk is kept: they die young, where holding a body's hundreds of
  * 64 KiB chunks until its end had them promoted and collected by full GCs (about a third of a worker's
  * CPU). The tensor's shape and dtype come after its data in vLLM's body: `end` checks them, and converts
- * float32 or float16 to bf16 (or undoes zstd) into a second buffer. `discard` gives the buffer back when
- * the capture is abandoned.
+ * float32 or float16 to bf16 (or undoes zstd) into a second buffer. When the last capture through the same
+ * CaptureBuffers was uncompressed float32, the text is rounded as it decodes, 64 KiB at a time while the
+ * decoded words are in the cache (a capture of another dtype then just gives that buffer back). `discard`
+ * gives the buffers back when the capture is abandoned.
  */
 export class CaptureReader {
   readonly #expect: CaptureExpectation;
-  readonly #buffers: Pick<CaptureBuffers, 'take' | 'give'>;
+  readonly #buffers: Pick<CaptureBuffers, 'take' | 'give'> & { float32Last?: boolean };
   readonly #scanner: CodecScanner;
   readonly #room: number;
   #raw: Buffer | null = null;
   #decoder: Base64Decoder | null = null;
+  /** bf16 rounded from #raw as it decodes, a piece at a time while the piece is in the cache (a float32 capture expected). */
+  #out: Buffer | null = null;
+  #round: ((src: number, count: number, dst: number) => void) | null = null;
+  /** Words of #raw rounded into #out so far. */
+  #rounded = 0;
 
   /** `bodyLength`: the body's length when known (Content-Length): the decoded text is at most three quarters of it. */
   constructor(expect: CaptureExpectation, buffers?: CaptureBuffers, bodyLength: number | null = null) {
@@ -155,14 +167,40 @@ export class CaptureReader {
         if (this.#decoder === null) {
           this.#raw = this.#buffers.take(this.#room);
           this.#decoder = new Base64Decoder(this.#raw);
+          if (this.#buffers.float32Last === true && bodyLength !== null) this.#expectFloat32();
         } else this.#decoder.reset();
+        this.#rounded = 0;
       },
       text: (piece) => {
-        const decoder = this.#decoder!;
-        if (decoder.room < Math.ceil(piece.length / 4) * 3 + 3) this.#grow(decoder.written + Math.ceil(piece.length / 4) * 3 + 3);
-        decoder.write(piece);
+        const step = this.#out === null ? Math.max(piece.length, 1) : ROUND_PIECE;
+        for (let at = 0; at < piece.length; at += step) this.#write(piece.subarray(at, at + step));
       },
     });
+  }
+
+  /** Rounds as the text decodes, into a buffer of the same kernel memory (when there is one). */
+  #expectFloat32(): void {
+    const out = this.#buffers.take(Math.floor(this.#room / 4) * 2);
+    const km = kernelMemoryOf(out);
+    this.#round = km !== undefined && km === kernelMemoryOf(this.#raw!) ? wasmF32ToBf16(km.memory) : null;
+    if (this.#round === null) this.#buffers.give(out);
+    else this.#out = out;
+  }
+
+  #write(text: Uint8Array): void {
+    const decoder = this.#decoder!;
+    if (decoder.room < Math.ceil(text.length / 4) * 3 + 3) this.#grow(decoder.written + Math.ceil(text.length / 4) * 3 + 3);
+    decoder.write(text);
+    if (this.#out === null) return;
+    const n = ((decoder.written >>> 2) - this.#rounded) & ~7;
+    if (n === 0) return;
+    this.#round!(this.#raw!.byteOffset + this.#rounded * 4, n, this.#out.byteOffset + this.#rounded * 2);
+    this.#rounded += n;
+  }
+
+  #dropOut(): void {
+    if (this.#out !== null) this.#buffers.give(this.#out);
+    this.#out = null;
   }
 
   push(chunk: Uint8Array): void {
@@ -186,6 +224,7 @@ export class CaptureReader {
 
   /** Gives the decode buffer back (a capture abandoned or refused). */
   discard(): void {
+    this.#dropOut();
     if (this.#raw !== null) this.#buffers.give(this.#raw);
     this.#raw = null;
     this.#decoder = null;
@@ -193,6 +232,7 @@ export class CaptureReader {
 
   #grow(needed: number): void {
     // A body of unknown length: a buffer twice as big, what was decoded copied over.
+    this.#dropOut(); // rounded at the end instead
     const next = this.#buffers.take(Math.max(needed, 2 * this.#raw!.length));
     this.#decoder!.moveTo(next);
     this.#buffers.give(this.#raw!);
@@ -217,6 +257,9 @@ export class CaptureReader {
     if (!bf16 && !LITTLE_ENDIAN) throw new CodecError('converting a capture to bf16 needs a little-endian host');
     const decoded = this.#decoder!.end();
     const text = this.#raw!.subarray(0, decoded);
+    const float32 = dtype === 'float32' && location.compression === null;
+    if (this.#buffers.float32Last !== undefined) this.#buffers.float32Last = float32;
+    if (!float32) this.#dropOut();
     let wide: Buffer;
     if (location.compression === null) {
       if (decoded !== location.byteLength) throw new CodecError(`the data decodes to ${decoded} bytes; the tensor needs ${location.byteLength}`);
@@ -238,9 +281,12 @@ export class CaptureReader {
       return { shape: [layers, tokens, dModel], bytes: wide };
     }
     const count = location.byteLength / (dtype === 'float32' ? 4 : 2);
-    const out = this.#buffers.take(count * 2);
-    const halves = new Uint16Array(out.buffer, out.byteOffset, count);
-    if (dtype === 'float32') f32ToBf16(new Uint32Array(wide.buffer, wide.byteOffset, count), halves);
+    // Rounded already up to word #rounded when the text was rounded as it decoded.
+    const done = this.#out === null ? 0 : this.#rounded;
+    const out = this.#out?.subarray(0, count * 2) ?? this.#buffers.take(count * 2);
+    this.#out = null;
+    const halves = new Uint16Array(out.buffer, out.byteOffset + done * 2, count - done);
+    if (dtype === 'float32') f32ToBf16(new Uint32Array(wide.buffer, wide.byteOffset + done * 4, count - done), halves);
     else f16ToBf16(new Uint16Array(wide.buffer, wide.byteOffset, count), halves);
     this.discard();
     return { shape: [layers, tokens, dModel], bytes: out };

@@ -163,4 +163,31 @@ test('float32 rounded in kernel memory, in place or a piece at a time, to the bi
   assert.ok(decodeCapture(body, { layers: 2, dModel: 11_001 }).bytes.equals(want), 'rounded a piece at a time');
 });
 
+test('after a float32 capture the next is rounded as its text decodes: the same bits, in chunks split anywhere; a bf16 or zstd one after it too', async () => {
+  const big = [2, 40, 2051]; // 656 KB of float32: past a 64 KiB piece, words not a multiple of 8
+  const vals = Array.from({ length: 2 * 40 * 2051 }, (_, i) => (i % 101 === 7 ? NaN : Math.sin(i) * 10 ** ((i % 9) - 4)));
+  const f32 = captureBody(encodeTensor(vals, big, 'float32'));
+  const want = bf16Of(vals);
+  const buffers = new CaptureBuffers({ minBytes: 0 });
+  const read = (body: Buffer, length: number | null) => {
+    const reader = new CaptureReader({ layers: 2, dModel: 2051 }, buffers, length);
+    for (let at = 0, step = 5; at < body.length; at += step, step = (step * 7 + 13) % 90_001) reader.push(body.subarray(at, at + step));
+    return reader.end().bytes;
+  };
+  assert.ok(read(f32, f32.length).equals(want), 'the first, rounded at the end');
+  assert.is(buffers.float32Last, true);
+  for (let k = 0; k < 2; k++) {
+    const bytes = read(f32, f32.length);
+    assert.ok(bytes.equals(want), 'rounded as it decoded');
+    assert.ok(kernelMemoryOf(bytes));
+    buffers.give(bytes);
+  }
+  assert.ok(read(f32, null).equals(want), 'a body of unknown length');
+  const bf16 = encodeTensor(vals, big, 'bfloat16');
+  assert.ok(read(captureBody(bf16), null).equals(Buffer.from(bf16.data, 'base64')), 'a bf16 capture after float32 ones');
+  assert.is(buffers.float32Last, false);
+  read(f32, f32.length);
+  assert.ok(read(captureBody(await encodeTensorZstd(vals, big, 'float32')), null).equals(want), 'zstd after float32');
+});
+
 test.run();
