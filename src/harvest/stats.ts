@@ -7,7 +7,8 @@
 // the same bits as one never interrupted.
 import { Buffer } from 'node:buffer';
 import { decodeSafetensors, encodeSafetensors } from './safetensors.ts';
-import { GROUP_BYTES, jsRowsKernel, wasmRowsKernel, type RowsKernel } from './stats-kernel.ts';
+import { fixedMemory, GROUP_BYTES, jsRowsKernel, wasmRowsKernel, type RowsKernel, type WasmMemory } from './stats-kernel.ts';
+import { kernelMemoryOf, type KernelMemory } from './stats-memory.ts';
 import { STATS_FILE, type HarvestStorage } from './storage.ts';
 import type { ManifestStats } from './manifest.ts';
 import type { HarvestShard } from '../../events/harvest.ts';
@@ -16,7 +17,7 @@ import type { HarvestShard } from '../../events/harvest.ts';
 export { STATS_FILE };
 /** The `format` metadata of a running-sums checkpoint (`<shard file stem>.stats`). */
 const CHECKPOINT_FORMAT = 'svc-harvest-running-stats/1';
-/** bf16 rows copied into the kernel's memory at a time (stays in the cache while it is summed). */
+/** bf16 rows copied into the kernel's memory at a time, when not summed in place (stays in the cache while it is summed). */
 const CHUNK_BYTES = 256 * 1024;
 
 export class HarvestStatsError extends Error {
@@ -42,9 +43,11 @@ export class RunningStats {
   tokens = 0;
   /** The checkpoint file these sums were last saved to or loaded from (the pipeline removes it once a newer one is recorded). */
   checkpointFile: string | null = null;
-  readonly #kernel: RowsKernel;
+  readonly #js: boolean;
   readonly #width: number; // d_model rounded up to a multiple of 4 (the kernel's step)
   readonly #norms: Float64Array;
+  /** Where the sums live: a memory of their own, or a region of the kernel memory captures are decoded into (stats-memory.ts). */
+  #home: { kernel: RowsKernel; base: number; owner: KernelMemory | null };
   #shifted = false;
 
   constructor(layers: readonly number[], dModel: number, options: { kernel?: 'wasm' | 'js' } = {}) {
@@ -52,12 +55,16 @@ export class RunningStats {
     this.layers = [...layers];
     this.dModel = dModel;
     this.#width = Math.ceil(dModel / 4) * 4;
-    const bytes = this.#chunkBytes() + layers.length * this.#layerBytes();
-    const pages = Math.ceil(bytes / 65536);
-    this.#kernel = (options.kernel === 'js' ? null : wasmRowsKernel(pages)) ?? jsRowsKernel(pages);
+    this.#js = options.kernel === 'js';
+    this.#home = { kernel: this.#kernelOver(fixedMemory(Math.ceil(this.#regionBytes() / 65536))), base: 0, owner: null };
     this.#norms = new Float64Array(layers.length);
   }
 
+  #kernelOver(memory: WasmMemory): RowsKernel {
+    return (this.#js ? null : wasmRowsKernel(memory)) ?? jsRowsKernel(memory);
+  }
+
+  // The region: a chunk rows are copied into (when not summed in place), the shift's scratch sums, the layers' states.
   #chunkBytes(): number {
     return Math.max(CHUNK_BYTES, this.#width * 2);
   }
@@ -66,14 +73,30 @@ export class RunningStats {
     return (this.#width / 4) * GROUP_BYTES;
   }
 
+  #regionBytes(): number {
+    return this.#chunkBytes() + this.#width * 8 + this.layers.length * this.#layerBytes();
+  }
+
   /** Where layer `l`'s state lies in the kernel's memory (groups of four dimensions: shift, sum, sum of squares). */
   #state(l: number): number {
-    return this.#chunkBytes() + l * this.#layerBytes();
+    return this.#home.base + this.#chunkBytes() + this.#width * 8 + l * this.#layerBytes();
   }
 
   /** Layer `l`'s state as float64; `at(d, part)` indexes it (part 0 shift, 1 sum, 2 sum of squares). */
   #view(l: number): Float64Array {
-    return new Float64Array(this.#kernel.memory.buffer, this.#state(l), this.#layerBytes() / 8);
+    return new Float64Array(this.#home.kernel.memory.buffer, this.#state(l), this.#layerBytes() / 8);
+  }
+
+  /** Moves the sums into kernel memory `km` (when it has room), so captures decoded there are summed in place. */
+  #moveTo(km: KernelMemory): void {
+    const at = km.alloc(this.#regionBytes());
+    if (at === null) return;
+    const old = this.#home;
+    const from = this.#state(0);
+    const bytes = this.layers.length * this.#layerBytes();
+    this.#home = { kernel: this.#kernelOver(km.memory), base: at, owner: km };
+    new Uint8Array(km.buffer, this.#state(0), bytes).set(new Uint8Array(old.kernel.memory.buffer, from, bytes));
+    old.owner?.release(old.base);
   }
 
   /** Folds one prompt's capture in: bf16 [layers, tokens, d_model] as the shard stores it. */
@@ -85,43 +108,51 @@ export class RunningStats {
     this.prompts++;
     const rows = tokens - 1;
     if (rows <= 0) return;
-    if (!this.#shifted) this.#setShift(bytes, tokens);
-    const heap = new Uint8Array(this.#kernel.memory.buffer);
-    const rowBytes = width * 2;
-    // An even number of rows a chunk (the kernel pairs rows), so a chunk's edge never splits a pair.
-    const perChunk = Math.max(1, Math.floor(this.#chunkBytes() / (this.#width * 4)) * 2);
+    // Rows of a width the kernel steps by are summed where they lie when they lie in kernel memory.
+    const km = width === this.#width ? kernelMemoryOf(bytes) : undefined;
+    if (km !== undefined && km.serial > (this.#home.owner?.serial ?? 0)) this.#moveTo(km);
+    const inPlace = km !== undefined && km === this.#home.owner;
+    const kernel = this.#home.kernel;
+    if (!this.#shifted) this.#setShift(bytes, tokens, inPlace);
     for (let l = 0; l < layers; l++) {
       const state = this.#state(l);
       let norm = this.#norms[l];
-      for (let r = 1; r < tokens; r += perChunk) {
-        const n = Math.min(perChunk, tokens - r);
-        const from = bytes.byteOffset + (l * tokens + r) * rowBytes;
-        if (width === this.#width) heap.set(new Uint8Array(bytes.buffer, from, n * rowBytes), 0);
-        else for (let k = 0; k < n; k++) heap.set(new Uint8Array(bytes.buffer, from + k * rowBytes, rowBytes), k * this.#width * 2);
-        norm = this.#kernel.accumulate(0, n, this.#width, state, norm);
-      }
+      this.#rowsOf(bytes, tokens, l, inPlace, (src, n) => (norm = kernel.accumulate(src, n, this.#width, state, norm)));
       this.#norms[l] = norm;
     }
     this.tokens += rows;
   }
 
+  /**
+   * Runs `fold` over layer `l`'s rows 1.. of a capture, in order, as (offset in the kernel's memory, rows):
+   * at once where they lie, or an even number of rows at a time copied into the chunk (so a chunk's edge
+   * never splits one of the kernel's pairs), each row padded to the kernel's width.
+   */
+  #rowsOf(bytes: Uint8Array, tokens: number, l: number, inPlace: boolean, fold: (src: number, rows: number) => void): void {
+    const rowBytes = this.dModel * 2;
+    if (inPlace) return fold(bytes.byteOffset + (l * tokens + 1) * rowBytes, tokens - 1);
+    const heap = new Uint8Array(this.#home.kernel.memory.buffer);
+    const chunk = this.#home.base;
+    const perChunk = Math.max(1, Math.floor(this.#chunkBytes() / (this.#width * 4)) * 2);
+    for (let r = 1; r < tokens; r += perChunk) {
+      const n = Math.min(perChunk, tokens - r);
+      const from = bytes.byteOffset + (l * tokens + r) * rowBytes;
+      if (this.dModel === this.#width) heap.set(new Uint8Array(bytes.buffer, from, n * rowBytes), chunk);
+      else for (let k = 0; k < n; k++) heap.set(new Uint8Array(bytes.buffer, from + k * rowBytes, rowBytes), chunk + k * this.#width * 2);
+      fold(chunk, n);
+    }
+  }
+
   /** The shift is the first counted prompt's mean (per layer and dimension): near the data's mean, so the sums cancel little. */
-  #setShift(bytes: Uint8Array, tokens: number): void {
-    const halves = new Uint16Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 2);
-    const width = this.dModel;
-    // Row by row (the bytes in memory order), each dimension's sum in token order.
-    const words = new Uint32Array(width);
-    const values = new Float32Array(words.buffer);
-    const sums = new Float64Array(width);
+  #setShift(bytes: Uint8Array, tokens: number, inPlace: boolean): void {
+    const kernel = this.#home.kernel;
+    const scratch = this.#home.base + this.#chunkBytes();
+    // Each dimension's sum in token order (float64).
     for (let l = 0; l < this.layers.length; l++) {
-      sums.fill(0);
-      for (let t = 1; t < tokens; t++) {
-        const row = (l * tokens + t) * width;
-        for (let d = 0; d < width; d++) words[d] = halves[row + d] << 16;
-        for (let d = 0; d < width; d++) sums[d] += values[d];
-      }
+      const sums = new Float64Array(kernel.memory.buffer, scratch, this.#width).fill(0);
+      this.#rowsOf(bytes, tokens, l, inPlace, (src, n) => kernel.sumRows(src, n, this.#width, scratch));
       const view = this.#view(l);
-      for (let d = 0; d < width; d++) view[at(d, 0)] = sums[d] / (tokens - 1);
+      for (let d = 0; d < this.dModel; d++) view[at(d, 0)] = sums[d] / (tokens - 1);
     }
     this.#shifted = true;
   }

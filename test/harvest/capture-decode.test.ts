@@ -3,6 +3,7 @@ import * as assert from 'uvu/assert';
 import { Buffer } from 'node:buffer';
 import { CodecError, encodeTensor, encodeTensorZstd, f16BitsToF32, f32ToBf16Bits, type EncodedTensor } from '../../src/codec/index.ts';
 import { CaptureBuffers, CaptureIncomplete, CaptureReader, decodeCapture } from '../../src/harvest/capture-decode.ts';
+import { kernelMemoryOf } from '../../src/harvest/stats-memory.ts';
 
 /** A vLLM + vllm-lens completion with a capture: the envelope last, its shape after its data, as vLLM writes it. */
 function captureBody(codec: EncodedTensor | null, extra = ''): Buffer {
@@ -87,7 +88,7 @@ test('CaptureBuffers: a buffer given back is taken again (the float32 path’s s
   assert.is(buffers.made, 1);
   buffers.give(first.bytes);
   const second = decodeCapture(bf16, expect, buffers);
-  assert.is(second.bytes.buffer, first.bytes.buffer, 'the same memory again');
+  assert.ok(second.bytes.buffer === first.bytes.buffer && second.bytes.byteOffset === first.bytes.byteOffset, 'the same memory again');
   assert.equal(second.bytes, Buffer.from(encodeTensor(values, shape, 'bfloat16').data, 'base64'));
   const f32 = decodeCapture(captureBody(encodeTensor(values, shape, 'float32')), expect, buffers);
   assert.is(buffers.made, 3, 'an output and a scratch buffer');
@@ -141,6 +142,52 @@ test('CaptureReader: decoded as chunks arrive, whatever the body length said (no
   next.push(body);
   assert.ok(next.end().bytes.equals(raw));
   assert.is(buffers.made, 1, 'the refused capture’s buffer was taken again');
+});
+
+test('float32 rounded in kernel memory, in place or a piece at a time, to the bits of the scalar rounding (every NaN kept a NaN)', () => {
+  const count = 2 * 3 * 11_001; // past the 65,536 words of a piece, not a multiple of 8
+  const words = new Uint32Array(count);
+  let s = 99;
+  for (let i = 0; i < count; i++) {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    // random words (NaNs of every payload among them), ties, and values next to them
+    words[i] = i % 5 === 0 ? (s & 0xffff0000) | 0x8000 : i % 5 === 1 ? (s & 0xffff0000) | 0x7fff : i % 97 === 0 ? 0x7f800001 + (s & 0x7fffff) : s;
+  }
+  const want = Buffer.alloc(count * 2);
+  words.forEach((w, i) => want.writeUInt16LE((w & 0x7fffffff) > 0x7f800000 ? (w >>> 16) | 0x0040 : (w + 0x7fff + ((w >>> 16) & 1)) >>> 16, i * 2));
+  const body = captureBody({ data: Buffer.from(words.buffer).toString('base64'), dtype: 'float32', original_dtype: 'torch.float32', shape: [2, 3, 11_001] });
+  const buffers = new CaptureBuffers({ minBytes: 0 });
+  const pooled = decodeCapture(body, { layers: 2, dModel: 11_001 }, buffers).bytes;
+  assert.ok(kernelMemoryOf(pooled), 'decoded into kernel memory');
+  assert.ok(pooled.equals(want), 'rounded in place');
+  assert.ok(decodeCapture(body, { layers: 2, dModel: 11_001 }).bytes.equals(want), 'rounded a piece at a time');
+});
+
+test('after a float32 capture the next is rounded as its text decodes: the same bits, in chunks split anywhere; a bf16 or zstd one after it too', async () => {
+  const big = [2, 40, 2051]; // 656 KB of float32: past a 64 KiB piece, words not a multiple of 8
+  const vals = Array.from({ length: 2 * 40 * 2051 }, (_, i) => (i % 101 === 7 ? NaN : Math.sin(i) * 10 ** ((i % 9) - 4)));
+  const f32 = captureBody(encodeTensor(vals, big, 'float32'));
+  const want = bf16Of(vals);
+  const buffers = new CaptureBuffers({ minBytes: 0 });
+  const read = (body: Buffer, length: number | null) => {
+    const reader = new CaptureReader({ layers: 2, dModel: 2051 }, buffers, length);
+    for (let at = 0, step = 5; at < body.length; at += step, step = (step * 7 + 13) % 90_001) reader.push(body.subarray(at, at + step));
+    return reader.end().bytes;
+  };
+  assert.ok(read(f32, f32.length).equals(want), 'the first, rounded at the end');
+  assert.is(buffers.float32Last, true);
+  for (let k = 0; k < 2; k++) {
+    const bytes = read(f32, f32.length);
+    assert.ok(bytes.equals(want), 'rounded as it decoded');
+    assert.ok(kernelMemoryOf(bytes));
+    buffers.give(bytes);
+  }
+  assert.ok(read(f32, null).equals(want), 'a body of unknown length');
+  const bf16 = encodeTensor(vals, big, 'bfloat16');
+  assert.ok(read(captureBody(bf16), null).equals(Buffer.from(bf16.data, 'base64')), 'a bf16 capture after float32 ones');
+  assert.is(buffers.float32Last, false);
+  read(f32, f32.length);
+  assert.ok(read(captureBody(await encodeTensorZstd(vals, big, 'float32')), null).equals(want), 'zstd after float32');
 });
 
 test.run();

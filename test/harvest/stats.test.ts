@@ -14,7 +14,9 @@ import { fileHarvestStorage, shardFileName } from '../../src/harvest/storage.ts'
 import { runShardPipeline, type CapturedPrompt, type ShardPipelineDeps } from '../../src/harvest/shard-pipeline.ts';
 import type { HarvestShard } from '../../events/harvest.ts';
 import { RunningStats, checkpointFileOf, resumeStats, writeStatsFile } from '../../src/harvest/stats.ts';
-import { jsRowsKernel, wasmRowsKernel } from '../../src/harvest/stats-kernel.ts';
+import { fixedMemory, jsRowsKernel, wasmRowsKernel } from '../../src/harvest/stats-kernel.ts';
+import { kernelMemoryOf } from '../../src/harvest/stats-memory.ts';
+import { CaptureBuffers } from '../../src/harvest/capture-decode.ts';
 
 const root = mkdtempSync(join(tmpdir(), 'svc-harvest-stats-'));
 const storage = fileHarvestStorage(root);
@@ -123,9 +125,9 @@ function straightforward(jobId: string, records: HarvestShard[], dModel: number)
 test('the WebAssembly kernel and the JavaScript loop give the same bits', () => {
   const width = 24;
   const rows = 37;
-  const w = wasmRowsKernel(4);
+  const w = wasmRowsKernel(fixedMemory(4));
   assert.ok(w, 'WebAssembly SIMD is available on this Node');
-  const j = jsRowsKernel(4);
+  const j = jsRowsKernel(fixedMemory(4));
   const state = 8192;
   for (const k of [w!, j]) {
     const bits = new Uint16Array(k.memory.buffer, 0, rows * width);
@@ -232,6 +234,33 @@ test('a job stopped after a shard and resumed ends with the same bits, from its 
     assert.equal(rest.records.map((r) => r.shard), [3, 4, 5]);
     assert.ok(tensorsOf(rest.ran.stats!.encodeFile(jobId)).equals(tensorsOf(expected)), `${lose} lost: the same statistics as the run never stopped`);
     assert.equal(rest.ran.stats!.meanTokenNorms(), whole.ran.stats!.meanTokenNorms());
+  }
+});
+
+test('captures in kernel memory are summed where they lie: the same bits across buffer reuse, a larger memory, a full one', () => {
+  const captures = makeCaptures(64, 13);
+  const plain = new RunningStats(LAYERS, 64);
+  for (const c of captures) plain.add(c.bytes, c.shape);
+  const checkpoint = (s: RunningStats) => s.encodeCheckpoint({ jobId: 'hj', shard: 0, shardSha256: '0'.repeat(64) });
+  for (const kernel of ['wasm', 'js'] as const) {
+    // keep 1: a kernel memory of three 1 MiB buffers; the stats' own region takes part of one
+    const buffers = new CaptureBuffers({ minBytes: 0, keep: 1 });
+    const stats = new RunningStats(LAYERS, 64, { kernel });
+    const held: Buffer[] = [];
+    const where = new Set<unknown>();
+    captures.forEach((c, i) => {
+      // prompt 9 far larger (a new kernel memory, 9 MiB); prompts from 12 on held back (that memory full: buffers of their own)
+      const bytes = buffers.take(i === 9 ? 3 << 20 : c.bytes.byteLength).subarray(0, c.bytes.byteLength);
+      bytes.set(c.bytes);
+      where.add(kernelMemoryOf(bytes) ?? 'own');
+      stats.add(bytes, c.shape);
+      if (i >= 12) held.push(bytes);
+      else buffers.give(bytes);
+    });
+    assert.is(where.size, 3, `${kernel}: buffers in two kernel memories and one of its own`);
+    assert.ok(held.every((b, k) => b.equals(captures[12 + k].bytes)), 'the buffers held are intact');
+    assert.ok(stats.encodeFile('hj').equals(plain.encodeFile('hj')), `${kernel}: the same statistics as copies summed`);
+    assert.ok(checkpoint(stats).equals(checkpoint(plain)));
   }
 });
 
