@@ -208,6 +208,7 @@ if (!unavailable) {
   };
 
   it.before(async () => {
+    if (process.env.CRASH_TEST_LOG) console.log('before', new Date().toISOString());
     stack = await startHarvestStack({
       name: 'lifecycle_kill',
       postgres: databaseUrl!,
@@ -254,11 +255,14 @@ if (!unavailable) {
       CREATE TRIGGER crash_mark AFTER INSERT ON events FOR EACH ROW EXECUTE FUNCTION crash_mark();
     `);
     await controlQuery('SELECT pg_advisory_lock($1)', [lockKey]);
+    if (process.env.CRASH_TEST_LOG) console.log('started', new Date().toISOString());
   });
 
   it.after(async () => {
     control?.release();
     await db?.end().catch(() => undefined);
+    // Killed too: a drain would only take time.
+    await Promise.all(procs.map((p) => (p.child ? crash(p.child) : null)));
     await stack?.stop();
   });
 
@@ -312,15 +316,20 @@ if (!unavailable) {
       };
       for (;;) {
         const state = await until(
-          `step ${armed ? stepName(armed) : '(none)'} or the job's end (run ${run}, after ${log.slice(-3).join('; ')})`,
+          `step ${armed ? stepName(armed) : '(none)'} or the job's end`,
           async () => {
             const [row] = await query<{ frozen: boolean; writer: string | null }>('SELECT frozen, writer FROM crash_arm WHERE id = 1');
             if (row.frozen) return row;
             return (await complete()) ? { frozen: false, writer: null } : null;
           },
-          90_000,
+          120_000,
           15,
-        );
+        ).catch(async (error) => {
+          // Stuck: what the job and its key hold, to see where.
+          const job = await jobOf(key);
+          const held = async (stream: string | null) => (stream ? (await eventsOf(stream)).map((e) => (e.type === 'HarvestShardWritten' ? `${e.type}(${e.data.shard})` : e.type)).join(' ') : '-');
+          throw new Error(`${error.message} (run ${run}, after ${log.slice(-3).join('; ')}); job: ${await held(job && harvestStream(job))}; quota: ${await held(streamsOf(key).quota)}`);
+        });
         if (!state.frozen) break;
         const killed: Step = armed!;
         pending.splice(pending.indexOf(killed), 1);
