@@ -76,10 +76,7 @@ if (!unavailable) {
   let lockKey = 7_000_001;
 
   let starting: Promise<unknown> = Promise.resolve();
-  /**
-   * Starts a process after those already starting (processes starting at once on a fresh database
-   * deadlock in their projections' setup); it counts among the processes from its spawn on.
-   */
+  /** Starts a process after those already starting (one start at a time spares the CPU); it counts among the processes from its spawn on. */
   const spawnProc = (role: Proc['role']): Promise<unknown> => {
     // Its connections carry its tag, so the test can end those of a process it killed.
     const proc: Proc = { tag: `crash-proc-${++spawned}`, role };
