@@ -315,9 +315,11 @@ if (!unavailable) {
         const state = await until(
           `step ${armed ? stepName(armed) : '(none)'} or the job's end`,
           async () => {
+            // The end read first: a step committed meanwhile is seen held.
+            const ended = await complete();
             const [row] = await query<{ frozen: boolean; writer: string | null }>('SELECT frozen, writer FROM crash_arm WHERE id = 1');
             if (row.frozen) return row;
-            return (await complete()) ? { frozen: false, writer: null } : null;
+            return ended ? { frozen: false, writer: null } : null;
           },
           120_000,
           15,
