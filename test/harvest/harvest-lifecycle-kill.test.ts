@@ -37,13 +37,16 @@ const unavailable = await postgresUnavailable(databaseUrl);
 const it = suite('a harvest whose processes are SIGKILLed at every step of its life (PostgreSQL, real processes)');
 
 type Scope = 'job' | 'quota' | 'slots' | 'meter';
-/** A step: the `occurrence`-th event of `type` on the scope's stream. */
+/** A step: the `occurrence`-th event of `type` on the scope's stream (on the meter, of the batch of prompts from `batch` on, if it names one). */
 interface Step {
   scope: Scope;
   type: string;
+  batch: string | null;
   occurrence: number;
 }
-const stepName = (s: Step) => `${s.scope} ${s.type} #${s.occurrence}`;
+const stepName = (s: Step) => `${s.scope} ${s.type}${s.batch === null ? '' : ` (batch ${s.batch})`} #${s.occurrence}`;
+/** The batch a harvest's meter request is (its request id: `<jobId>:<first prompt>@<claim>`); null for other events. */
+const batchOf = (data: { request_id?: unknown }): string | null => (typeof data.request_id === 'string' ? (/:(\d+)@/.exec(data.request_id)?.[1] ?? null) : null);
 /** Written on a timer whatever the job does: not steps of its life. */
 const timed = new Set(['ReservationRenewed', 'SlotLeaseRenewed', 'QueueEntriesRenewed', 'HarvestClaimRenewed']);
 const prompts = ['first prompt', 'second prompt', 'third prompt'];
@@ -104,7 +107,7 @@ if (!unavailable) {
   };
   const occurred = async (step: Step, key: Key): Promise<boolean> => {
     const stream = await streamOf(step.scope, key);
-    return stream !== null && (await eventsOf(stream)).filter((e) => e.type === step.type).length > step.occurrence;
+    return stream !== null && (await eventsOf(stream)).filter((e) => e.type === step.type && batchOf(e.data) === step.batch).length > step.occurrence;
   };
 
   const issue = async (email: string): Promise<Key> => {
@@ -126,12 +129,13 @@ if (!unavailable) {
     await controlQuery('SELECT pg_advisory_lock($1)', [next]);
     const [{ old }] = await query<{ old: string }>('SELECT lock_key::text AS old FROM crash_arm WHERE id = 1');
     const fixed = step && step.scope !== 'job' ? streamsOf(key)[step.scope] : null;
-    await query('UPDATE crash_arm SET frozen = false, writer = NULL, lock_key = $1, stream_id = $2, quota_stream = $3, event_type = $4, occurrence = $5 WHERE id = 1', [
+    await query('UPDATE crash_arm SET frozen = false, writer = NULL, lock_key = $1, stream_id = $2, quota_stream = $3, event_type = $4, occurrence = $5, batch = $6 WHERE id = 1', [
       next,
       fixed,
       harvestQuotaStream(key.keyId),
       step?.type ?? null,
       step?.occurrence ?? null,
+      step?.batch ?? null,
     ]);
     await controlQuery('SELECT pg_advisory_unlock($1)', [Number(old)]);
   };
@@ -223,7 +227,7 @@ if (!unavailable) {
     const [{ schema }] = await query<{ schema: string }>("SELECT table_schema AS schema FROM information_schema.tables WHERE table_name = 'processor_leases'");
     leaseTable = `"${schema}".processor_leases`;
     await db.query(`
-      CREATE TABLE crash_arm (id int PRIMARY KEY, stream_id text, quota_stream text, event_type text, occurrence int, frozen boolean NOT NULL DEFAULT false, frozen_by xid8, lock_key bigint NOT NULL, writer text);
+      CREATE TABLE crash_arm (id int PRIMARY KEY, stream_id text, quota_stream text, event_type text, batch text, occurrence int, frozen boolean NOT NULL DEFAULT false, frozen_by xid8, lock_key bigint NOT NULL, writer text);
       INSERT INTO crash_arm (id, lock_key) VALUES (1, ${lockKey});
       -- Every event insert waits while a step is held (the test holds the lock until it has killed), but the held step's own transaction's.
       CREATE FUNCTION crash_hold() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -244,7 +248,9 @@ if (!unavailable) {
           SELECT 'harvest-' || (data->>'job_id') INTO target FROM events WHERE stream_id = a.quota_stream AND event_type = 'HarvestJobAdmitted' ORDER BY stream_version DESC LIMIT 1;
         END IF;
         IF target IS NULL OR NEW.stream_id <> target THEN RETURN NULL; END IF;
-        IF (SELECT count(*) FROM events WHERE stream_id = NEW.stream_id AND event_type = NEW.event_type AND stream_version <= NEW.stream_version) <> a.occurrence + 1 THEN RETURN NULL; END IF;
+        IF (substring(NEW.data->>'request_id' from ':(\\d+)@') IS DISTINCT FROM a.batch) THEN RETURN NULL; END IF;
+        IF (SELECT count(*) FROM events WHERE stream_id = NEW.stream_id AND event_type = NEW.event_type AND stream_version <= NEW.stream_version
+            AND substring(data->>'request_id' from ':(\\d+)@') IS NOT DISTINCT FROM a.batch) <> a.occurrence + 1 THEN RETURN NULL; END IF;
         UPDATE crash_arm SET frozen = true, frozen_by = pg_current_xact_id(), writer = current_setting('application_name'), event_type = NULL WHERE id = 1;
         RETURN NULL;
       END $$;
@@ -278,7 +284,7 @@ if (!unavailable) {
       ...(['quota', 'slots', 'meter'] as const).map((scope) => ({ scope, stream: streamsOf(calibration)[scope] })),
     ];
     const all = (
-      await Promise.all(scoped.map(async ({ scope, stream }) => (await eventsOf(stream)).filter((e) => !timed.has(e.type)).map((e) => ({ scope, type: e.type, position: BigInt(e.position), tx: e.tx }))))
+      await Promise.all(scoped.map(async ({ scope, stream }) => (await eventsOf(stream)).filter((e) => !timed.has(e.type)).map((e) => ({ scope, type: e.type, batch: batchOf(e.data), position: BigInt(e.position), tx: e.tx }))))
     ).flat();
     all.sort((a, b) => (a.position < b.position ? -1 : 1));
     // A step is a commit: the last of the events one transaction wrote (those before it cannot be stored without it).
@@ -286,9 +292,10 @@ if (!unavailable) {
     const seen = new Map<string, number>();
     const steps: Step[] = [];
     for (const e of all) {
-      const occurrence = seen.get(`${e.scope} ${e.type}`) ?? 0;
-      seen.set(`${e.scope} ${e.type}`, occurrence + 1);
-      if (lastOfTx.get(e.tx) === e) steps.push({ scope: e.scope, type: e.type, occurrence });
+      const batch = e.scope === 'meter' ? e.batch : null;
+      const occurrence = seen.get(`${e.scope} ${e.type} ${batch}`) ?? 0;
+      seen.set(`${e.scope} ${e.type} ${batch}`, occurrence + 1);
+      if (lastOfTx.get(e.tx) === e) steps.push({ scope: e.scope, type: e.type, batch, occurrence });
     }
     for (const type of ['HarvestJobAdmitted', 'HarvestSubmitted', 'HarvestStarted', 'HarvestClaimed', 'HarvestShardWritten', 'HarvestSucceeded', 'HarvestSlotReleased']) {
       assert.ok(steps.some((s) => s.type === type), `the life has a ${type} step: ${steps.map(stepName).join(', ')}`);
