@@ -1,12 +1,13 @@
 /**
  * A harvest job's processes SIGKILLed at every step of its life, on PostgreSQL, with real processes: a
- * gateway (`svc serve --no-workers`: the HTTP API and the processors) and a `svc worker`, both running
- * the workflow processor, on the reference engine. First a job runs untouched: the events it writes on
+ * gateway (`svc serve --no-workers`: the HTTP API and the processors) and two `svc worker`s, each
+ * running the workflow processor, on the reference engine. First a job runs untouched: its commits on
  * its job stream, its key's quota stream, the harvest-slots workflow's stream and the key's meter
- * stream, in order, are the steps (each `<stream> <type> #<occurrence>`), so the list follows the event
- * flow. Then jobs run again, each step k armed in turn: a trigger on the events table marks the commit
- * of event k and holds every later event insert before it commits, so the kill lands after k and before
- * anything else is stored. Killed then: the process that wrote k, the holders of the harvest workflows'
+ * stream (renewals left out), in order, are the steps (each named by the commit's last event: `<stream>
+ * <type> #<occurrence>`), so the list follows the event flow. Then jobs run again, each step k armed in
+ * turn (several per job; one a job passed over waits for the next job): a trigger on the events table
+ * marks the commit of step k and holds every later event insert before it commits, so the kill lands
+ * after k and before anything else is stored. Killed then: the process that wrote k, the holders of the harvest workflows'
  * leases and the worker holding the job's claim; their connections are ended, new processes are
  * started, the next step is armed. Whatever the step, the job succeeds with shards 0..n-1 recorded once
  * each (files and manifest matching the records), its slot released once and counted, no budget hold
