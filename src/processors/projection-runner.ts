@@ -207,6 +207,8 @@ export class ProjectionRunner {
 
   async #init(projection: Projection): Promise<void> {
     await this.#db.transaction(async (tx) => {
+      // Processes starting at once take turns: concurrent CREATE ... IF NOT EXISTS of one table collide (or deadlock).
+      await tx.query(`SELECT pg_advisory_xact_lock(hashtext('svc-processor-setup'))`);
       await projection.init(tx);
       await this.#checkpoints.ensure(tx, projection.name);
     });

@@ -55,7 +55,10 @@ export function waitForLine(child: ChildProcess, stream: 'stdout' | 'stderr', pa
         resolve(m);
       }
     });
-    child.once('exit', (code) => reject(new Error(`process exited ${code}: ${seen.slice(-2000)}`)));
+    child.once('exit', (code) => {
+      clearTimeout(timer);
+      reject(new Error(`process exited ${code}: ${seen.slice(-2000)}`));
+    });
   });
 }
 

@@ -22,10 +22,10 @@ export interface HarvestStack {
   readonly engineUrl: string;
   readonly harvestDir: string;
   readonly databaseUrl: string | null;
-  /** `svc serve` (args: `--no-workers`, say) with these extra environment variables; resolves once it listens. */
-  serve(env?: Record<string, string>, args?: string[]): Promise<{ child: ChildProcess; url: string }>;
+  /** `svc serve` (args: `--no-workers`, say) with these extra environment variables; resolves once it listens (`spawned`: told the process at once). */
+  serve(env?: Record<string, string>, args?: string[], spawned?: (child: ChildProcess) => void): Promise<{ child: ChildProcess; url: string }>;
   /** `svc worker` (PostgreSQL only); resolves once it works. */
-  worker(env?: Record<string, string>): Promise<ChildProcess>;
+  worker(env?: Record<string, string>, spawned?: (child: ChildProcess) => void): Promise<ChildProcess>;
   /** Sets the shared engine's failure mode (`{ mode: 'delay', count, delay_ms }`, `{ mode: 'none' }`). */
   chaos(body: Record<string, unknown>): Promise<void>;
   /** The store the processes write (open it once every process that holds the embedded store is gone). */
@@ -83,13 +83,15 @@ export async function startHarvestStack(options: {
     engineUrl,
     harvestDir,
     databaseUrl: database?.url ?? null,
-    async serve(env = {}, args = []) {
+    async serve(env = {}, args = [], spawned) {
       const child = spawnSvc(['serve', ...args], env);
+      spawned?.(child);
       const [, url] = await waitForLine(child, 'stderr', /listening on (http:\/\/\S+)/);
       return { child, url };
     },
-    async worker(env = {}) {
+    async worker(env = {}, spawned) {
       const child = spawnSvc(['worker'], env);
+      spawned?.(child);
       await waitForLine(child, 'stderr', /svc worker working on harvest jobs/);
       return child;
     },
