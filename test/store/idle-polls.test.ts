@@ -5,34 +5,11 @@
  */
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
-import pg from 'pg';
-import { PGlite } from '@electric-sql/pglite';
 import type { RecordedEvent } from '../../src/store/index.ts';
 import { adaptersUnderTest, event, uniqueStream } from './adapters.ts';
 import { settledHead, sleep, waitLimitMs } from './log-contract.ts';
 import { within } from '../support/within.ts';
-
-/** Every statement text the drivers send, while `fn` runs. */
-async function countingQueries<T>(fn: (sent: string[]) => Promise<T>): Promise<T> {
-  const sent: string[] = [];
-  const textOf = (q: unknown) => (typeof q === 'string' ? q : ((q as { text?: string })?.text ?? ''));
-  const pgQuery = pg.Client.prototype.query;
-  const pgliteQuery = PGlite.prototype.query;
-  pg.Client.prototype.query = function (this: pg.Client, ...args: unknown[]) {
-    sent.push(textOf(args[0]));
-    return (pgQuery as (...a: unknown[]) => unknown).apply(this, args);
-  } as typeof pgQuery;
-  PGlite.prototype.query = function (this: PGlite, ...args: unknown[]) {
-    sent.push(textOf(args[0]));
-    return (pgliteQuery as (...a: unknown[]) => unknown).apply(this, args);
-  } as typeof pgliteQuery;
-  try {
-    return await fn(sent);
-  } finally {
-    pg.Client.prototype.query = pgQuery;
-    PGlite.prototype.query = pgliteQuery;
-  }
-}
+import { countingQueries } from '../support/counting-queries.ts';
 
 const isRead = (sql: string) => /^SELECT global_position, transaction_id::text AS tx/.test(sql.trim()) || sql.includes('scanned');
 /** lastCommitted: the log's last commit, readable yet or not (no visibility rule). */
