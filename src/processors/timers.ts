@@ -22,8 +22,8 @@ export interface TimerStore {
   ensure(db: Queryable): Promise<void>;
   /** Adds timers (one already known, fired or not, is left as it is). */
   schedule(tx: Queryable, workflow: string, timers: readonly TimerRow[]): Promise<void>;
-  /** The unfired timers due at `now`, earliest first. */
-  due(db: Queryable, workflow: string, now: Date, limit: number): Promise<TimerRow[]>;
+  /** The unfired timers due at `now`, earliest first, and when the earliest one due later is (null: none). */
+  due(db: Queryable, workflow: string, now: Date, limit: number): Promise<{ due: TimerRow[]; later: Date | null }>;
   /** When the earliest unfired timer is due (null: none pending). */
   next(db: Queryable, workflow: string): Promise<Date | null>;
   /** Marks timers fired at `now`, and drops those fired over a day before. */
@@ -75,11 +75,16 @@ export function sqlTimers(db: Pick<SqlDatabase, 'internalSchema'>): TimerStore {
       );
     },
     async due(db, workflow, now, limit) {
-      const { rows } = await db.query<Parameters<typeof rowOf>[0]>(
-        `SELECT timer_id, stream, due_at, input FROM ${table} WHERE workflow = $1 AND fired_at IS NULL AND due_at <= $2 ORDER BY due_at, timer_id LIMIT $3`,
+      // One statement: an idle round (nothing due) learns when to look again without a second query.
+      const { rows } = await db.query<Omit<Parameters<typeof rowOf>[0], 'timer_id'> & { timer_id: string | null; later: Date | string | null }>(
+        `SELECT l.later, d.timer_id, d.stream, d.due_at, d.input
+         FROM (SELECT min(due_at) AS later FROM ${table} WHERE workflow = $1 AND fired_at IS NULL AND due_at > $2) l
+         LEFT JOIN LATERAL (SELECT timer_id, stream, due_at, input FROM ${table} WHERE workflow = $1 AND fired_at IS NULL AND due_at <= $2 ORDER BY due_at, timer_id LIMIT $3) d ON true
+         ORDER BY d.due_at, d.timer_id`,
         [workflow, now.toISOString(), limit],
       );
-      return rows.map(rowOf);
+      const later = rows[0]?.later == null ? null : new Date(rows[0].later);
+      return { due: rows.filter((r) => r.timer_id !== null).map((r) => rowOf(r as Parameters<typeof rowOf>[0])), later };
     },
     async next(db, workflow) {
       const { rows } = await db.query<{ due_at: Date | string | null }>(`SELECT min(due_at) AS due_at FROM ${table} WHERE workflow = $1 AND fired_at IS NULL`, [workflow]);

@@ -33,15 +33,20 @@ export async function fireDue(ctx: TimerContext, running: Running): Promise<void
     await seed(ctx, running);
     running.seeded = true;
   }
+  let fired = false;
+  let next: Date | null = null;
   for (let more = true; more; ) {
     const now = ctx.now();
-    const due = await ctx.timers.due(ctx.db, workflow.name, now, 100);
+    const { due, later } = await ctx.timers.due(ctx.db, workflow.name, now, 100);
     for (const row of due) await fire(ctx, running, row, now);
+    fired ||= due.length > 0;
     more = due.length === 100;
+    next = later;
   }
   if (running.wake) clearTimeout(running.wake);
   running.wake = null;
-  const next = await ctx.timers.next(ctx.db, workflow.name);
+  // Firing may have scheduled more (an earlier one, even): asked again then; an idle round has its answer.
+  if (fired) next = await ctx.timers.next(ctx.db, workflow.name);
   const waitMs = next === null ? Infinity : next.getTime() - ctx.now().getTime();
   // Later than the next idle round: that round looks again (a clock moved by a test is seen there too).
   if (!running.active || waitMs > ctx.idleMs) return;

@@ -68,6 +68,8 @@ export function sqlSubscription(source: SubscriptionSource, opts: SubscribeOptio
   // Outside any transaction the caller may be in: the loop outlives it.
   const follow = async () => {
     let shortDelay = 0;
+    /** The last wait ended on the poll's timeout, with nothing pending and no wake-up meanwhile. */
+    let quiet = false;
     while (!abort.signal.aborted) {
       const generation = wakes.generation;
       let batch: RecordedEvent[];
@@ -77,15 +79,19 @@ export function sqlSubscription(source: SubscriptionSource, opts: SubscribeOptio
         ({ events: batch, scanned } = filtered ? await readPage(position, batchSize, skip, types) : await readAll(position, batchSize).then((events) => ({ events, scanned: events.length })));
         const handed = filtered ? batch.filter((e) => e.metadata !== null) : batch;
         if (handed.length > 0) await opts.handle(handed);
-        // Nothing readable: has something committed that an older transaction still hides?
-        else if (scanned === 0) pending = comparePositions(await lastCommitted(), position) > 0;
+        // Nothing readable: has something committed that an older transaction still hides? Asked after
+        // a wake-up, a batch, a recheck or for a `caughtUp` waiter, not after a poll nothing woke (idle,
+        // that was one query more per subscription a second): such commits are found by the next read.
+        else if (scanned === 0 && (!quiet || waiters.length > 0)) pending = comparePositions(await lastCommitted(), position) > 0;
       } catch (error) {
+        quiet = false;
         if (abort.signal.aborted || source.closed) break;
         opts.onError?.(error);
         await pause(Math.min(poll, 1000), abort.signal);
         continue;
       }
       if (batch.length > 0) {
+        quiet = false;
         position = batch[batch.length - 1].globalPosition;
         shortDelay = 0;
         settleWaiters();
@@ -97,6 +103,7 @@ export function sqlSubscription(source: SubscriptionSource, opts: SubscribeOptio
       // 40 ... ms until they can be read, rather than at the next poll. A hint still wakes it at once.
       shortDelay = pending ? Math.min(shortDelay === 0 ? 5 : shortDelay * 2, pendingRecheckMs, poll) : 0;
       await wakes.wait(generation, pending ? shortDelay : poll, abort.signal);
+      quiet = !pending && wakes.generation === generation;
     }
   };
   const loop = insideTransaction ? insideTransaction.exit(follow) : follow();

@@ -20,6 +20,7 @@ import { sqlLeases, WorkflowProcessor, type ProcessorSources } from '../../src/p
 import { openEventStore, type EventStore } from '../../src/store/index.ts';
 import { adaptersUnderTest } from '../store/adapters.ts';
 import { until } from '../support/until.ts';
+import { countingQueries } from '../support/counting-queries.ts';
 
 const PingRequested = defineEvent('PingRequested', Type.Object({ ping_id: Type.String(), at: Type.String() }, { additionalProperties: false }));
 const PingDue = defineEvent('PingDue', Type.Object({ ping_id: Type.String() }, { additionalProperties: false }));
@@ -142,6 +143,31 @@ function runSuites(): void {
       assert.equal(recorded.map((e) => e.type), ['WorkflowInputRecorded', 'WorkflowInputScheduled', 'WorkflowInputRecorded', 'WorkflowCommandSent']);
       assert.is((recorded[2].data as { fired_at?: string }).fired_at, '2026-11-26T12:00:30.000Z');
       await processor.stop();
+      assert.equal(errors, []);
+    });
+
+    it('an idle round with a timer pending asks the database once for what is due and when to look again', async ({ store }) => {
+      const clock = { now: new Date('2026-11-26T12:00:00Z') };
+      const { processor, fired, errors } = pingProcessor({ store }, store, { now: () => clock.now });
+      await processor.start();
+      const id = randomBytes(4).toString('hex');
+      await request(store, id, new Date('2026-11-26T12:00:30Z'));
+      await processor.caughtUp();
+      await settle();
+      const isDue = (sql: string) => sql.includes('workflow_timers') && sql.includes('due_at <=');
+      const isNext = (sql: string) => sql.includes('min(due_at) AS due_at');
+      try {
+        const idle = await countingQueries(async (sent) => {
+          await until('idle rounds', async () => sent.filter(isDue).length >= 5, 10_000, 20);
+          return [...sent];
+        });
+        assert.is(idle.filter(isNext).length, 0, 'no second query for the next timer');
+        clock.now = new Date('2026-11-26T12:00:30Z');
+        await until('the timer firing', async () => fired.length > 0, 10_000, 20);
+        assert.equal(fired, [id]);
+      } finally {
+        await processor.stop();
+      }
       assert.equal(errors, []);
     });
 
