@@ -199,7 +199,10 @@ export class KeyPool {
 
 /** Builds the compiled gateway (of this checkout, or of `tree`): the benches measure what `npm start` runs. */
 export function buildGateway(tree = root): void {
-  execFileSync(process.execPath, [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', join(tree, 'tsconfig.build.json')], { stdio: 'inherit' });
+  // bin/build.js stamps dist/ as current, so `bin/svc.js` runs the build rather than the sources through tsx.
+  const builder = join(tree, 'bin', 'build.js');
+  if (tree === root && existsSync(builder)) execFileSync(process.execPath, [builder], { cwd: tree, stdio: 'inherit' });
+  else execFileSync(process.execPath, [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', join(tree, 'tsconfig.build.json')], { stdio: 'inherit' });
 }
 
 /** A model of the benches' configuration (SVC_CONFIG) on an engine stub at `engineUrl`, with the production limits per key. */
