@@ -296,6 +296,9 @@ if (!unavailable) {
       const batch = e.scope === 'meter' ? e.batch : null;
       const occurrence = seen.get(`${e.scope} ${e.type} ${batch}`) ?? 0;
       seen.set(`${e.scope} ${e.type} ${batch}`, occurrence + 1);
+      // A process's slot lease on the key's meter is taken again by whichever processes happen to serve the key
+      // (how many depends on the kills): its first taking is a step of the life, the others are not.
+      if (e.type === 'SlotsLeased' && occurrence > 0) continue;
       if (lastOfTx.get(e.tx) === e) steps.push({ scope: e.scope, type: e.type, batch, occurrence });
     }
     for (const type of ['HarvestJobAdmitted', 'HarvestSubmitted', 'HarvestStarted', 'HarvestClaimed', 'HarvestShardWritten', 'HarvestSucceeded', 'HarvestSlotReleased']) {
