@@ -112,6 +112,18 @@ function startChild(url: string, schema: string): Child {
   return { child, lines, exited };
 }
 
+/** A processor on a moved clock (12:00:00) with one ping requested for 12:00:30, caught up: its timer pending. */
+async function pendingPing(store: EventStore) {
+  const clock = { now: new Date('2026-11-26T12:00:00Z') };
+  const { processor, fired, errors } = pingProcessor({ store }, store, { now: () => clock.now });
+  await processor.start();
+  const id = randomBytes(4).toString('hex');
+  await request(store, id, new Date('2026-11-26T12:00:30Z'));
+  await processor.caughtUp();
+  await settle();
+  return { clock, processor, fired, errors, id };
+}
+
 function runSuites(): void {
   for (const adapter of adaptersUnderTest()) {
     const it = suite<{ store: EventStore }>(`workflow timers (${adapter.name})`);
@@ -124,13 +136,7 @@ function runSuites(): void {
     });
 
     it('a scheduled input fires when due, not before, once, and is recorded on its instance with what it caused', async ({ store }) => {
-      const clock = { now: new Date('2026-11-26T12:00:00Z') };
-      const { processor, fired, errors } = pingProcessor({ store }, store, { now: () => clock.now });
-      await processor.start();
-      const id = randomBytes(4).toString('hex');
-      await request(store, id, new Date('2026-11-26T12:00:30Z'));
-      await processor.caughtUp();
-      await settle();
+      const { clock, processor, fired, errors, id } = await pendingPing(store);
       assert.equal(fired, [], 'not due yet');
       assert.equal(await typesOf(store, workflowStream('pings', id)), ['WorkflowInputRecorded', 'WorkflowInputScheduled']);
       clock.now = new Date('2026-11-26T12:00:30Z');
@@ -147,13 +153,7 @@ function runSuites(): void {
     });
 
     it('an idle round with a timer pending asks the database once for what is due and when to look again', async ({ store }) => {
-      const clock = { now: new Date('2026-11-26T12:00:00Z') };
-      const { processor, fired, errors } = pingProcessor({ store }, store, { now: () => clock.now });
-      await processor.start();
-      const id = randomBytes(4).toString('hex');
-      await request(store, id, new Date('2026-11-26T12:00:30Z'));
-      await processor.caughtUp();
-      await settle();
+      const { clock, processor, fired, errors, id } = await pendingPing(store);
       const isDue = (sql: string) => sql.includes('workflow_timers') && sql.includes('due_at <=');
       const isNext = (sql: string) => sql.includes('min(due_at) AS due_at');
       try {
