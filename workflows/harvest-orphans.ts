@@ -43,9 +43,10 @@ export function harvestOrphansWorkflow(options: { read(jobId: string): Promise<O
         const { job_id: jobId, at } = input.data;
         return [scheduleInput(later(at, harvestOrphanAdmissionMs), `orphan:${jobId}`, HarvestAdmissionDue({ job_id: jobId, key_id: keyId, admitted_at: at }))];
       }
-      if (job === null) return [];
+      // Judged at the time it fired, never at an assumed one: a job not recorded yet is an orphan only once a minute has passed.
+      if (job === null || input.firedAt === undefined) return [];
       const { job_id: jobId, key_id: keyId } = input.data;
-      return [{ stream: harvestQuotaStream(keyId), commandId: `orphan:${jobId}`, command: { type: 'Release', job, now: input.firedAt ?? later(input.data.admitted_at, harvestOrphanAdmissionMs) } }];
+      return [{ stream: harvestQuotaStream(keyId), commandId: `orphan:${jobId}`, command: { type: 'Release', job, now: input.firedAt } }];
     },
     evolve: (state) => state,
   };
