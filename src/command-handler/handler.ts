@@ -68,8 +68,8 @@ export class CommandHandler {
     decider: Decider<State, Command, Event, Rej>,
     options: CommandOptions = {},
   ): Promise<PendingDecision<State, Event, Rej>> {
-    const slot = await this.#cache.ready(streamId, decider as AnyDecider);
-    return this.#decideNow(slot, command, options) as PendingDecision<State, Event, Rej>;
+    const decided = await this.#cache.ready(streamId, decider as AnyDecider, false, (slot) => this.#decideNow(slot, command, options));
+    return decided as PendingDecision<State, Event, Rej>;
   }
 
   /** Decides `command` and waits until its outcome is durable. */
@@ -88,8 +88,8 @@ export class CommandHandler {
     decider: Decider<State, never, Event, Rejection>,
     options: { fresh?: boolean } = {},
   ): Promise<{ state: State; version: number }> {
-    const slot = await this.#cache.ready(streamId, decider as AnyDecider, options.fresh);
-    return { state: slot.confirmed.state as State, version: slot.confirmed.version };
+    const { state, version } = await this.#cache.ready(streamId, decider as AnyDecider, options.fresh ?? false, (slot) => slot.confirmed);
+    return { state: state as State, version };
   }
 
   /** Another process may have written the stream: the next decision reads what it missed first. */

@@ -35,8 +35,12 @@ export class StreamCache {
     this.#pageSize = options.readPageSize;
   }
 
-  /** The stream's slot, loaded or caught up first as needed (`fresh`: read what others appended first). */
-  async ready(streamId: string, decider: AnyDecider, fresh = false): Promise<Slot> {
+  /**
+   * Calls `use` with the stream's slot, loaded or caught up first as needed (`fresh`: read what others
+   * appended first), in the same turn as the checks: never while a catch-up (which replaces the slot's
+   * state) is under way, as it could be by the time a caller resumed from an awaited slot.
+   */
+  async ready<T>(streamId: string, decider: AnyDecider, fresh: boolean, use: (slot: Slot) => T): Promise<T> {
     for (let read = false; ; ) {
       const slot = this.#slots.get(streamId);
       if (slot && slot.decider !== decider) throw new Error(`stream ${streamId} is already handled with another decider`);
@@ -54,7 +58,7 @@ export class StreamCache {
           });
           continue;
         }
-        return slot;
+        return use(slot);
       }
       let loading = this.#loading.get(streamId);
       if (!loading) {

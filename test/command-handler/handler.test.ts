@@ -2,7 +2,7 @@
 import { suite } from 'uvu';
 import * as assert from 'uvu/assert';
 import { randomUUID } from 'node:crypto';
-import { CommandHandler, commandIdKey, DecisionSuperseded, eventIdFor } from '../../src/command-handler/index.ts';
+import { CommandHandler, commandIdKey, DecisionSuperseded, eventIdFor, type Outcome } from '../../src/command-handler/index.ts';
 import { defineEvent, eventCatalogue, EventSchemaViolation, reject, Type, type Decider, type EventOf, type Rejection } from '../../src/event-sourcing/index.ts';
 import { openEventStore, WrongExpectedVersion, type EventStore } from '../../src/store/index.ts';
 import { deciderSpecification } from '../support/decider-specification.ts';
@@ -602,6 +602,37 @@ it("following the log: another process's write makes the next decision read it f
   } finally {
     await subscription.stop();
   }
+});
+
+it('a decision is never made on the state a catch-up is replacing (one whose caller resumes while a fresh load reads)', async ({ store }) => {
+  // Forced interleaving: a decision and a fresh load both wait on one catch-up; when it ends, the load
+  // starts another before the decision's caller resumes, and another process appends before that read.
+  // Decided in between, the decision would stand on the state before that append and be sent after it.
+  let beforeRead: (() => Promise<unknown>) | null = null;
+  const hooked: EventStore = {
+    ...store,
+    async readStream(...args) {
+      const hook = beforeRead;
+      beforeRead = null;
+      await hook?.();
+      return store.readStream(...args);
+    },
+  };
+  const here = new CommandHandler({ store: hooked });
+  const there = new CommandHandler({ store });
+  const id = stream();
+  for (let i = 0; i < cap - 2; i++) await here.handle(id, issue, tickets);
+  let elsewhere: Promise<Outcome<TicketState, TicketEvent, TicketRejection>> | null = null;
+  const first = here.load(id, tickets, { fresh: true }); // a catch-up under way
+  beforeRead = () => (elsewhere = there.handle(id, issue, tickets)); // another process appends before this process's next read
+  const racing = here.handle(id, issue, tickets); // waits on the catch-up
+  const fresh = here.load(id, tickets, { fresh: true }); // waits on it too, then reads again
+  await Promise.all([first, fresh]);
+  const last = here.handle(id, issue, tickets);
+  const outcomes = await Promise.all([racing, last, elsewhere ?? there.handle(id, issue, tickets)]);
+  assert.is(outcomes.filter((o) => o.accepted).length, 2, JSON.stringify(outcomes));
+  const read = await store.readStream(id);
+  assert.equal(read.events.map((e) => (e.data as { number: number }).number), Array.from({ length: cap }, (_, i) => i + 1));
 });
 
 it('a fresh load reads what another process appended since', async ({ store }) => {
