@@ -12,6 +12,7 @@ import { postgresUnavailable } from '../support/postgres.ts';
 import { issueKey, json } from '../support/gateway.ts';
 import { until } from '../support/until.ts';
 import { harvestEvents, harvestStream } from '../../events/harvest.ts';
+import pg from 'pg';
 
 const databaseUrl = process.env.DATABASE_URL;
 const unavailable = await postgresUnavailable(databaseUrl);
@@ -25,6 +26,26 @@ if (!unavailable) {
   it.after(async () => {
     await stack?.stop();
   });
+
+  /**
+   * The harvest streams in append order, for a failed assertion to explain itself: each event's place,
+   * transaction, type and metadata (command id, origin), and the quota events' data (job ids, month,
+   * reasons); never a job's data (its prompts' hash, its key and user).
+   */
+  const harvestStreams = async (): Promise<string> => {
+    const client = new pg.Client({ connectionString: stack.databaseUrl! });
+    await client.connect();
+    try {
+      const { rows } = await client.query(
+        `SELECT global_position::text AS pos, transaction_id::text AS tx, stream_id, stream_version, event_type,
+                CASE WHEN stream_id LIKE 'harvest-quota-%' THEN data::text END AS data, metadata::text AS metadata
+           FROM events WHERE stream_id LIKE 'harvest-%' ORDER BY global_position`,
+      );
+      return rows.map((r) => [r.pos, r.tx, r.stream_id, r.stream_version, r.event_type, r.data ?? '', r.metadata].join(' ')).join('\n');
+    } finally {
+      await client.end();
+    }
+  };
 
   const submit = (url: string, key: string, body: unknown) =>
     fetch(`${url}/v1/harvest`, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' }, body: JSON.stringify(body) });
@@ -40,14 +61,16 @@ if (!unavailable) {
       const limited = await issueKey(a.url, stack.adminToken, { email: 'quota-procs@example.org', monthly_harvest_jobs: 3 });
       const quotaRun = await Promise.all(Array.from({ length: 8 }, (_, i) => submit(gateways[i % 2], limited, slow)));
       const quotaBodies = await Promise.all(quotaRun.map((r) => json(r)));
-      assert.is(quotaRun.filter((r) => r.status === 202).length, 3, JSON.stringify(quotaBodies.map((b) => b.error?.code ?? b.status)));
+      const admitted = quotaRun.filter((r) => r.status === 202).length;
+      if (admitted !== 3) assert.is(admitted, 3, `${JSON.stringify(quotaBodies.map((b) => b.error?.code ?? b.status))}\n${await harvestStreams()}`);
       assert.ok(quotaBodies.filter((b) => b.error).every((b) => b.error.code === 'harvest_quota_exceeded'));
 
       // No quota: the running cap (3) over 7 concurrent submits.
       const busy = await issueKey(a.url, stack.adminToken, { email: 'cap-procs@example.org' });
       const capRun = await Promise.all(Array.from({ length: 7 }, (_, i) => submit(gateways[i % 2], busy, slow)));
       const capBodies = await Promise.all(capRun.map((r) => json(r)));
-      assert.is(capRun.filter((r) => r.status === 202).length, 3, JSON.stringify(capBodies.map((b) => b.error?.code ?? b.status)));
+      const running = capRun.filter((r) => r.status === 202).length;
+      if (running !== 3) assert.is(running, 3, `${JSON.stringify(capBodies.map((b) => b.error?.code ?? b.status))}\n${await harvestStreams()}`);
       assert.ok(capBodies.filter((b) => b.error).every((b) => b.error.code === 'harvest_concurrency_exceeded'));
 
       // Cancelled through either gateway, the slots free up for the next submit.
