@@ -14,6 +14,17 @@ export type HarvestAgeOutState = Readonly<Record<string, never>>;
 
 const stateless: HarvestAgeOutState = {};
 
+/**
+ * The age-out a slot release asks for: none unless it was released `stale`. The submit whose admission
+ * released it sends it before answering (the contract ages stale jobs out during the submit); this
+ * workflow sends it again after a crash in between, appending nothing when it was.
+ */
+export function ageOutOf(released: Released['data']): WorkflowCommand<AgeOut>[] {
+  if (released.reason !== 'stale') return [];
+  const { job_id: jobId, at } = released;
+  return [{ stream: harvestStream(jobId), commandId: `age-out:${jobId}`, command: { type: 'AgeOut', now: at } }];
+}
+
 export const harvestAgeOutWorkflow: Workflow<Released, HarvestAgeOutState, AgeOut> = {
   name: 'harvest-age-out',
   inputs: harvestQuotaEvents,
@@ -21,10 +32,6 @@ export const harvestAgeOutWorkflow: Workflow<Released, HarvestAgeOutState, AgeOu
   target: harvestDecider,
   instanceOf: (input: WorkflowInput<Released>) => harvestQuotaKeyOf(input.streamId) ?? input.streamId,
   initialState: () => stateless,
-  decide(input): WorkflowCommand<AgeOut>[] {
-    if (input.data.reason !== 'stale') return [];
-    const { job_id: jobId, at } = input.data;
-    return [{ stream: harvestStream(jobId), commandId: `age-out:${jobId}`, command: { type: 'AgeOut', now: at } }];
-  },
+  decide: (input) => ageOutOf(input.data),
   evolve: (state) => state,
 };

@@ -4,7 +4,8 @@
  * deciders/harvest-quota.ts on `harvest-quota-<keyId>`), and what happens after the submit's answer
  * is the workflows' (src/harvest/resumer.ts, workflows/): a slot released when its job ends
  * (harvest-slots) or a minute after an admission whose job was never recorded (harvest-orphans), a
- * job aged out once its admission freed its slot as stale (harvest-age-out), a start that never
+ * job aged out once its admission freed its slot as stale (the submit first, harvest-age-out after a
+ * crash), a start that never
  * happened, a job nobody claimed, a worker lost (the resumer's `Redispatch`). Every command on a job
  * goes through `command`, which also wakes this process's long-polls.
  */
@@ -15,7 +16,8 @@ import type { SqlDatabase } from '../store/index.ts';
 import type { HarvestSettings } from '../config/index.ts';
 import type { ModelRegistry } from '../registry/index.ts';
 import type { DispatchTransport } from '../dispatch/index.ts';
-import { harvestJobOf, harvestStream, harvestQuotaStream, type HarvestEvent } from '../../events/index.ts';
+import { harvestJobOf, harvestStream, harvestQuotaStream, type HarvestEvent, type HarvestQuotaEvent } from '../../events/index.ts';
+import { ageOutOf } from '../../workflows/index.ts';
 import {
   harvestDecider,
   harvestDispatched,
@@ -122,6 +124,7 @@ export class HarvestService {
     };
     const admitted = await this.#handler.handle(harvestQuotaStream(caller.keyId), admit, harvestQuotaDecider, { commandId: `admit:${jobId}`, metadata: { key_prefix: caller.prefix } });
     if (!admitted.accepted) throw admissionRefused(admitted.rejection, now);
+    await this.#ageOut(admitted.newEvents);
     try {
       const input = await this.#storage.saveInput(jobId, request.prompts);
       const outcome = await this.command(jobId, { type: 'Submit', job: { ...planned, input_sha256: input.sha256 } });
@@ -132,6 +135,21 @@ export class HarvestService {
     }
     const started = await this.command(jobId, { type: 'Start', transport: this.#transport.name, now: this.#now().toISOString() });
     return this.#view(started.state);
+  }
+
+  /**
+   * The jobs whose slots the admission freed as stale, failed on their streams before the answer (the
+   * contract ages them out during the submit), as harvest-age-out would: one of them failing to is left
+   * to that workflow, which sends the same command again.
+   */
+  async #ageOut(admitted: readonly HarvestQuotaEvent[]): Promise<void> {
+    for (const event of admitted) {
+      if (event.type !== 'HarvestSlotReleased') continue;
+      for (const { stream, commandId, command } of ageOutOf(event.data)) {
+        const jobId = harvestJobOf(stream)!;
+        await this.command(jobId, command, commandId).catch((err) => this.#logger.warn({ job_id: jobId, err: (err as Error)?.message }, 'harvest age-out left to its workflow'));
+      }
+    }
   }
 
   /** The key's admitted jobs as their streams hold them, for the admission to judge. */
