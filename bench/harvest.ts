@@ -3,12 +3,14 @@
  * 1. A harvest as users run it: `svc serve` and a `svc worker` (with DATABASE_URL: the PostgreSQL transport,
  *    each in its own process; without: the embedded store, the worker in the gateway's process) and a stub
  *    engine answering every capture at once (test/support/capture-engine.ts `random`, its own process), on the same cores.
- *    Each process's CPU seconds per GB of shard written (/proc: every thread) and the harvest's GB/s beside a
- *    raw write + fsync of the same files' bytes to the same disk, rounds interleaved.
+ *    Each process's CPU seconds per GB of shard written (/proc: every thread), the worker's split by thread
+ *    (main; the others' user and sys), and the harvest's GB/s beside a raw write + fsync of the same files'
+ *    bytes to the same disk, rounds interleaved.
  * 2. The worker's parts, each alone on the same bytes in this process (CPU per GB of shard bytes, all
- *    threads, a batch of captures in flight): receive (through undici, the engine client's HTTP library),
- *    decode (scan + base64 into place), receive + decode as the worker runs them (each chunk decoded as it
- *    arrives) and as it ran them before (each body collected whole, then decoded), convert (float32
+ *    threads, a batch of captures in flight): receive (the worker's reader, stream-post.ts: one reused
+ *    buffer per connection; undici's beside it), decode (scan + base64 into place), receive + decode as the
+ *    worker runs them (each piece decoded as it is read) and through undici (each chunk decoded as it
+ *    arrives, or each body collected whole, then decoded), convert (float32
  *    captures rounded to bf16), write, hash, stats; each beside its floor on this machine (a bare node:http
  *    read, Node's native base64 decoder, a raw write + fsync, OpenSSL's SHA-256 through node:crypto) and
  *    how far above it. Write and hash run interleaved with their floors, round after round (BENCH_HARVEST_
@@ -35,6 +37,7 @@ import { fileHarvestStorage, shardFileName } from '../src/harvest/storage.ts';
 import { hashFile } from '../src/harvest/file-hasher.ts';
 import { runShardPipeline, type CapturedPrompt } from '../src/harvest/shard-pipeline.ts';
 import { RunningStats } from '../src/harvest/stats.ts';
+import { StreamPoster } from '../src/engine-client/stream-post.ts';
 import { buildGateway, cpuSecondsOf, issueKeys, postgresPids, root, scratchDatabase, spawnWithUrl, stop, benchAdminToken } from './support.ts';
 import { stubModel, STUB_CHECKPOINT, STUB_D_MODEL, STUB_LAYERS } from '../test/support/capture.ts';
 
@@ -88,6 +91,17 @@ interface JobRun {
   bytes: number;
   files: number[];
   cpu: Record<string, number>;
+  /** The worker's CPU seconds by thread: main (user, sys), the others (user, sys). */
+  threads: number[];
+}
+
+/** A process's CPU seconds: its main thread's user and sys, and the rest of its threads' (live or ended). */
+function threadSplit(pid: number): number[] {
+  const fields = (path: string) => readFileSync(path, 'utf8').split(') ')[1].split(' ');
+  const all = fields(`/proc/${pid}/stat`);
+  const main = fields(`/proc/${pid}/task/${pid}/stat`);
+  const [mu, ms, au, as] = [main[11], main[12], all[11], all[12]].map((x) => Number(x) / 100);
+  return [mu, ms, au - mu, as - ms];
 }
 
 async function api(path: string, init: RequestInit = {}): Promise<any> {
@@ -104,14 +118,16 @@ const cpuOf = (pids: number[]) => pids.reduce((n, pid) => n + cpuSecondsOf(pid),
 async function harvestJob(): Promise<JobRun> {
   const procs: Record<string, number[]> = { worker: [worker.child.pid!], ...(db ? { gateway: [gateway.child.pid!] } : {}), engine: [engine.child.pid!], ...(db ? { postgres: pgPids } : {}) };
   const before = Object.fromEntries(Object.entries(procs).map(([k, pids]) => [k, cpuOf(pids)]));
+  const threadsBefore = threadSplit(worker.child.pid!);
   const started = performance.now();
   let job = await api('/v1/harvest', { method: 'POST', body: JSON.stringify({ model: 'stub', prompts: Array.from({ length: prompts }, (_, i) => `${i}`.padEnd(tokens - 1, 'x')), layers: 'all', shard_size: shardSize, batch_size: batchSize }) });
   while (job.status === 'pending' || job.status === 'running') job = await api(`/v1/harvest/${job.id}?wait=30`);
   const seconds = (performance.now() - started) / 1000;
   const cpu = Object.fromEntries(Object.entries(procs).map(([k, pids]) => [k, cpuOf(pids) - before[k]]));
+  const threads = threadSplit(worker.child.pid!).map((x, i) => x - threadsBefore[i]);
   if (job.status !== 'succeeded') throw new Error(`the harvest ${job.status}: ${JSON.stringify(job.error)}`);
   const files = job.result.shards.map((s: { bytes: number }) => s.bytes);
-  return { seconds, bytes: files.reduce((a: number, b: number) => a + b, 0), files, cpu };
+  return { seconds, bytes: files.reduce((a: number, b: number) => a + b, 0), files, cpu, threads };
 }
 
 /** The floor: the same files' sizes written from memory in prompt-sized writes, each file fsynced. */
@@ -190,8 +206,24 @@ async function receive(keep: 'chunks' | 'none' = 'chunks'): Promise<Buffer[]> {
   for await (const chunk of res.body) if (keep === 'chunks') chunks.push(chunk as Buffer);
   return chunks;
 }
-/** As the worker receives a capture: each chunk decoded as it arrives (CaptureReader), none kept. */
+const poster = new StreamPoster();
+const engineUrl = new URL(engine.url);
+/** As the worker receives a capture: read into its connection's one buffer (StreamPoster), each piece decoded as it is read, none kept. */
 async function receiveDecoding(): Promise<void> {
+  let reader: CaptureReader | null = null;
+  await poster.post(engineUrl, '/v1/completions', {}, captureRequest, new AbortController().signal, {
+    head: (length) => (reader = new CaptureReader({ layers, dModel }, buffers, length)),
+    chunk: (piece) => (reader!.push(piece), true),
+  });
+  buffers.give(reader!.end().bytes);
+}
+/** The worker's reader, the pieces dropped. */
+async function receiveReused(): Promise<number> {
+  await poster.post(engineUrl, '/v1/completions', {}, captureRequest, new AbortController().signal, { head() {}, chunk: () => true });
+  return 0;
+}
+/** Through undici's body stream, each chunk decoded as it arrives (as the worker read captures before). */
+async function receiveDecodingUndici(): Promise<void> {
   const res = await enginePool.request({ path: '/v1/completions', method: 'POST', body: captureRequest, headers: { 'content-type': 'application/json' } });
   const reader = new CaptureReader({ layers, dModel }, buffers, Number(res.headers['content-length']));
   for await (const chunk of res.body) reader.push(chunk as Buffer);
@@ -222,10 +254,13 @@ const inFlight = async (one: () => Promise<unknown>) => {
   for (let i = 0; i < samples; i += batchSize) await Promise.all(Array.from({ length: batchSize }, one));
   return samples * promptBytes;
 };
-const receiveCpu = await least(2, () => inFlight(() => receive('none')));
+const receiveCpu = await least(2, () => inFlight(receiveReused));
+const receiveUndiciCpu = await least(2, () => inFlight(() => receive('none')));
 const receiveFloor = await least(2, () => inFlight(receiveBare));
-parts.push({ name: 'receive (undici, chunks dropped)', cpu: receiveCpu, floorName: 'node:http, chunks dropped (for scale: no floor if above)', floor: receiveFloor });
+parts.push({ name: "receive (the worker's reader: one reused buffer per connection, pieces dropped)", cpu: receiveCpu, floorName: 'node:http, chunks dropped', floor: receiveFloor });
+parts.push({ name: '(for scale) receive through undici, chunks dropped', cpu: receiveUndiciCpu, floorName: 'node:http, chunks dropped', floor: receiveFloor });
 const streamedCpu = await least(2, () => inFlight(receiveDecoding));
+const streamedUndiciCpu = await least(2, () => inFlight(receiveDecodingUndici));
 const collectedCpu = await least(2, () => inFlight(async () => buffers.give(decodeCapture(await receive(), { layers, dModel }, buffers).bytes)));
 const decodeCpu = await least(3, () => {
   for (let i = 0; i < samples; i++) buffers.give(decodeCapture(bodies[i % bodies.length], { layers, dModel }, buffers).bytes);
@@ -239,7 +274,8 @@ const base64Floor = await least(3, () => {
 });
 parts.push({ name: 'decode (scan + base64 into place, from a body in memory)', cpu: decodeCpu, floorName: "Buffer.from(text, 'base64') on a string", floor: base64Floor });
 parts.push({ name: '**receive + decode as the worker runs them** (each chunk decoded as it arrives)', cpu: streamedCpu, floorName: 'the two floors above', floor: receiveFloor + base64Floor });
-parts.push({ name: 'receive + decode, each body collected whole then decoded (as before)', cpu: collectedCpu, floorName: 'the two floors above', floor: receiveFloor + base64Floor });
+parts.push({ name: "receive + decode through undici's body stream, each chunk decoded as it arrives (as before)", cpu: streamedUndiciCpu, floorName: 'the two floors above', floor: receiveFloor + base64Floor });
+parts.push({ name: 'receive + decode through undici, each body collected whole then decoded', cpu: collectedCpu, floorName: 'the two floors above', floor: receiveFloor + base64Floor });
 
 const f32Raw = Buffer.alloc(promptBytes * 2);
 const f32Words = new Float32Array(f32Raw.buffer, f32Raw.byteOffset, promptBytes / 2);
@@ -382,6 +418,7 @@ for (let i = 0; i < Math.max(3, rounds); i++) {
   }
 }
 await enginePool.close();
+poster.close();
 httpAgent.destroy();
 await stop(engine.child);
 const loadAfter = loadavg()[0];
@@ -406,6 +443,11 @@ print(`| GB/s written, best (each round) | ${f(harvestRate, 3)} (${jobs.map((j) 
 print(`| raw write + fsync of the same bytes, GB/s (each round) | ${f(rawRate, 3)} (${raws.map((r) => f(rate(r), 3)).join(', ')}) |`);
 print(`| **harvest / raw** | **${f(harvestRate / rawRate)}** |`);
 for (const k of Object.keys(jobs[0].cpu)) print(`| CPU s per GB, ${k === 'worker' && !db ? 'worker (+ gateway: one process)' : k}${k === 'postgres' ? ' (shared server: other clients too)' : ''}, least (each) | ${k === 'worker' ? '**' : ''}${f(jobCpu(k))}${k === 'worker' ? '**' : ''} (${jobs.map((j) => f(j.cpu[k] / gb(j.bytes))).join(', ')}) |`);
+const split = (x: { user: number; sys: number }) => `${f(x.user + x.sys)} (${f(x.user)} + ${f(x.sys)})`;
+const leastJob = jobs.reduce((a, b) => (b.cpu.worker / gb(b.bytes) < a.cpu.worker / gb(a.bytes) ? b : a));
+const perThread = (i: number) => leastJob.threads[i] / gb(leastJob.bytes);
+print(`| the worker by thread, its least round: main (receive, decode, statistics, claims): user + sys | ${split({ user: perThread(0), sys: perThread(1) })} |`);
+print(`| the worker's other threads (sys: the shard writes into the page cache, libuv's pool; user: SHA-256 in the hash thread, GC helpers): user + sys | ${split({ user: perThread(2), sys: perThread(3) })} |`);
 print('');
 print('| the worker\'s parts, each alone (CPU s per GB of shard, all threads, least of runs) | CPU s/GB | floor | floor CPU s/GB | above floor |');
 print('|---|---|---|---|---|');
@@ -413,7 +455,6 @@ for (const p of parts) print(`| ${p.name} | ${f(p.cpu)} | ${p.floorName} | ${p.f
 print(`| sum of the worker's bf16 parts (receive + decode as run, write, hash, stats) | ${f(sumParts)} | | | |`);
 print(`| the rest (metering, claims, records, tokenizing, HTTP to the store): the worker's total less the parts | ${f(Math.max(0, workerCpu - sumParts))} | | | |`);
 print('');
-const split = (x: { user: number; sys: number }) => `${f(x.user + x.sys)} (${f(x.user)} + ${f(x.sys)})`;
 print(`| write and hash, interleaved with their floors (${ioRounds} rounds, 2 shards each): CPU s per GB | least: total (user + sys) | each round's total | GB/s, best |`);
 print('|---|---|---|---|');
 const ioRow = (label: string, name: string) => print(`| ${label} | ${split(io[name])} | ${io[name].all.map((x) => f(x)).join(', ')} | ${f(io[name].gbps)} |`);
