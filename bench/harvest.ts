@@ -442,6 +442,7 @@ print('|---|---|');
 print(`| GB/s written, best (each round) | ${f(harvestRate, 3)} (${jobs.map((j) => f(rate(j), 3)).join(', ')}) |`);
 print(`| raw write + fsync of the same bytes, GB/s (each round) | ${f(rawRate, 3)} (${raws.map((r) => f(rate(r), 3)).join(', ')}) |`);
 print(`| **harvest / raw** | **${f(harvestRate / rawRate)}** |`);
+print(`| raw write + fsync of the same bytes, CPU s per GB (the page-cache write the worker's writes cost at least), least (each) | ${f(best(raws.map((r) => r.cpu / gb(r.bytes))))} (${raws.map((r) => f(r.cpu / gb(r.bytes))).join(', ')}) |`);
 for (const k of Object.keys(jobs[0].cpu)) print(`| CPU s per GB, ${k === 'worker' && !db ? 'worker (+ gateway: one process)' : k}${k === 'postgres' ? ' (shared server: other clients too)' : ''}, least (each) | ${k === 'worker' ? '**' : ''}${f(jobCpu(k))}${k === 'worker' ? '**' : ''} (${jobs.map((j) => f(j.cpu[k] / gb(j.bytes))).join(', ')}) |`);
 const split = (x: { user: number; sys: number }) => `${f(x.user + x.sys)} (${f(x.user)} + ${f(x.sys)})`;
 const leastJob = jobs.reduce((a, b) => (b.cpu.worker / gb(b.bytes) < a.cpu.worker / gb(a.bytes) ? b : a));
