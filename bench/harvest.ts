@@ -12,10 +12,11 @@
  *    worker runs them (each piece decoded as it is read) and through undici (each chunk decoded as it
  *    arrives, or each body collected whole, then decoded), convert (float32
  *    captures rounded to bf16), write, hash, stats; each beside its floor on this machine (a bare node:http
- *    read, Node's native base64 decoder, a raw write + fsync, OpenSSL's SHA-256 through node:crypto) and
+ *    read, Node's native base64 decoder, a raw O_DIRECT write + fsync, OpenSSL's SHA-256 through node:crypto) and
  *    how far above it. Write and hash run interleaved with their floors, round after round (BENCH_HARVEST_
  *    IO_ROUNDS, 5), each figure the least-CPU round with its user and sys: the shard sink (writes,
- *    writeback, commit), the hash alone (the sink's read-back of the same files), a raw write + fsync,
+ *    writeback, commit), the hash alone (the sink's read-back of the same files), a raw write + fsync
+ *    through the page cache and one with O_DIRECT,
  *    OpenSSL's SHA-256 over a buffer in cache and over the captures' own (32 MiB) buffers.
  * 3. The in-process pipeline (decode + write + hash + stats, no HTTP) with the statistics on and off, interleaved:
  *    CPU of every thread and of the main thread alone (where the statistics run; far less noisy).
@@ -26,7 +27,7 @@
  */
 import { Buffer } from 'node:buffer';
 import { createHash } from 'node:crypto';
-import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { constants, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { open } from 'node:fs/promises';
 import { cpus, loadavg, totalmem } from 'node:os';
 import { join } from 'node:path';
@@ -38,6 +39,7 @@ import { hashFile } from '../src/harvest/file-hasher.ts';
 import { runShardPipeline, type CapturedPrompt } from '../src/harvest/shard-pipeline.ts';
 import { RunningStats } from '../src/harvest/stats.ts';
 import { StreamPoster } from '../src/engine-client/stream-post.ts';
+import { fixedMemory } from '../src/harvest/wasm-asm.ts';
 import { buildGateway, cpuSecondsOf, issueKeys, postgresPids, root, scratchDatabase, spawnWithUrl, stop, benchAdminToken } from './support.ts';
 import { stubModel, STUB_CHECKPOINT, STUB_D_MODEL, STUB_LAYERS } from '../test/support/capture.ts';
 
@@ -299,8 +301,21 @@ const shardBytes = shardSize * promptBytes;
 const written: string[] = [];
 let shardNo = 0;
 const hot = Buffer.alloc(1 << 20, 0x33);
+const aligned = new Uint8Array(fixedMemory(128).buffer).fill(0x33); // 8 MiB on a 64 KiB boundary
 const ioVariants: Record<string, () => Promise<number> | number> = {
   raw: async () => (await rawWrite([shardBytes, shardBytes], join(dir, 'raw-parts'))).bytes,
+  rawDirect: async () => {
+    // the same files written with O_DIRECT from an aligned buffer, 8 MiB a write, each fsynced
+    mkdirSync(join(dir, 'raw-direct'), { recursive: true });
+    for (let i = 0; i < 2; i++) {
+      const handle = await open(join(dir, 'raw-direct', `raw-${i}`), constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_DIRECT, 0o600);
+      for (let at = 0; at < shardBytes; at += aligned.length) await handle.write(aligned, 0, Math.min(aligned.length, shardBytes - at), at);
+      await handle.sync();
+      await handle.close();
+    }
+    rmSync(join(dir, 'raw-direct'), { recursive: true, force: true });
+    return 2 * shardBytes;
+  },
   sink: async () => {
     written.length = 0;
     for (let s = 0; s < 2; s++) {
@@ -313,7 +328,7 @@ const ioVariants: Record<string, () => Promise<number> | number> = {
     return 2 * shardBytes;
   },
   hash: async () => {
-    for (const path of written) await hashFile(path, shardBytes);
+    for (const path of written) await hashFile(path, shardBytes, true); // as the sink reads them back
     return 2 * shardBytes;
   },
   shaHot: () => {
@@ -338,8 +353,8 @@ for (let round = 0; round < ioRounds; round++) {
 const io = Object.fromEntries(Object.entries(ioRuns).map(([name, runs]) => [name, leastSplit(runs)]));
 // The write part round by round (the sink less the hash of its own files, run just after), the least kept.
 const writeOnly = ioRuns.sink.map((r, i) => ({ user: r.user - ioRuns.hash[i].user, sys: r.sys - ioRuns.hash[i].sys })).reduce((a, b) => (b.user + b.sys < a.user + a.sys ? b : a));
-parts.push({ name: 'write (writev, writeback, fsync, rename, dir fsync: the sink less its hash)', cpu: writeOnly.user + writeOnly.sys, floorName: 'raw write + fsync', floor: io.raw.total });
-parts.push({ name: 'hash (sha256 of the file read back, own thread)', cpu: io.hash.total, floorName: 'OpenSSL SHA-256 over a buffer in cache (node:crypto)', floor: io.shaHot.total });
+parts.push({ name: 'write (staged O_DIRECT blocks, edges buffered, fsync, rename, dir fsync: the sink less its hash)', cpu: writeOnly.user + writeOnly.sys, floorName: 'raw O_DIRECT write + fsync', floor: io.rawDirect.total });
+parts.push({ name: 'hash (sha256 of the file read back with O_DIRECT, own thread)', cpu: io.hash.total, floorName: 'OpenSSL SHA-256 over a buffer in cache (node:crypto)', floor: io.shaHot.total });
 rmSync(join(dir, 'parts'), { recursive: true, force: true });
 
 // Statistics as the worker sums them: captures decoded into the pool's kernel memory, summed where they lie;
@@ -459,13 +474,14 @@ print('');
 print(`| write and hash, interleaved with their floors (${ioRounds} rounds, 2 shards each): CPU s per GB | least: total (user + sys) | each round's total | GB/s, best |`);
 print('|---|---|---|---|');
 const ioRow = (label: string, name: string) => print(`| ${label} | ${split(io[name])} | ${io[name].all.map((x) => f(x)).join(', ')} | ${f(io[name].gbps)} |`);
-ioRow('raw write + fsync (the write floor)', 'raw');
-ioRow('**shard sink**: writev per batch, background writeback, commit (fsync + hash read back + rename + dir fsync)', 'sink');
-ioRow('hash alone: the sink\'s read-back of the same files (hashing thread, page cache)', 'hash');
+ioRow('raw write + fsync, through the page cache', 'raw');
+ioRow('raw write + fsync with O_DIRECT (the write floor: the sink writes whole blocks so)', 'rawDirect');
+ioRow('**shard sink**: whole blocks staged and written O_DIRECT, edges buffered, commit (fsync + hash read back + rename + dir fsync)', 'sink');
+ioRow('hash alone: the sink\'s read-back of the same files (hashing thread, O_DIRECT)', 'hash');
 ioRow('SHA-256 floor: OpenSSL over a 1 MiB buffer in cache', 'shaHot');
 ioRow('SHA-256 over the captures\' own buffers (32 MiB each, from memory)', 'shaCold');
-print(`| **write** (sink less hash, round by round) against raw | ${split(writeOnly)} | | **${f((writeOnly.user + writeOnly.sys) / io.raw.total)}x raw** |`);
-print(`| **sink** against raw + SHA-256 floor | ${f(io.sink.total)} against ${f(io.raw.total + io.shaHot.total)} | | **${f(io.sink.total / (io.raw.total + io.shaHot.total))}x** |`);
+print(`| **write** (sink less hash, round by round) against raw O_DIRECT | ${split(writeOnly)} | | **${f((writeOnly.user + writeOnly.sys) / io.rawDirect.total)}x raw O_DIRECT**, ${f((writeOnly.user + writeOnly.sys) / io.raw.total)}x raw through the page cache |`);
+print(`| **sink** against raw O_DIRECT + SHA-256 floor | ${f(io.sink.total)} against ${f(io.rawDirect.total + io.shaHot.total)} | | **${f(io.sink.total / (io.rawDirect.total + io.shaHot.total))}x** |`);
 print('');
 print('| the in-process pipeline (decode + write + hash, no HTTP) | CPU s per GB, all threads, least (each) | main thread (decode, statistics), least (each) |');
 print('|---|---|---|');
