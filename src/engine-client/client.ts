@@ -150,7 +150,7 @@ export class EngineClient {
           if (signal.aborted) throw err;
           const code = (err as { code?: string }).code ?? '';
           // Cut short once answering: thrown as it is, as undici's error is on the other path.
-          if (err instanceof StreamPostSocketError && (err as { answered?: boolean }).answered === true) throw err;
+          if ((err as { answered?: boolean }).answered === true) throw err;
           if (connectErrorCodes.has(code) || err instanceof StreamPostSocketError) {
             if (attempt < this.#retries) {
               await sleep(this.#retryBaseDelayMs * 3 ** attempt, undefined, { signal });

@@ -23,7 +23,7 @@ const ERROR_TEXT_LIMIT = 1 << 20;
 /** An idle connection is closed after this long. */
 const IDLE_MS = 30_000;
 
-/** A failure of the connection itself (refused, reset, closed early): nothing usable was answered. */
+/** A failure of the exchange itself: the connection closed early or timed out connecting, or the response is not HTTP/1.x. */
 export class StreamPostSocketError extends Error {
   override name = 'StreamPostSocketError';
   constructor(
@@ -48,7 +48,9 @@ class Connection {
   constructor(host: string, port: number, connectTimeoutMs: number) {
     const buffer = Buffer.allocUnsafe(READ_BUFFER);
     this.socket = connect({ host, port, noDelay: true, onread: { buffer, callback: (n: number, buf: Uint8Array) => this.#read(n, buf) } });
-    this.socket.setTimeout(connectTimeoutMs, () => this.socket.destroy(new StreamPostSocketError('connect timeout', 'UND_ERR_CONNECT_TIMEOUT')));
+    // One timer: the connect's, then an idle connection's.
+    this.socket.setTimeout(connectTimeoutMs);
+    this.socket.on('timeout', () => this.socket.destroy(this.idleIn === null ? new StreamPostSocketError('connect timeout', 'UND_ERR_CONNECT_TIMEOUT') : undefined));
     this.socket.once('connect', () => this.socket.setTimeout(0));
     this.socket.on('error', (error) => this.#end(error));
     this.socket.on('close', () => {
@@ -71,7 +73,7 @@ class Connection {
   rest(list: Connection[]): void {
     this.idleIn = list;
     list.push(this);
-    this.socket.setTimeout(IDLE_MS, () => this.socket.destroy());
+    this.socket.setTimeout(IDLE_MS);
     this.socket.unref();
   }
 
@@ -243,8 +245,9 @@ export class StreamPoster {
   /**
    * POSTs `body` (JSON) to `url` (http:) + `path`. A 2xx response's body goes to `sink` as it arrives
    * (complete false when the sink stopped it); another status resolves with its body's text. A connection
-   * that fails before answering throws StreamPostSocketError (once retried on a fresh connection when a
-   * kept-alive one had gone stale); an abort throws the signal's reason.
+   * that fails throws its error (StreamPostSocketError, or the system's), with `answered` saying whether
+   * the response had begun; one that fails before answering on a kept-alive connection (gone stale) is
+   * tried once more on a fresh one. An abort throws the signal's reason.
    */
   async post(url: URL, path: string, headers: Record<string, string>, body: string, signal: AbortSignal, sink: BodySink): Promise<StreamPostResult> {
     const origin = `${url.hostname}:${url.port || 80}`;
@@ -254,7 +257,7 @@ export class StreamPoster {
       try {
         return await this.#exchange(origin, connection, path, url.host, headers, body, signal, sink);
       } catch (error) {
-        if (reused !== undefined && error instanceof StreamPostSocketError && (error as { answered?: boolean }).answered !== true && !signal.aborted) continue;
+        if (reused !== undefined && (error as { answered?: boolean }).answered === false && !signal.aborted) continue;
         throw error;
       }
     }
@@ -269,7 +272,7 @@ export class StreamPoster {
         connection.exchange = null;
         if (error !== null) {
           socket.destroy();
-          if (error instanceof StreamPostSocketError) Object.assign(error, { answered });
+          if (!signal.aborted) Object.assign(error, { answered });
           reject(error);
           return;
         }

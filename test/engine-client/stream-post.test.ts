@@ -155,6 +155,25 @@ test('refused, cut short, stale or aborted: errors, never a partial success', as
   const again = collector();
   assert.equal(await poster.post(url, '/', {}, '{}', new AbortController().signal, again), { status: 200, complete: true });
   assert.is(again.bytes().toString(), 'ok');
+  // a kept-alive connection that fails before answering (the server let it go as the request left): tried again on a fresh one
+  let opened = 0;
+  const forgetful = createNetServer((socket) => {
+    opened++;
+    let requests = 0;
+    socket.on('data', () => {
+      if (++requests === 1) socket.write('HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\none');
+      else socket.destroy();
+    });
+  });
+  await new Promise<void>((resolve) => forgetful.listen(0, '127.0.0.1', resolve));
+  const stale = new URL(`http://127.0.0.1:${(forgetful.address() as AddressInfo).port}`);
+  const first = collector();
+  assert.equal(await poster.post(stale, '/', {}, '{}', new AbortController().signal, first), { status: 200, complete: true });
+  const second = collector();
+  assert.equal(await poster.post(stale, '/', {}, '{}', new AbortController().signal, second), { status: 200, complete: true });
+  assert.is(second.bytes().toString(), 'one');
+  assert.is(opened, 2, 'the second request went again on a fresh connection');
+  forgetful.close();
   // an abort mid-body rejects with the signal's reason
   const slow = await serve((_req, res) => {
     res.writeHead(200, { 'content-length': payload.length });
