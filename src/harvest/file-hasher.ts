@@ -13,17 +13,9 @@ const { createHash } = require('node:crypto');
 const { openSync, readSync, closeSync, constants } = require('node:fs');
 // aligned (a WebAssembly memory starts on a 64 KiB boundary), for reads around the page cache
 const piece = Buffer.from(new WebAssembly.Memory({ initial: ${HASH_PIECE / 65536}, maximum: ${HASH_PIECE / 65536} }).buffer);
-parentPort.on('message', ({ id, path, size, direct }) => {
-  let fd = -1;
+function hashOf(path, size, aligned) {
+  const fd = aligned ? openSync(path, constants.O_RDONLY | constants.O_DIRECT) : openSync(path, 'r');
   try {
-    let aligned = false;
-    if (direct && constants.O_DIRECT !== undefined) {
-      try {
-        fd = openSync(path, constants.O_RDONLY | constants.O_DIRECT);
-        aligned = true;
-      } catch {}
-    }
-    if (fd < 0) fd = openSync(path, 'r');
     const hash = createHash('sha256');
     for (let at = 0; at < size; ) {
       const want = Math.min(piece.length, size - at);
@@ -32,11 +24,23 @@ parentPort.on('message', ({ id, path, size, direct }) => {
       hash.update(piece.subarray(0, n));
       at += n;
     }
-    parentPort.postMessage({ id, sha256: hash.digest('hex') });
+    return hash.digest('hex');
+  } finally {
+    closeSync(fd);
+  }
+}
+parentPort.on('message', ({ id, path, size, direct }) => {
+  try {
+    let sha256 = null;
+    // around the page cache where the file system allows it, else (or on any failure) through it
+    if (direct && constants.O_DIRECT !== undefined) {
+      try {
+        sha256 = hashOf(path, size, true);
+      } catch {}
+    }
+    parentPort.postMessage({ id, sha256: sha256 ?? hashOf(path, size, false) });
   } catch (err) {
     parentPort.postMessage({ id, error: String((err && err.message) || err) });
-  } finally {
-    if (fd >= 0) closeSync(fd);
   }
 });
 `;
