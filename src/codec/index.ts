@@ -22,7 +22,7 @@ export {
   type CodecDtype,
   type ZstdFrameWalk,
 } from './wire.ts';
-export { CodecScanner, Base64Decoder, RESIDUAL_STREAM_PATH, type CodecLocation, type CodecDataSink } from './reader.ts';
+export { CodecScanner, Base64Decoder, RESIDUAL_STREAM_PATH, type Base64Prefix, type CodecLocation, type CodecDataSink } from './reader.ts';
 export { zstdCompress, zstdDecompressInto } from './zstd.ts';
 
 export type WireDtype = 'float32' | 'float16' | 'int16';

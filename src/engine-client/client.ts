@@ -2,6 +2,7 @@ import { Pool, errors as undiciErrors, type Dispatcher } from 'undici';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { apiError, ApiError } from '../errors/index.ts';
 import { engineErrorToApiError, isRetryable, parseEngineError } from './errors.ts';
+import { StreamPoster, StreamPostSocketError, type BodySink } from './stream-post.ts';
 
 export interface BackendTarget {
   modelId: string;
@@ -30,11 +31,13 @@ const connectErrorCodes = new Set(['ECONNREFUSED', 'ECONNRESET', 'EHOSTUNREACH',
 
 class Backend {
   pool: Pool;
+  url: URL;
   inflight = 0;
   readonly headers: Record<string, string>;
 
   constructor(readonly target: BackendTarget, readonly maxConnections: number) {
     this.pool = Backend.#poolFor(target.url, maxConnections);
+    this.url = new URL(target.url);
     this.headers = { 'x-svc-upstream-model': target.checkpoint, 'x-svc-upstream-gpu': target.gpuShape };
   }
 
@@ -54,6 +57,7 @@ class Backend {
   retarget(url: string): void {
     const old = this.pool;
     this.pool = Backend.#poolFor(url, this.maxConnections);
+    this.url = new URL(url);
     void old.close().catch(() => undefined);
   }
 }
@@ -63,6 +67,7 @@ export class EngineClient {
   readonly #backends = new Map<string, Backend>();
   readonly #retries: number;
   readonly #retryBaseDelayMs: number;
+  readonly #streams = new StreamPoster();
 
   constructor(targets: BackendTarget[], options: EngineClientOptions = {}) {
     const max = options.maxConnectionsPerBackend ?? 512;
@@ -87,17 +92,7 @@ export class EngineClient {
    */
   async post(modelId: string, path: string, body: string, signal: AbortSignal): Promise<EngineResponse> {
     const backend = this.#backend(modelId);
-    if (backend.inflight >= backend.maxConnections) {
-      throw apiError('wrapper_saturated', 'no free upstream connection at the gateway', { headers: backend.headers });
-    }
-    backend.inflight++;
-    let released = false;
-    const release = () => {
-      if (!released) {
-        released = true;
-        backend.inflight--;
-      }
-    };
+    const release = this.#slot(backend);
     try {
       for (let attempt = 0; ; attempt++) {
         let response: Dispatcher.ResponseData;
@@ -136,6 +131,75 @@ export class EngineClient {
     }
   }
 
+  /**
+   * POSTs a JSON body and hands a 2xx response's body to `sink` as it is read, for bodies of hundreds of
+   * MB: over plain HTTP each piece is a view of the connection's one read buffer, valid only during
+   * `sink.chunk` (stream-post.ts); over HTTPS it is undici's. Resolves once the body is read, or stopped
+   * by the sink (`complete` false). Failures, retries and errors as `post`.
+   */
+  async postStreaming(modelId: string, path: string, body: string, signal: AbortSignal, sink: BodySink): Promise<{ complete: boolean }> {
+    const backend = this.#backend(modelId);
+    if (backend.url.protocol !== 'http:') return this.#postStreamingUndici(modelId, path, body, signal, sink);
+    const release = this.#slot(backend);
+    try {
+      for (let attempt = 0; ; attempt++) {
+        let result;
+        try {
+          result = await this.#streams.post(backend.url, path, {}, body, signal, sink);
+        } catch (err) {
+          if (signal.aborted) throw err;
+          const code = (err as { code?: string }).code ?? '';
+          // Cut short once answering: thrown as it is, as undici's error is on the other path.
+          if ((err as { answered?: boolean }).answered === true) throw err;
+          if (connectErrorCodes.has(code) || err instanceof StreamPostSocketError) {
+            if (attempt < this.#retries) {
+              await sleep(this.#retryBaseDelayMs * 3 ** attempt, undefined, { signal });
+              continue;
+            }
+            throw apiError('upstream_unreachable', 'the model server is unreachable', { headers: backend.headers });
+          }
+          throw err;
+        }
+        if ('complete' in result) return { complete: result.complete };
+        const failure = parseEngineError(result.status, result.text);
+        if (isRetryable(failure) && attempt < this.#retries) {
+          await sleep(this.#retryBaseDelayMs * 3 ** attempt, undefined, { signal });
+          continue;
+        }
+        throw engineErrorToApiError(failure, backend.headers);
+      }
+    } finally {
+      release();
+    }
+  }
+
+  async #postStreamingUndici(modelId: string, path: string, body: string, signal: AbortSignal, sink: BodySink): Promise<{ complete: boolean }> {
+    const response = await this.post(modelId, path, body, signal);
+    try {
+      const length = Number(response.headers['content-length']);
+      sink.head(Number.isSafeInteger(length) ? length : null);
+      for await (const chunk of response.body) if (!sink.chunk(chunk as Buffer)) return { complete: false };
+      return { complete: true };
+    } finally {
+      response.release();
+    }
+  }
+
+  /** Takes one of the backend's connection slots (wrapper_saturated when none is free); returns its release. */
+  #slot(backend: Backend): () => void {
+    if (backend.inflight >= backend.maxConnections) {
+      throw apiError('wrapper_saturated', 'no free upstream connection at the gateway', { headers: backend.headers });
+    }
+    backend.inflight++;
+    let released = false;
+    return () => {
+      if (!released) {
+        released = true;
+        backend.inflight--;
+      }
+    };
+  }
+
   #backend(modelId: string): Backend {
     const backend = this.#backends.get(modelId);
     if (!backend) throw new ApiError('internal_error', 'internal error');
@@ -143,6 +207,7 @@ export class EngineClient {
   }
 
   async close(): Promise<void> {
+    this.#streams.close();
     await Promise.all([...this.#backends.values()].map((b) => b.pool.destroy()));
   }
 }

@@ -6,6 +6,7 @@ import { Buffer } from 'node:buffer';
 import { endianness } from 'node:os';
 import { KernelMemory, KERNEL_MEMORY_MAX, kernelMemoryOf } from './stats-memory.ts';
 import { fixedMemory, wasmF32ToBf16, type WasmMemory } from './stats-kernel.ts';
+import { wasmBase64Into } from './base64-kernel.ts';
 import { Base64Decoder, CodecError, CodecScanner, f16BitsToF32, f32ToBf16Bits, RESIDUAL_STREAM_PATH, zstdDecompressInto } from '../codec/index.ts';
 
 /** The capture holds fewer layers than were asked for (or none): the engine's answer is incomplete. */
@@ -166,7 +167,8 @@ export class CaptureReader {
       start: () => {
         if (this.#decoder === null) {
           this.#raw = this.#buffers.take(this.#room);
-          this.#decoder = new Base64Decoder(this.#raw);
+          const km = kernelMemoryOf(this.#raw);
+          this.#decoder = new Base64Decoder(this.#raw, 0, km === undefined ? null : wasmBase64Into(km));
           if (this.#buffers.float32Last === true && bodyLength !== null) this.#expectFloat32();
         } else this.#decoder.reset();
         this.#rounded = 0;

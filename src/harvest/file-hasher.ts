@@ -10,24 +10,37 @@ const HASH_PIECE = 4 * 1024 * 1024;
 const HASHER_SOURCE = `
 const { parentPort } = require('node:worker_threads');
 const { createHash } = require('node:crypto');
-const { openSync, readSync, closeSync } = require('node:fs');
-const piece = Buffer.allocUnsafe(${HASH_PIECE});
-parentPort.on('message', ({ id, path, size }) => {
-  let fd = -1;
+const { openSync, readSync, closeSync, constants } = require('node:fs');
+// aligned (a WebAssembly memory starts on a 64 KiB boundary), for reads around the page cache
+const piece = Buffer.from(new WebAssembly.Memory({ initial: ${HASH_PIECE / 65536}, maximum: ${HASH_PIECE / 65536} }).buffer);
+function hashOf(path, size, aligned) {
+  const fd = aligned ? openSync(path, constants.O_RDONLY | constants.O_DIRECT) : openSync(path, 'r');
   try {
-    fd = openSync(path, 'r');
     const hash = createHash('sha256');
     for (let at = 0; at < size; ) {
-      const n = readSync(fd, piece, 0, Math.min(piece.length, size - at), at);
+      const want = Math.min(piece.length, size - at);
+      const n = Math.min(readSync(fd, piece, 0, aligned ? Math.ceil(want / 4096) * 4096 : want, at), want);
       if (n === 0) throw new Error('the file ended at ' + at + ' bytes; ' + size + ' were written');
       hash.update(piece.subarray(0, n));
       at += n;
     }
-    parentPort.postMessage({ id, sha256: hash.digest('hex') });
+    return hash.digest('hex');
+  } finally {
+    closeSync(fd);
+  }
+}
+parentPort.on('message', ({ id, path, size, direct }) => {
+  try {
+    let sha256 = null;
+    // around the page cache where the file system allows it, else (or on any failure) through it
+    if (direct && constants.O_DIRECT !== undefined) {
+      try {
+        sha256 = hashOf(path, size, true);
+      } catch {}
+    }
+    parentPort.postMessage({ id, sha256: sha256 ?? hashOf(path, size, false) });
   } catch (err) {
     parentPort.postMessage({ id, error: String((err && err.message) || err) });
-  } finally {
-    if (fd >= 0) closeSync(fd);
   }
 });
 `;
@@ -38,14 +51,14 @@ class FileHasher {
   readonly #pending = new Map<number, { resolve: (sha256: string) => void; reject: (err: Error) => void }>();
   #next = 0;
 
-  /** sha256 (hex) of the first `size` bytes of the file at `path`. */
-  hash(path: string, size: number): Promise<string> {
+  /** sha256 (hex) of the first `size` bytes of the file at `path` (`direct`: read around the page cache where the file system allows). */
+  hash(path: string, size: number, direct = false): Promise<string> {
     const worker = this.#worker ?? this.#start();
     const id = this.#next++;
     return new Promise((resolve, reject) => {
       this.#pending.set(id, { resolve, reject });
       worker.ref();
-      worker.postMessage({ id, path, size });
+      worker.postMessage({ id, path, size, direct });
     });
   }
 
@@ -75,7 +88,10 @@ class FileHasher {
 
 const hasher = new FileHasher();
 
-/** sha256 (hex) of the first `size` bytes of the file at `path`, read and hashed in the hashing thread. */
-export function hashFile(path: string, size: number): Promise<string> {
-  return hasher.hash(path, size);
+/**
+ * sha256 (hex) of the first `size` bytes of the file at `path`, read and hashed in the hashing thread;
+ * `direct`: read with O_DIRECT (a file written around the page cache is not read into it), 4 MiB at a time.
+ */
+export function hashFile(path: string, size: number, direct = false): Promise<string> {
+  return hasher.hash(path, size, direct);
 }

@@ -9,20 +9,12 @@
 // both pairs. The same arithmetic in plain JavaScript (`jsRowsKernel`) gives the same bits: the pairs in
 // the same order, and a row's squared norm summed in four interleaved lanes (d mod 4) added as
 // (l0 + l1) + (l2 + l3), as the module's two f64x2 accumulators do.
+import { bump, F64, fixedMemory, get, I32, i32, instancesOf, memarg, op, s, set, simd, uleb, V128, type WasmFunction, type WasmMemory } from './wasm-asm.ts';
+
+export { fixedMemory, wasm, type WasmMemory } from './wasm-asm.ts';
 
 /** Bytes of a layer's state per group of four dimensions: shift, sum and sum of squares, 4 float64 each. */
 export const GROUP_BYTES = 96;
-
-/** The parts of WebAssembly used here (the project's TypeScript libraries do not declare it). */
-export interface WasmMemory {
-  readonly buffer: ArrayBuffer;
-}
-interface WasmApi {
-  Module: new (bytes: Uint8Array) => object;
-  Instance: new (module: object, imports: object) => { exports: Record<string, unknown> };
-  Memory: new (descriptor: { initial: number; maximum?: number }) => WasmMemory;
-}
-export const wasm = (globalThis as unknown as { WebAssembly: WasmApi }).WebAssembly;
 
 /** Rows of `width` bf16 values (width a multiple of 4) accumulated into per-dimension float64 sums. */
 export interface RowsKernel {
@@ -38,90 +30,11 @@ export interface RowsKernel {
 }
 
 // --- the module, instruction by instruction ---
-const I32 = 0x7f;
-const F64 = 0x7c;
-const V128 = 0x7b;
-const SIMD = 0xfd;
-const op = {
-  block: 0x02,
-  loop: 0x03,
-  if: 0x04,
-  else: 0x05,
-  br_if: 0x0d,
-  br: 0x0c,
-  end: 0x0b,
-  get: 0x20,
-  set: 0x21,
-  tee: 0x22,
-  i32const: 0x41,
-  i32add: 0x6a,
-  i32sub: 0x6b,
-  i32mul: 0x6c,
-  i32shl: 0x74,
-  i32shrU: 0x76,
-  i32geu: 0x4f,
-  i32ltu: 0x49,
-  f64add: 0xa0,
-  f64sqrt: 0x9f,
-};
-const simd = {
-  load: 0x00,
-  load16x4u: 0x04,
-  store: 0x0b,
-  const: 0x0c,
-  shuffle: 0x0d,
-  i32x4splat: 0x11,
-  f64x2extract: 0x21,
-  i32x4gtS: 0x3b,
-  and: 0x4e,
-  or: 0x50,
-  bitselect: 0x52,
-  promoteLow: 0x5f,
-  i16x8narrowU: 0x86,
-  i32x4shl: 0xab,
-  i32x4shrU: 0xad,
-  i32x4add: 0xae,
-  f64x2add: 0xf0,
-  f64x2sub: 0xf1,
-  f64x2mul: 0xf2,
-};
-
-function uleb(n: number): number[] {
-  const out: number[] = [];
-  do {
-    let byte = n & 0x7f;
-    n >>>= 7;
-    if (n !== 0) byte |= 0x80;
-    out.push(byte);
-  } while (n !== 0);
-  return out;
-}
-function sleb(n: number): number[] {
-  const out: number[] = [];
-  for (;;) {
-    const byte = n & 0x7f;
-    n >>= 7;
-    if ((n === 0 && (byte & 0x40) === 0) || (n === -1 && (byte & 0x40) !== 0)) {
-      out.push(byte);
-      return out;
-    }
-    out.push(byte | 0x80);
-  }
-}
-const section = (id: number, body: number[]) => [id, ...uleb(body.length), ...body];
-const vector = (items: number[][]) => [...uleb(items.length), ...items.flat()];
-const name = (s: string) => [...uleb(s.length), ...Buffer.from(s, 'utf8')];
-const s = (code: number) => [SIMD, ...uleb(code)];
-const memarg = (alignLog2: number, offset: number) => [...uleb(alignLog2), ...uleb(offset)];
-const get = (i: number) => [op.get, ...uleb(i)];
-const set = (i: number) => [op.set, ...uleb(i)];
-const i32 = (n: number) => [op.i32const, ...sleb(n)];
 const zero = [...s(simd.const), ...new Array(16).fill(0)];
 const add = s(simd.f64x2add);
 const sub = s(simd.f64x2sub);
 const mul = s(simd.f64x2mul);
 const square = (v: number) => [...get(v), ...get(v), ...mul];
-const bump = (ptr: number, by: number) => [...get(ptr), ...i32(by), op.i32add, ...set(ptr)];
 /** Four bf16 at `ptr` as float64 pairs in `l` (the first two) and `h` (`bits` a scratch v128 local). */
 const widen = (ptr: number, bits: number, l: number, h: number) => [
   ...get(ptr), ...s(simd.load16x4u), ...memarg(1, 0), ...i32(16), ...s(simd.i32x4shl), ...set(bits),
@@ -266,56 +179,14 @@ function f32ToBf16Body(): { locals: number[][]; body: number[] } {
   return { locals: [[...uleb(1), I32], [...uleb(7), V128]], body };
 }
 
-function moduleBytes(): Uint8Array {
-  const fn = (f: { locals: number[][]; body: number[] }) => {
-    const code = [...vector(f.locals), ...f.body, op.end];
-    return [...uleb(code.length), ...code];
-  };
-  const i = [I32];
-  return Uint8Array.from([
-    0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
-    ...section(1, vector([
-      [0x60, ...vector([i, i, i, i, [F64]]), ...vector([[F64]])],
-      [0x60, ...vector([i, i, i, i]), ...vector([])],
-      [0x60, ...vector([i, i, i]), ...vector([])],
-    ])),
-    ...section(2, vector([[...name('env'), ...name('memory'), 0x02, 0x00, ...uleb(1)]])),
-    ...section(3, vector([[0x00], [0x01], [0x02]])),
-    ...section(7, vector([[...name('accumulate'), 0x00, 0x00], [...name('sumRows'), 0x00, 0x01], [...name('f32ToBf16'), 0x00, 0x02]])),
-    ...section(10, vector([fn(accumulateBody()), fn(sumRowsBody()), fn(f32ToBf16Body())])),
-  ]);
-}
-
-let compiled: object | null | undefined;
-
-/** The compiled module, or null where WebAssembly SIMD is not available (the JavaScript loops are used then). */
-function kernelModule(): object | null {
-  if (compiled === undefined) {
-    try {
-      compiled = new wasm.Module(moduleBytes());
-    } catch {
-      compiled = null;
-    }
-  }
-  return compiled;
-}
-
-const instances = new WeakMap<WasmMemory, Record<string, unknown>>();
-function exportsOver(memory: WasmMemory): Record<string, unknown> | null {
-  const mod = kernelModule();
-  if (mod === null) return null;
-  let found = instances.get(memory);
-  if (found === undefined) {
-    found = new wasm.Instance(mod, { env: { memory } }).exports;
-    instances.set(memory, found);
-  }
-  return found;
-}
-
-/** A memory of `pages` of 64 KiB that never grows (so views of it stay valid). */
-export function fixedMemory(pages: number): WasmMemory {
-  return new wasm.Memory({ initial: pages, maximum: pages });
-}
+const exportsOver = instancesOf((): WasmFunction[] => {
+  const i = I32;
+  return [
+    { name: 'accumulate', params: [i, i, i, i, F64], results: [F64], ...accumulateBody() },
+    { name: 'sumRows', params: [i, i, i, i], results: [], ...sumRowsBody() },
+    { name: 'f32ToBf16', params: [i, i, i], results: [], ...f32ToBf16Body() },
+  ];
+});
 
 /** The module's kernel over `memory`; null without WebAssembly SIMD. */
 export function wasmRowsKernel(memory: WasmMemory): RowsKernel | null {

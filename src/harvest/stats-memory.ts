@@ -2,12 +2,14 @@
 // statistics kernel (stats-kernel.ts) is instantiated over, so RunningStats.add sums a capture where it
 // lies, with no copy. It never grows (a grow would detach every view of it), so a view of it stays valid
 // while anything holds it; regions are handed out first fit and given back by offset.
-import { fixedMemory, type WasmMemory } from './stats-kernel.ts';
+import { fixedMemory, type WasmMemory } from './wasm-asm.ts';
 
 /** Regions start on 64-byte boundaries (a cache line; every typed view of them is aligned). */
 const ALIGN = 64;
-/** The largest kernel memory made (offsets stay below 2^31). */
+/** The most bytes of regions a kernel memory holds (with its scratch, offsets stay below 2^31). */
 export const KERNEL_MEMORY_MAX = 2 ** 31 - 2 ** 16;
+/** Bytes after the regions for text being decoded (base64-kernel.ts). */
+export const SCRATCH_BYTES = 128 * 1024;
 
 const registry = new WeakMap<ArrayBufferLike, KernelMemory>();
 let made = 0;
@@ -15,7 +17,10 @@ let made = 0;
 export class KernelMemory {
   readonly memory: WasmMemory;
   readonly buffer: ArrayBuffer;
+  /** Bytes handed out as regions; the scratch follows them. */
   readonly size: number;
+  /** Offset of SCRATCH_BYTES that are no region's: where base64 text is copied to be decoded. */
+  readonly scratch: number;
   /** Made after every kernel memory with a lower serial (a RunningStats moves only to a newer one). */
   readonly serial = ++made;
   readonly #free: { at: number; bytes: number }[];
@@ -23,9 +28,10 @@ export class KernelMemory {
 
   constructor(bytes: number) {
     const pages = Math.ceil(Math.min(Math.max(bytes, 1), KERNEL_MEMORY_MAX) / 65536);
-    this.memory = fixedMemory(pages);
+    this.memory = fixedMemory(pages + SCRATCH_BYTES / 65536);
     this.buffer = this.memory.buffer;
     this.size = pages * 65536;
+    this.scratch = this.size;
     this.#free = [{ at: 0, bytes: this.size }];
     registry.set(this.buffer, this);
   }

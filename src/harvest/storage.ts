@@ -8,6 +8,7 @@ import { join } from 'node:path';
 import type { Readable } from 'node:stream';
 import { parseManifest, serializeManifest, type HarvestManifest } from './manifest.ts';
 import { hashFile } from './file-hasher.ts';
+import { DirectWriter, rangeOf, skipBytes } from './direct-writes.ts';
 
 /** A file as stored: its size and the sha256 of its bytes (hex). */
 export interface StoredFile {
@@ -301,6 +302,17 @@ async function openSink(dir: string, file: string): Promise<ShardSink> {
   let end = 0; // the file's length so far
   let written = 0; // bytes written: equal to `end` when the writes tiled the file
   let state: 'open' | 'committed' | 'aborted' = 'open';
+  const direct = await DirectWriter.open(temp);
+  // writev writes the pieces in one call; it may write less than asked, so the rest is sent again.
+  const writeBuffered = async (chunks: readonly Uint8Array[], position: number) => {
+    let at = position;
+    let rest = chunks.filter((c) => c.byteLength > 0);
+    while (rest.length > 0) {
+      const { bytesWritten } = await handle.writev(rest, at);
+      at += bytesWritten;
+      rest = skipBytes(rest, bytesWritten);
+    }
+  };
   // Writeback started after each write, in the background: the disk works while the next captures are
   // decoded, instead of idling until the commit's fsync (the kernel starts on its own only past
   // dirty_background_ratio, gigabytes). One at a time; its failure surfaces at the next call.
@@ -330,13 +342,18 @@ async function openSink(dir: string, file: string): Promise<ShardSink> {
       ensureOpen();
       let length = 0;
       for (const c of chunks) length += c.byteLength;
-      let at = position;
-      // writev writes the pieces in one call; it may write less than asked, so the rest is sent again.
-      let rest = chunks.filter((c) => c.byteLength > 0);
-      while (rest.length > 0) {
-        const { bytesWritten } = await handle.writev(rest, at);
-        at += bytesWritten;
-        rest = skipBytes(rest, bytesWritten);
+      const span = direct === null ? null : DirectWriter.span(position, length);
+      if (span === null) await writeBuffered(chunks, position);
+      else {
+        // the whole blocks around the page cache, the edges through it
+        await writeBuffered(rangeOf(chunks, 0, span.from - position), position);
+        try {
+          await direct!.write(position, chunks, span.from, span.to);
+        } catch (err) {
+          if ((err as NodeJS.ErrnoException).code !== 'EINVAL') throw err;
+          await writeBuffered(rangeOf(chunks, span.from - position, span.to - position), span.from);
+        }
+        await writeBuffered(rangeOf(chunks, span.to - position, length), span.to);
       }
       written += length;
       end = Math.max(end, position + length);
@@ -353,10 +370,12 @@ async function openSink(dir: string, file: string): Promise<ShardSink> {
         await settleFlush();
         // The hash reads the bytes back (from the page cache), in its own thread, while the fsync runs:
         // the header is written last, so the file's bytes were never written in order to hash on the way.
-        [, sha256] = await Promise.all([handle.sync(), hashFile(temp, end)]);
+        [, sha256] = await Promise.all([handle.sync(), hashFile(temp, end, direct !== null)]);
+        await direct?.close();
         await handle.close();
         await rename(temp, join(dir, file));
       } catch (err) {
+        await direct?.close().catch(() => {});
         await handle.close().catch(() => {});
         await unlink(temp).catch(() => {});
         throw err;
@@ -369,23 +388,11 @@ async function openSink(dir: string, file: string): Promise<ShardSink> {
       if (state !== 'open') return;
       state = 'aborted';
       await flushing;
+      await direct?.close().catch(() => {});
       await handle.close().catch(() => {});
       await unlink(temp).catch((err: NodeJS.ErrnoException) => {
         if (err.code !== 'ENOENT') throw err;
       });
     },
   };
-}
-
-function skipBytes(chunks: readonly Uint8Array[], n: number): Uint8Array[] {
-  const out: Uint8Array[] = [];
-  for (const c of chunks) {
-    if (n >= c.byteLength) {
-      n -= c.byteLength;
-      continue;
-    }
-    out.push(n > 0 ? c.subarray(n) : c);
-    n = 0;
-  }
-  return out;
 }

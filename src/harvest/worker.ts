@@ -298,30 +298,30 @@ export class HarvestWorker {
     let reader: CaptureReader | null = null;
     let refused: unknown = null;
     try {
-      const response = await engines.post(job.model, '/v1/completions', JSON.stringify(prepared.engineBody), bounded);
-      try {
-        const length = Number(response.headers['content-length']);
-        reader = new CaptureReader({ layers: job.layers.length, dModel: job.d_model }, buffers, Number.isSafeInteger(length) ? length : null);
-        for await (const chunk of response.body) {
+      await engines.postStreaming(job.model, '/v1/completions', JSON.stringify(prepared.engineBody), bounded, {
+        head: (length) => {
+          (reader as CaptureReader | null)?.discard();
+          reader = new CaptureReader({ layers: job.layers.length, dModel: job.d_model }, buffers, length);
+        },
+        chunk: (piece) => {
           try {
-            reader.push(chunk as Buffer);
+            reader!.push(piece);
+            return true;
           } catch (err) {
             refused = err;
-            break;
+            return false;
           }
-        }
-      } finally {
-        response.release();
-      }
+        },
+      });
       call?.succeeded();
     } catch (caught) {
-      reader?.discard();
+      (reader as CaptureReader | null)?.discard();
       const error = window.aborted && !signal.aborted ? apiError('upstream_deadline', `the engine did not answer within ${Math.round(context.requestWindowMs / 1000)} s`) : caught;
       if (!signal.aborted) call?.failed(error);
       throw error;
     }
     if (refused !== null) throw refused;
-    const decoded = reader!.end();
+    const decoded = (reader as CaptureReader | null)!.end();
     if (decoded.shape[1] !== ids.length) {
       buffers.give(decoded.bytes);
       throw apiError('capture_incomplete', `the engine captured ${decoded.shape[1]} positions of a ${ids.length}-token prompt`);

@@ -1,0 +1,136 @@
+import { test } from 'uvu';
+import * as assert from 'uvu/assert';
+import { Buffer } from 'node:buffer';
+import { Base64Decoder, CodecError } from '../../src/codec/index.ts';
+import { wasmBase64Into } from '../../src/harvest/base64-kernel.ts';
+import { CaptureBuffers, decodeCapture } from '../../src/harvest/capture-decode.ts';
+import { KernelMemory } from '../../src/harvest/stats-memory.ts';
+
+const km = new KernelMemory(4 << 20);
+const region = km.alloc(2 << 20)!;
+const dest = Buffer.from(km.buffer, region, 2 << 20);
+const fast = wasmBase64Into(km)!;
+/** Characters the WebAssembly decoder decoded, over the runs since last read. */
+let fastChars = 0;
+const counted = (text: Uint8Array, to: Uint8Array, at: number) => {
+  const done = fast(text, to, at);
+  fastChars += done;
+  return done;
+};
+
+/** A small deterministic generator (the same inputs every run). */
+function random(seed: number): () => number {
+  let x = seed >>> 0 || 1;
+  return () => {
+    x ^= x << 13;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    return (x >>> 0) / 2 ** 32;
+  };
+}
+
+/** The outcome of decoding `text` in `pieces` (sizes, repeated) into `room` bytes: the bytes, or the error thrown. */
+function outcome(text: Buffer, pieces: number[], room: number, withFast: boolean): { bytes: Buffer } | { error: string } {
+  dest.fill(0xa5, 0, room);
+  const decoder = new Base64Decoder(dest.subarray(0, room), 0, withFast ? counted : null);
+  try {
+    for (let at = 0, p = 0; at < text.length; p++) {
+      const size = pieces[p % pieces.length];
+      decoder.write(text.subarray(at, at + size));
+      at += size;
+    }
+    return { bytes: Buffer.from(dest.subarray(0, decoder.end())) };
+  } catch (err) {
+    assert.instance(err, CodecError);
+    return { error: (err as Error).message };
+  }
+}
+
+/** The WebAssembly decoder and the exact one agree on `text`: the same bytes, or both refuse it. */
+function agree(text: Buffer, pieces: number[], what: string, room = 3 * Math.ceil(text.length / 4)): 'decoded' | 'refused' {
+  const exact = outcome(text, pieces, room, false);
+  const quick = outcome(text, pieces, room, true);
+  assert.equal('error' in quick, 'error' in exact, `${what}: ${JSON.stringify('error' in exact ? exact : 'decoded')} exactly, ${JSON.stringify('error' in quick ? quick : 'decoded')} fast`);
+  if ('bytes' in exact && 'bytes' in quick) assert.ok(quick.bytes.equals(exact.bytes), `${what}: the same bytes`);
+  return 'bytes' in exact ? 'decoded' : 'refused';
+}
+
+function randomBytes(next: () => number, n: number): Buffer {
+  return Buffer.from(Array.from({ length: n }, () => Math.floor(next() * 256)));
+}
+
+test('valid text decodes to what Node decodes, in pieces of any size, the WebAssembly decoder doing the bulk', () => {
+  const next = random(7);
+  fastChars = 0;
+  let total = 0;
+  for (let round = 0; round < 60; round++) {
+    const raw = randomBytes(next, Math.floor(next() * 3000) + (round % 3));
+    const text = Buffer.from(raw.toString('base64'));
+    const pieces = [Math.floor(next() * 700) + 1, Math.floor(next() * 70) + 1, 65536];
+    assert.is(agree(text, pieces, `round ${round}`), 'decoded');
+    const got = outcome(text, pieces, raw.length, true);
+    assert.ok('bytes' in got && got.bytes.equals(raw), `round ${round}: Node's bytes`);
+    total += text.length;
+  }
+  // Counted over two fast runs per round; pieces under 64 characters go the exact way.
+  assert.ok(fastChars > total, `${fastChars} of ${2 * total} characters decoded by the WebAssembly decoder`);
+  // A capture decoded into the pool's kernel memory takes the same path: the bytes Node decodes.
+  const raw = randomBytes(next, 2 * 3 * 64 * 2);
+  const body = Buffer.from(`{"activations":{"residual_stream":{"data":"${raw.toString('base64')}","dtype":"int16","original_dtype":"torch.bfloat16","shape":[2,3,64]}}}`);
+  const decoded = decodeCapture(body, { layers: 2, dModel: 64 }, new CaptureBuffers({ minBytes: 0 }));
+  assert.ok(decoded.bytes.equals(raw));
+});
+
+test('every byte value at every position of a block: accepted or refused exactly as the exact decoder does', () => {
+  const next = random(11);
+  const raw = randomBytes(next, 3 * 48);
+  const base = Buffer.from(raw.toString('base64')); // 192 characters, no padding
+  const accepted = new Set<number>();
+  for (let value = 0; value < 256; value++) {
+    for (const at of [0, 5, 17, 63, 64, 100, 127, 130, 191]) {
+      const text = Buffer.from(base);
+      text[at] = value;
+      for (const pieces of [[192], [64], [3, 61]]) {
+        if (agree(text, pieces, `byte ${value} at ${at}, pieces ${pieces}`) === 'decoded' && at === 17) accepted.add(value);
+      }
+    }
+  }
+  // The standard alphabet and the URL-safe one (Node's decoder takes both); nothing else.
+  const alphabet = new Set([...'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/-_'].map((c) => c.charCodeAt(0)));
+  assert.equal([...accepted].sort((a, b) => a - b), [...alphabet].sort((a, b) => a - b));
+});
+
+test('padding: at the end only, one or two, split across pieces; misplaced, doubled or followed by text is refused as before', () => {
+  const next = random(23);
+  for (let round = 0; round < 200; round++) {
+    const raw = randomBytes(next, 64 + Math.floor(next() * 200));
+    const text = Buffer.from(raw.toString('base64'));
+    const pieces = [[text.length], [64], [Math.floor(next() * 90) + 1], [1, 63, 65]][round % 4];
+    assert.is(agree(text, pieces, `padded text, round ${round}`), 'decoded');
+    // an '=' anywhere, or two, or the text going on after the padding
+    const broken = Buffer.from(text);
+    broken[Math.floor(next() * text.length)] = 0x3d;
+    if (round % 3 === 0) broken[Math.floor(next() * text.length)] = 0x3d;
+    agree(broken, pieces, `'=' placed at random, round ${round}`);
+    agree(Buffer.concat([text, Buffer.from('QUFB')]), pieces, `text after the padding, round ${round}`);
+    agree(text.subarray(0, text.length - 1 - (round % 3)), pieces, `cut short, round ${round}`);
+    // too little room
+    agree(text, pieces, `room short, round ${round}`, raw.length - 1);
+  }
+});
+
+test('random bytes, and random runs of the alphabet with stray characters: the same outcome as the exact decoder', () => {
+  const next = random(31);
+  const alphabet = Buffer.from('ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/');
+  const strays = Buffer.from('=-_ \n\r\t"\\.:\x00\x7f\x80\xff');
+  let refused = 0;
+  for (let round = 0; round < 300; round++) {
+    const n = 4 * Math.floor(next() * 100);
+    const text = round % 5 === 0 ? randomBytes(next, n) : Buffer.from(Array.from({ length: n }, () => alphabet[Math.floor(next() * 64)]));
+    for (let k = Math.floor(next() * 3); k > 0 && n > 0; k--) text[Math.floor(next() * n)] = strays[Math.floor(next() * strays.length)];
+    if (agree(text, [Math.floor(next() * 130) + 1], `round ${round}`) === 'refused') refused++;
+  }
+  assert.ok(refused > 50, `${refused} refused`);
+});
+
+test.run();
