@@ -63,7 +63,7 @@ it(`the variables the code reads are exactly those documented in ${page}, "${sec
 // 1 KB = 1,000 bytes, as `wc -c` counts them.
 const pageBound = 15_000;
 const indexBound = 5_000;
-const totalBound = 150_000;
+const totalBound = 155_000;
 
 it(`no page over ${pageBound} bytes, src/README.md under ${indexBound}, all of them under ${totalBound}`, () => {
   const sizes = files.map((file) => ({ file, bytes: statSync(join(repo, file)).size }));
