@@ -1,6 +1,6 @@
 // Capture relay: the same residual-stream capture fetched straight from a stub activation engine that
 // answers at once (test/support/capture-engine.ts, its own process), through the gateway (started as
-// `npm start` starts it: bench/support.ts gatewayServeArgs), and through the floor, a bare node:http
+// `npm start` starts it: bench/support.ts startScriptFlags), and through the floor, a bare node:http
 // relay that holds the engine's body and answers with one `end()` (bench/bare-relay.ts), in one run.
 // Two cases, each its own engine process and bare relay:
 //   block  the engine writes its body in 256 KiB writes; the client is undici's `request` (no Accept-Encoding)
@@ -46,7 +46,8 @@ buildGateway();
 const db = process.env.DATABASE_URL ? await scratchDatabase(process.env.DATABASE_URL, 'capture') : null;
 const env = gatewayEnv(dir, 'data', db ? { DATABASE_URL: db.url } : {});
 const gatewayLog = join(dir, 'gateway.log');
-const gateway = await spawnWithUrl([...profFlags, ...startScriptFlags(), ...(process.env.BENCH_GATEWAY_FLAGS ?? '').split(' ').filter(Boolean), 'bin/start.js'], env, /listening on (http:\/\/\S+)/, gatewayLog);
+const extraFlags = (process.env.BENCH_GATEWAY_FLAGS ?? '').split(' ').filter(Boolean);
+const gateway = await spawnWithUrl([...profFlags, ...startScriptFlags(), ...extraFlags, 'bin/start.js'], env, /listening on (http:\/\/\S+)/, gatewayLog);
 // One key (metering on, the default): some 200 requests, at most 4 at once, well inside its limits.
 const [apiKey] = await issueKeys(gateway.url, 1, 'capture');
 const keyHeader = { authorization: `Bearer ${apiKey}` };
@@ -271,7 +272,7 @@ const cpuLine = (c: CaseName, via: Via) =>
     .map(([name, total]) => `${name} ${ms(total / rounds)}`)
     .join(', ');
 const lines = [
-  `capture relay bench (store: ${storeKind}; gateway started as npm start: node ${gatewayServeArgs().join(' ')}, default settings, log to a file) — ${startedAt.toISOString()} to ${new Date().toISOString()} — ${cpus().length} cores (${cpus()[0]?.model}), ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.version}, load average ${loadAtStart.toFixed(1)} at start, ${loadavg()[0].toFixed(1)} at end`,
+  `capture relay bench (store: ${storeKind}; gateway started as npm start: node ${gatewayServeArgs().join(' ')}${extraFlags.length ? `, with ${extraFlags.join(' ')} after its flags` : ''}, default settings, log to a file) — ${startedAt.toISOString()} to ${new Date().toISOString()} — ${cpus().length} cores (${cpus()[0]?.model}), ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.version}, load average ${loadAtStart.toFixed(1)} at start, ${loadavg()[0].toFixed(1)} at end`,
   ...(parts.has('small')
     ? cases.flatMap((c) => {
         const t = times[c];
