@@ -1,6 +1,6 @@
 // Capture relay: the same residual-stream capture fetched straight from a stub activation engine that
 // answers at once (test/support/capture-engine.ts, its own process), through the gateway (started as
-// `npm start` starts it: bench/support.ts gatewayServeArgs), and through the floor, a bare node:http
+// `npm start` starts it: bench/support.ts startScriptFlags), and through the floor, a bare node:http
 // relay that holds the engine's body and answers with one `end()` (bench/bare-relay.ts), in one run.
 // Two cases, each its own engine process and bare relay:
 //   block  the engine writes its body in 256 KiB writes; the client is undici's `request` (no Accept-Encoding)
@@ -12,11 +12,15 @@
 // relay, engine, client; PostgreSQL's server processes with DATABASE_URL); the gateway's also after
 // each response until it is quiet (its settlement and projections), and while idle (its polling). Then the 610 MB capture's
 // time both ways, and the gateway's RSS while relaying 4 concurrent 610 MB captures.
+// Knobs: BENCH_PARTS, BENCH_CAPTURE_ROUNDS (below); BENCH_GATEWAY_FLAGS, node flags added after the start
+// script's (so they override them: `--min-semi-space-size=0` gives back V8's resizing young generation);
+// BENCH_PROF_DIR, CPU profiles of the gateway and the bare relays there; BENCH_KEEP, the run's directory
+// (the gateway's log) kept.
 import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir, cpus, totalmem, loadavg } from 'node:os';
 import { join } from 'node:path';
 import { Agent, request } from 'undici';
-import { buildGateway, gatewayEnv, gatewayServeArgs, issueKeys, median, memoryOf, postgresPids, scratchDatabase, spawnWithUrl, stop } from './support.ts';
+import { buildGateway, gatewayEnv, gatewayServeArgs, startScriptFlags, issueKeys, median, memoryOf, postgresPids, scratchDatabase, spawnWithUrl, stop } from './support.ts';
 import { captureRequest, engineCaptureBody, postHashed, stubModel, STUB_CHECKPOINT } from '../test/support/capture.ts';
 
 type CaseName = 'block' | 'layer';
@@ -28,9 +32,10 @@ const engines = {
   block: await spawnWithUrl(['--import', 'tsx', 'test/support/capture-engine.ts', STUB_CHECKPOINT], process.env),
   layer: await spawnWithUrl(['--import', 'tsx', 'test/support/capture-engine.ts', STUB_CHECKPOINT, 'layer'], process.env),
 };
+const profFlags = process.env.BENCH_PROF_DIR ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_PROF_DIR}`] : [];
 const bares = {
-  block: await spawnWithUrl(['--import', 'tsx', 'bench/bare-relay.ts', engines.block.url], process.env),
-  layer: await spawnWithUrl(['--import', 'tsx', 'bench/bare-relay.ts', engines.layer.url], process.env),
+  block: await spawnWithUrl([...profFlags, '--import', 'tsx', 'bench/bare-relay.ts', engines.block.url], process.env),
+  layer: await spawnWithUrl([...profFlags, '--import', 'tsx', 'bench/bare-relay.ts', engines.layer.url], process.env),
 };
 // One model per engine: `stub` (the default) on the block engine, `stub-layer` on the layer engine.
 writeFileSync(join(dir, 'models.json'), JSON.stringify({ models: [stubModel(engines.block.url), { ...stubModel(engines.layer.url), id: 'stub-layer', default: false }] }));
@@ -41,7 +46,8 @@ buildGateway();
 const db = process.env.DATABASE_URL ? await scratchDatabase(process.env.DATABASE_URL, 'capture') : null;
 const env = gatewayEnv(dir, 'data', db ? { DATABASE_URL: db.url } : {});
 const gatewayLog = join(dir, 'gateway.log');
-const gateway = await spawnWithUrl(gatewayServeArgs(process.env.BENCH_PROF_DIR ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_PROF_DIR}`] : []), env, /listening on (http:\/\/\S+)/, gatewayLog);
+const extraFlags = (process.env.BENCH_GATEWAY_FLAGS ?? '').split(' ').filter(Boolean);
+const gateway = await spawnWithUrl([...profFlags, ...startScriptFlags(), ...extraFlags, 'bin/start.js'], env, /listening on (http:\/\/\S+)/, gatewayLog);
 // One key (metering on, the default): some 200 requests, at most 4 at once, well inside its limits.
 const [apiKey] = await issueKeys(gateway.url, 1, 'capture');
 const keyHeader = { authorization: `Bearer ${apiKey}` };
@@ -163,6 +169,30 @@ async function gatewaySettled(): Promise<void> {
     if (cpuMsOf(gateway.child.pid!) - before < 0.3) return;
   }
 }
+/**
+ * A process's CPU ms so far on its main thread and on all its other threads (V8's garbage-collection and
+ * compiler workers, libuv's pool): a gateway whose old generation is marked again and again shows it there.
+ */
+function threadCpuMsOf(pid: number): { main: number; others: number } {
+  const split = { main: 0, others: 0 };
+  let tasks: string[] = [];
+  try {
+    tasks = readdirSync(`/proc/${pid}/task`);
+  } catch {
+    /* gone */
+  }
+  for (const task of tasks) {
+    try {
+      const ms = Number(readFileSync(`/proc/${pid}/task/${task}/schedstat`, 'utf8').split(' ')[0]) / 1e6;
+      split[Number(task) === pid ? 'main' : 'others'] += ms;
+    } catch {
+      /* a thread that ended meanwhile */
+    }
+  }
+  return split;
+}
+const threadPids = { gateway: gateway.child.pid!, 'block relay': bares.block.child.pid!, 'layer relay': bares.layer.child.pid! };
+const threadsBefore = Object.fromEntries(Object.entries(threadPids).map(([name, pid]) => [name, threadCpuMsOf(pid)]));
 const roundsStarted = performance.now();
 for (let i = 0; i < (parts.has('small') ? rounds : 0); i++) {
   for (const c of cases) {
@@ -182,6 +212,14 @@ for (let i = 0; i < (parts.has('small') ? rounds : 0); i++) {
     }
   }
 }
+/** Main thread and other threads' CPU over the rounds: the gateway's per capture through it, the relays' per request (holding and streaming). */
+const threadSplit = Object.fromEntries(
+  Object.entries(threadPids).map(([name, pid]) => {
+    const [after, before] = [threadCpuMsOf(pid), threadsBefore[name]];
+    const requests = name === 'gateway' ? rounds * cases.length : rounds * 2;
+    return [name, { main: (after.main - before.main) / requests, others: (after.others - before.others) / requests }];
+  }),
+);
 const gatewayRoundsCpuMs = (cpuMsOf(gateway.child.pid!) - gatewayRoundsBefore) / (rounds * cases.length);
 /** The gateway's idle polling over the rounds, per capture through it. */
 const idlePerCaptureMs = (idleMsPerS * (performance.now() - roundsStarted)) / 1000 / (rounds * cases.length);
@@ -234,7 +272,7 @@ const cpuLine = (c: CaseName, via: Via) =>
     .map(([name, total]) => `${name} ${ms(total / rounds)}`)
     .join(', ');
 const lines = [
-  `capture relay bench (store: ${storeKind}; gateway started as npm start: node ${gatewayServeArgs().join(' ')}, default settings, log to a file) — ${startedAt.toISOString()} to ${new Date().toISOString()} — ${cpus().length} cores (${cpus()[0]?.model}), ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.version}, load average ${loadAtStart.toFixed(1)} at start, ${loadavg()[0].toFixed(1)} at end`,
+  `capture relay bench (store: ${storeKind}; gateway started as npm start: node ${gatewayServeArgs().join(' ')}${extraFlags.length ? `, with ${extraFlags.join(' ')} after its flags` : ''}, default settings, log to a file) — ${startedAt.toISOString()} to ${new Date().toISOString()} — ${cpus().length} cores (${cpus()[0]?.model}), ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.version}, load average ${loadAtStart.toFixed(1)} at start, ${loadavg()[0].toFixed(1)} at end`,
   ...(parts.has('small')
     ? cases.flatMap((c) => {
         const t = times[c];
@@ -247,6 +285,13 @@ const lines = [
       })
     : []),
   ...(parts.has('small') ? [`  gateway CPU per capture over the whole rounds: ${ms(gatewayRoundsCpuMs)} ms (during the response, then after it until quiet: settlement and projections, as above; the rest is its idle polling, ${ms(idleMsPerS)} ms per second: ${ms(idlePerCaptureMs)} ms per capture over the rounds, and the other targets' turns); PostgreSQL's server processes (this machine's, others' work included): ${pg.length ? `${ms(pgRoundsCpuMs)} ms` : 'n/a'}`] : []),
+  ...(parts.has('small')
+    ? [
+        `  CPU ms over the rounds by thread, main thread + the others (V8's garbage-collection and compiler workers, libuv's pool): ${Object.entries(threadSplit)
+          .map(([name, t]) => `${name} ${ms(t.main)} + ${ms(t.others)}`)
+          .join(', ')} (the gateway's per capture through it, idle polling and settlement included; each relay's per request, holding and streaming)`,
+      ]
+    : []),
   ...(parts.has('large') ? [`610 MB capture (${mb(largeBytes)} MB, 16 x 6,980 x 2048 bf16), block case: direct ${largeTimes.direct.map((x) => (x / 1000).toFixed(2)).join(', ')} s | gateway ${largeTimes.gateway.map((x) => (x / 1000).toFixed(2)).join(', ')} s | bare holding relay ${largeTimes.hold.map((x) => (x / 1000).toFixed(2)).join(', ')} s: the gateway at ${(median(largeTimes.hold) / median(largeTimes.gateway)).toFixed(2)} of its speed`,
   `  CPU seconds per GB, during each request: direct: ${largeCpuLine('direct')} | holding relay: ${largeCpuLine('hold')} | gateway: ${largeCpuLine('gateway')}`] : []),
   ...(parts.has('memory') ? [`4 concurrent 610 MB captures through the gateway: ${(concurrentMs / 1000).toFixed(1)} s; gateway RSS ${beforeMb.toFixed(0)} MB before, peak ${peakMb.toFixed(0)} MB; bodies in flight ${inFlightMb.toFixed(0)} MB, so the bound (bodies + 200 MB) is ${(inFlightMb + 200).toFixed(0)} MB: ${peakMb <= inFlightMb + 200 ? 'met' : 'NOT met'} (peak - before = ${(peakMb - beforeMb).toFixed(0)} MB)`] : []),
@@ -260,4 +305,5 @@ for (const c of cases) {
   await stop(engines[c].child);
 }
 await db?.drop();
-rmSync(dir, { recursive: true, force: true });
+if (process.env.BENCH_KEEP) process.stderr.write(`kept ${dir}\n`);
+else rmSync(dir, { recursive: true, force: true });
