@@ -13,7 +13,7 @@
 // - `metered-semi16`: metered with Node's default young generation (16 MB semi-spaces), for the
 //   setting `npm start` changes (src/README.md);
 // - `metered-v8-growth`: metered with V8's own heap growing factor (no `--heap-growing-percent`), as
-//   `npm start` ran it before it fixed the factor (docs/decisions/young-generation.md);
+//   `npm start` ran it before it fixed the factor (docs/decisions/heap-settings.md);
 // - `ref:<git ref>`: that commit, metered, built into a scratch worktree, with the flags of its own
 //   start script (`ref:HEAD~3`, say: what a change did, measured beside it).
 // BENCH_ROUNDS (default 4) alternations of BENCH_SECONDS (default 8) s each, after a 10 s warm-up each.
