@@ -5,6 +5,7 @@ import { Base64Decoder, CodecError } from '../../src/codec/index.ts';
 import { wasmBase64Into } from '../../src/harvest/base64-kernel.ts';
 import { CaptureBuffers, decodeCapture } from '../../src/harvest/capture-decode.ts';
 import { KernelMemory } from '../../src/harvest/stats-memory.ts';
+import { Prng } from '../../src/reference-engine/prng.ts';
 
 const km = new KernelMemory(4 << 20);
 const region = km.alloc(2 << 20)!;
@@ -18,16 +19,11 @@ const counted = (text: Uint8Array, to: Uint8Array, at: number) => {
   return done;
 };
 
-/** A small deterministic generator (the same inputs every run). */
-function random(seed: number): () => number {
-  let x = seed >>> 0 || 1;
-  return () => {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    return (x >>> 0) / 2 ** 32;
-  };
-}
+/** A seeded generator in [0, 1): the same inputs every run. */
+const random = (seed: number): (() => number) => {
+  const prng = new Prng(seed);
+  return () => prng.next();
+};
 
 /** The outcome of decoding `text` in `pieces` (sizes, repeated) into `room` bytes: the bytes, or the error thrown. */
 function outcome(text: Buffer, pieces: number[], room: number, withFast: boolean): { bytes: Buffer } | { error: string } {

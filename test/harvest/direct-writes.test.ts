@@ -8,18 +8,15 @@ import { join } from 'node:path';
 import { DirectWriter, rangeOf } from '../../src/harvest/direct-writes.ts';
 import { fileHarvestStorage } from '../../src/harvest/storage.ts';
 import { hashFile } from '../../src/harvest/file-hasher.ts';
+import { Prng } from '../../src/reference-engine/prng.ts';
 
 const roots = [mkdtempSync(join(tmpdir(), 'svc-direct-')), ...(existsSync('/dev/shm') ? [mkdtempSync('/dev/shm/svc-direct-')] : [])];
 
-function random(seed: number): () => number {
-  let x = seed >>> 0 || 1;
-  return () => {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    return (x >>> 0) / 2 ** 32;
-  };
-}
+/** A seeded generator in [0, 1): the same inputs every run. */
+const random = (seed: number): (() => number) => {
+  const prng = new Prng(seed);
+  return () => prng.next();
+};
 
 test('the file system of the tests takes O_DIRECT (so the direct path is what the tests below run)', async () => {
   const path = join(roots[0], 'probe');
