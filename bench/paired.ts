@@ -12,8 +12,6 @@
 //   without projections in the process);
 // - `metered-semi16`: metered with Node's default young generation (16 MB semi-spaces), for the
 //   setting `npm start` changes (src/README.md);
-// - `metered-v8-growth`: metered with V8's own heap growing factor (no `--heap-growing-percent`), as
-//   `npm start` ran it before it fixed the factor (docs/decisions/heap-settings.md);
 // - `ref:<git ref>`: that commit, metered, built into a scratch worktree, with the flags of its own
 //   start script (`ref:HEAD~3`, say: what a change did, measured beside it).
 // BENCH_ROUNDS (default 4) alternations of BENCH_SECONDS (default 8) s each, after a 10 s warm-up each.
@@ -59,7 +57,6 @@ function commandFor(variant: string): { args: string[]; metering: string; projec
   if (variant === 'unmetered') return { args: here, metering: 'off', projections: 'on' };
   if (variant === 'noproj') return { args: here, metering: 'on', projections: 'off' };
   if (variant === 'metered-semi16') return { args: here.filter((a) => !a.startsWith('--max-semi-space-size')), metering: 'on', projections: 'on' };
-  if (variant === 'metered-v8-growth') return { args: here.filter((a) => !a.startsWith('--heap-growing-percent')), metering: 'on', projections: 'on' };
   if (variant.startsWith('ref:')) {
     const ref = variant.slice(4);
     const tree = join(dir, `tree-${ref.replace(/[^A-Za-z0-9]/g, '_')}`);
@@ -69,7 +66,7 @@ function commandFor(variant: string): { args: string[]; metering: string; projec
     buildGateway(tree);
     return { args: ['--import', gcObserver, ...startScriptFlags(tree), join(tree, 'bin/start.js')], metering: 'on', projections: 'on' };
   }
-  throw new Error(`unknown variant ${variant}: metered, unmetered, noproj, metered-semi16, metered-v8-growth or ref:<git ref>`);
+  throw new Error(`unknown variant ${variant}: metered, unmetered, noproj, metered-semi16 or ref:<git ref>`);
 }
 
 const engineDelayMs = Number(process.env.BENCH_ENGINE_DELAY_MS ?? 0) || 0;
