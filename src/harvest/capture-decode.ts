@@ -7,6 +7,7 @@ import { endianness } from 'node:os';
 import { KernelMemory, KERNEL_MEMORY_MAX, kernelMemoryOf } from './stats-memory.ts';
 import { fixedMemory, wasmF32ToBf16, type WasmMemory } from './stats-kernel.ts';
 import { wasmBase64Into } from './base64-kernel.ts';
+import { DIRECT_ALIGN } from './direct-writes.ts';
 import { Base64Decoder, CodecError, CodecScanner, f16BitsToF32, f32ToBf16Bits, RESIDUAL_STREAM_PATH, zstdDecompressInto } from '../codec/index.ts';
 
 /** The capture holds fewer layers than were asked for (or none): the engine's answer is incomplete. */
@@ -68,21 +69,27 @@ export class CaptureBuffers {
     return this.#made;
   }
 
-  /** A buffer of `byteLength` bytes (old contents), aligned for any typed view. */
-  take(byteLength: number): Buffer {
+  /**
+   * A buffer of `byteLength` bytes (old contents), aligned for any typed view; with `phase` (a multiple of
+   * 4), one of kernel memory starts `phase` bytes past a 4 KiB boundary (a shard's file offset there, so its
+   * whole blocks are written from it directly: direct-writes.ts) when it has room.
+   */
+  take(byteLength: number, phase?: number): Buffer {
     if (byteLength < this.#minBytes) {
       this.#made++;
       return Buffer.allocUnsafeSlow(byteLength);
     }
+    const need = phase === undefined ? byteLength : byteLength + DIRECT_ALIGN;
     let best = -1;
     this.#free.forEach((slab, i) => {
-      if (slab.capacity >= byteLength && (best < 0 || slab.capacity < this.#free[best].capacity)) best = i;
+      if (slab.capacity >= need && (best < 0 || slab.capacity < this.#free[best].capacity)) best = i;
     });
-    const slab = best >= 0 ? this.#free.splice(best, 1)[0] : this.#slab(byteLength);
+    const slab = best >= 0 ? this.#free.splice(best, 1)[0] : this.#slab(need);
+    const shift = phase === undefined || slab.memory === null ? 0 : (((phase - slab.at) % DIRECT_ALIGN) + DIRECT_ALIGN) % DIRECT_ALIGN;
     let lent = this.#lent.get(slab.buffer);
     if (lent === undefined) this.#lent.set(slab.buffer, (lent = new Map()));
-    lent.set(slab.at, slab);
-    return Buffer.from(slab.buffer, slab.at, byteLength);
+    lent.set(slab.at + shift, slab);
+    return Buffer.from(slab.buffer, slab.at + shift, byteLength);
   }
 
   #slab(byteLength: number): Slab {
@@ -157,19 +164,27 @@ export class CaptureReader {
   #round: ((src: number, count: number, dst: number) => void) | null = null;
   /** Words of #raw rounded into #out so far. */
   #rounded = 0;
+  /** Where past a 4 KiB boundary the bf16 bytes are to start (CaptureBuffers.take), if anywhere. */
+  readonly #phase: number | undefined;
 
-  /** `bodyLength`: the body's length when known (Content-Length): the decoded text is at most three quarters of it. */
-  constructor(expect: CaptureExpectation, buffers?: CaptureBuffers, bodyLength: number | null = null) {
+  /**
+   * `bodyLength`: the body's length when known (Content-Length): the decoded text is at most three quarters
+   * of it. `phase`: the shard file offset the capture is written at (its place in a 4 KiB block is what
+   * counts; ignored unless a multiple of 4).
+   */
+  constructor(expect: CaptureExpectation, buffers?: CaptureBuffers, bodyLength: number | null = null, phase?: number) {
     this.#expect = expect;
     this.#buffers = buffers ?? unpooled;
+    this.#phase = phase !== undefined && phase % 4 === 0 ? phase % DIRECT_ALIGN : undefined;
     this.#room = bodyLength !== null && bodyLength > 0 ? Math.floor(bodyLength / 4) * 3 + 3 : UNKNOWN_LENGTH_ROOM;
     this.#scanner = new CodecScanner(RESIDUAL_STREAM_PATH, {
       start: () => {
         if (this.#decoder === null) {
-          this.#raw = this.#buffers.take(this.#room);
+          const float32 = this.#buffers.float32Last === true && bodyLength !== null;
+          this.#raw = this.#buffers.take(this.#room, float32 ? undefined : this.#phase);
           const km = kernelMemoryOf(this.#raw);
           this.#decoder = new Base64Decoder(this.#raw, 0, km === undefined ? null : wasmBase64Into(km));
-          if (this.#buffers.float32Last === true && bodyLength !== null) this.#expectFloat32();
+          if (float32) this.#expectFloat32();
         } else this.#decoder.reset();
         this.#rounded = 0;
       },
@@ -182,7 +197,7 @@ export class CaptureReader {
 
   /** Rounds as the text decodes, into a buffer of the same kernel memory (when there is one). */
   #expectFloat32(): void {
-    const out = this.#buffers.take(Math.floor(this.#room / 4) * 2);
+    const out = this.#buffers.take(Math.floor(this.#room / 4) * 2, this.#phase);
     const km = kernelMemoryOf(out);
     this.#round = km !== undefined && km === kernelMemoryOf(this.#raw!) ? wasmF32ToBf16(km.memory) : null;
     if (this.#round === null) this.#buffers.give(out);
@@ -235,7 +250,7 @@ export class CaptureReader {
   #grow(needed: number): void {
     // A body of unknown length: a buffer twice as big, what was decoded copied over.
     this.#dropOut(); // rounded at the end instead
-    const next = this.#buffers.take(Math.max(needed, 2 * this.#raw!.length));
+    const next = this.#buffers.take(Math.max(needed, 2 * this.#raw!.length), this.#phase);
     this.#decoder!.moveTo(next);
     this.#buffers.give(this.#raw!);
     this.#raw = next;
@@ -268,7 +283,7 @@ export class CaptureReader {
       wide = text;
     } else {
       // Never past the tensor's size: zstdDecompressInto refuses a frame that declares or decodes to more.
-      wide = this.#buffers.take(location.byteLength);
+      wide = this.#buffers.take(location.byteLength, this.#phase);
       try {
         zstdDecompressInto(text, wide);
       } catch (err) {
@@ -285,7 +300,7 @@ export class CaptureReader {
     const count = location.byteLength / (dtype === 'float32' ? 4 : 2);
     // Rounded already up to word #rounded when the text was rounded as it decoded.
     const done = this.#out === null ? 0 : this.#rounded;
-    const out = this.#out?.subarray(0, count * 2) ?? this.#buffers.take(count * 2);
+    const out = this.#out?.subarray(0, count * 2) ?? this.#buffers.take(count * 2, this.#phase);
     this.#out = null;
     const halves = new Uint16Array(out.buffer, out.byteOffset + done * 2, count - done);
     if (dtype === 'float32') f32ToBf16(new Uint32Array(wide.buffer, wide.byteOffset + done * 4, count - done), halves);
@@ -300,9 +315,9 @@ export class CaptureReader {
  * that is not JSON, or an envelope that is malformed, not a float tensor, not [layers, tokens, d_model]
  * or of another width throws `CodecError`; no envelope or fewer layers than expected throws `CaptureIncomplete`.
  */
-export function decodeCapture(body: Uint8Array | readonly Uint8Array[], expect: CaptureExpectation, buffers?: CaptureBuffers): DecodedCapture {
+export function decodeCapture(body: Uint8Array | readonly Uint8Array[], expect: CaptureExpectation, buffers?: CaptureBuffers, phase?: number): DecodedCapture {
   const chunks = body instanceof Uint8Array ? [body] : body;
-  const reader = new CaptureReader(expect, buffers, chunks.reduce((n, c) => n + c.byteLength, 0));
+  const reader = new CaptureReader(expect, buffers, chunks.reduce((n, c) => n + c.byteLength, 0), phase);
   for (const chunk of chunks) reader.push(chunk);
   return reader.end();
 }

@@ -32,8 +32,12 @@ export interface ShardPipelineDeps {
   storage: HarvestStorage;
   /** The file name of shard `shard` (storage.ts's shardFileName(shard, claimId): unique to the claim). */
   fileNameFor(shard: number): string;
-  /** Captures prompts [firstPrompt, firstPrompt + count), in order. A throw stops the pipeline and is rethrown. */
-  captureBatch(firstPrompt: number, count: number, signal: AbortSignal): Promise<CapturedPrompt[]>;
+  /**
+   * Captures prompts [firstPrompt, firstPrompt + count), in order. A throw stops the pipeline and is rethrown.
+   * `place`: where in its shard file the batch's first tensor is written (captureOffsets gives each
+   * prompt's, to decode into buffers placed for direct writes: CaptureReader's `phase`).
+   */
+  captureBatch(firstPrompt: number, count: number, signal: AbortSignal, place?: BatchPlace): Promise<CapturedPrompt[]>;
   /** Called once a shard is fsynced under its name, before the next is written; a throw stops the pipeline. */
   onShardWritten(record: HarvestShard): Promise<void>;
   /** Stops the pipeline: no further capture or write, the shard being written is removed. */
@@ -58,6 +62,24 @@ export interface ShardPipelineResult {
   dModel: number | null;
   /** The running statistics over every shard up to the last (null when no shard of the job was ever captured). */
   stats: RunningStats | null;
+}
+
+/** Where a batch's captures are written: its first prompt's tensor at file offset `offset`; the width when known. */
+export interface BatchPlace {
+  offset: number;
+  layers: number;
+  dModel: number | null;
+}
+
+/** The file offset of each prompt's capture in a batch of prompts of these token counts (none without the width). */
+export function captureOffsets(place: BatchPlace, tokenCounts: readonly number[]): (number | undefined)[] {
+  let at = place.offset;
+  return tokenCounts.map((tokens) => {
+    if (place.dModel === null) return undefined;
+    const offset = at;
+    at += place.layers * tokens * place.dModel * 2 + tokens * 4; // the capture, then its token ids
+    return offset;
+  });
 }
 
 /** Shards a job of `promptCount` prompts makes at `shardSize` prompts each. */
@@ -92,15 +114,18 @@ export async function runShardPipeline(plan: ShardPlan, deps: ShardPipelineDeps)
   let stats = deps.stats ?? null;
   let shardsWritten = 0;
   let next = 0;
-  const capture = (): Promise<CapturedPrompt[]> | null => {
+  const dataStartOf = (shard: number) => headerRoom(tensorNames(shard * plan.shardSize, Math.min(plan.shardSize, plan.promptCount - shard * plan.shardSize)), metadata);
+  /** The next batch, asked for once the current one's tensors are laid out (`end`: where they end in the file). */
+  const capture = (shard: number, end: number): Promise<CapturedPrompt[]> | null => {
     const batch = batches[next++];
     if (batch === undefined) return null;
-    const pending = deps.captureBatch(batch.first, batch.count, signal);
+    const place = { offset: batch.shard === shard ? end : dataStartOf(batch.shard), layers: plan.layers.length, dModel };
+    const pending = deps.captureBatch(batch.first, batch.count, signal, place);
     pending.catch(() => {}); // awaited below, or abandoned when the pipeline stops first
     return pending;
   };
 
-  let pending = capture();
+  let pending = capture(-1, 0);
   let sink: ShardSink | null = null;
   try {
     for (let shard = plan.startShard; shard < shardCount; shard++) {
@@ -114,14 +139,10 @@ export async function runShardPipeline(plan: ShardPlan, deps: ShardPipelineDeps)
       for (let done = 0; done < promptCount; ) {
         const first = firstPrompt + done;
         const captured = await untilAborted(pending!, signal);
-        pending = capture(); // the next batch is captured while this one is written
         const count = Math.min(plan.batchSize, promptCount - done);
         if (captured.length !== count) throw new Error(`captureBatch(${first}, ${count}) returned ${captured.length} captures`);
         dModel = checkCaptures(captured, first, plan.layers.length, dModel);
-        if (sink === null) {
-          sink = await deps.storage.createShard(plan.jobId, file);
-          dataStart = headerRoom(tensorNames(firstPrompt, promptCount), metadata);
-        }
+        if (done === 0) dataStart = dataStartOf(shard);
         // The whole batch in one positional writev: it runs in libuv's pool while the next batch is decoded.
         const chunks: Uint8Array[] = [];
         const batchStart = dataEnd;
@@ -137,6 +158,8 @@ export async function runShardPipeline(plan: ShardPlan, deps: ShardPipelineDeps)
           dataEnd += bytes.byteLength + tokenBytes.byteLength;
           tokenCount += tokens.length;
         });
+        pending = capture(shard, dataStart + dataEnd); // the next batch is captured while this one is written
+        sink ??= await deps.storage.createShard(plan.jobId, file);
         signal.throwIfAborted();
         const writing = sink.write(dataStart + batchStart, chunks);
         writing.catch(() => {}); // awaited below

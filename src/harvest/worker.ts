@@ -27,7 +27,7 @@ import type { HarvestService } from './service.ts';
 import { isTerminal } from './service.ts';
 import { claimTag, isStorageFull, shardFileName, type HarvestStorage } from './storage.ts';
 import { CaptureBuffers, CaptureReader, type CapturedPrompt } from './capture-decode.ts';
-import { runShardPipeline } from './shard-pipeline.ts';
+import { captureOffsets, runShardPipeline, type BatchPlace } from './shard-pipeline.ts';
 import { buildManifest } from './manifest.ts';
 import { resumeStats, writeStatsFile } from './stats.ts';
 import { harvestWorkKind } from './types.ts';
@@ -178,8 +178,8 @@ export class HarvestWorker {
           stats: await resumeStats(storage, jobId, state.shards, job.layers),
           fileNameFor: (shard) => shardFileName(shard, claimId),
           // A batch's prompts are tokenized in the tokenizer pool when they are long (off the event loop).
-          captureBatch: async (first, count, batchSignal) =>
-            this.#captureBatch(job, claimId, first, await encodeTexts(this.#options.context.tokenizers, model.tokenizer, tokenizer, prompts.slice(first, first + count), true), batchSignal, buffers),
+          captureBatch: async (first, count, batchSignal, place) =>
+            this.#captureBatch(job, claimId, first, await encodeTexts(this.#options.context.tokenizers, model.tokenizer, tokenizer, prompts.slice(first, first + count), true), batchSignal, buffers, place),
           onShardWritten: async (record) => {
             const outcome = await service.command(jobId, { type: 'RecordShard', claimId, leaseMs: settings.leaseMs, record, now: new Date().toISOString() });
             if (!outcome.accepted) throw new StopWork(outcome.rejection.message);
@@ -205,7 +205,7 @@ export class HarvestWorker {
    * job after its worker died reserves its batches anew and never meets the dead worker's holds or
    * queue entries under the same id (the reaper expires those once that process's slot lease lapses).
    */
-  async #captureBatch(job: NonNullable<HarvestState['job']>, claimId: string, first: number, tokens: number[][], signal: AbortSignal, buffers: CaptureBuffers): Promise<CapturedPrompt[]> {
+  async #captureBatch(job: NonNullable<HarvestState['job']>, claimId: string, first: number, tokens: number[][], signal: AbortSignal, buffers: CaptureBuffers, place?: BatchPlace): Promise<CapturedPrompt[]> {
     const metering = this.#options.metering;
     const inputTokens = tokens.reduce((n, t) => n + t.length, 0);
     const facts: RequestFactsData = {
@@ -247,7 +247,9 @@ export class HarvestWorker {
     const captured: CapturedPrompt[] = [];
     let status = 200;
     try {
-      const results = await Promise.allSettled(tokens.map((ids, i) => this.#retrying(first + i, signal, () => this.#captureOne(job, ids, signal, buffers))));
+      // each decoded where its file offset is in a 4 KiB block, so its blocks are written from it directly
+      const offsets = place === undefined ? [] : captureOffsets(place, tokens.map((ids) => ids.length));
+      const results = await Promise.allSettled(tokens.map((ids, i) => this.#retrying(first + i, signal, () => this.#captureOne(job, ids, signal, buffers, offsets[i]))));
       for (const result of results) {
         if (result.status === 'fulfilled') captured.push(result.value);
       }
@@ -278,7 +280,7 @@ export class HarvestWorker {
   }
 
   /** One prompt's capture: its token ids sent as the prompt (so the shard's ids are exactly what was captured). */
-  async #captureOne(job: NonNullable<HarvestState['job']>, ids: number[], signal: AbortSignal, buffers: CaptureBuffers): Promise<CapturedPrompt> {
+  async #captureOne(job: NonNullable<HarvestState['job']>, ids: number[], signal: AbortSignal, buffers: CaptureBuffers, offset?: number): Promise<CapturedPrompt> {
     const { engines, backends, context } = this.#options;
     const request = { model: job.model, prompt: ids, max_tokens: 1, temperature: 0, output_residual_stream: job.layers } as unknown as CompletionRequest;
     const prepared = prepareValidCompletion(request, context);
@@ -301,7 +303,7 @@ export class HarvestWorker {
       await engines.postStreaming(job.model, '/v1/completions', JSON.stringify(prepared.engineBody), bounded, {
         head: (length) => {
           (reader as CaptureReader | null)?.discard();
-          reader = new CaptureReader({ layers: job.layers.length, dModel: job.d_model }, buffers, length);
+          reader = new CaptureReader({ layers: job.layers.length, dModel: job.d_model }, buffers, length, offset);
         },
         chunk: (piece) => {
           try {

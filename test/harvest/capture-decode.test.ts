@@ -81,6 +81,24 @@ test('a malformed body or an envelope that is not a capture is a CodecError', ()
   assert.throws(() => decodeCapture(body.subarray(0, body.length - 1), expect), codecError(/ended/));
 });
 
+test('CaptureBuffers: with a phase, a buffer starts that far past a 4 KiB boundary of kernel memory, and is taken again once given back', () => {
+  const buffers = new CaptureBuffers({ minBytes: 0, keep: 4 });
+  const body = captureBody(encodeTensor(values, shape, 'bfloat16'));
+  const plain = decodeCapture(body, expect, buffers);
+  for (const offset of [0, 8, 2048 + 4, 4096 * 3 + 1000, 123_456]) {
+    const placed = decodeCapture(body, expect, buffers, offset);
+    assert.is(placed.bytes.byteOffset % 4096, offset % 4096, `offset ${offset}`);
+    assert.equal(placed.bytes, plain.bytes, `offset ${offset}: the same bytes`);
+    buffers.give(placed.bytes);
+    const again = buffers.take(placed.bytes.byteLength, offset);
+    assert.ok(again.buffer === placed.bytes.buffer && again.byteOffset === placed.bytes.byteOffset, `offset ${offset}: the same memory again`);
+    buffers.give(again);
+  }
+  const odd = decodeCapture(body, expect, buffers, 4096 + 6);
+  assert.is(odd.bytes.byteOffset % 64, 0, 'a phase that is not a multiple of 4 is ignored');
+  assert.equal(odd.bytes, plain.bytes);
+});
+
 test('CaptureBuffers: a buffer given back is taken again (the float32 path’s scratch too); foreign or small ones are not kept', () => {
   const buffers = new CaptureBuffers({ minBytes: 0, keep: 2 });
   const bf16 = captureBody(encodeTensor(values, shape, 'bfloat16'));

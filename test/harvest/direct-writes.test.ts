@@ -5,7 +5,8 @@ import { createHash, randomFillSync } from 'node:crypto';
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { DirectWriter, rangeOf } from '../../src/harvest/direct-writes.ts';
+import { DirectWriter, directRuns, rangeOf } from '../../src/harvest/direct-writes.ts';
+import { CaptureBuffers } from '../../src/harvest/capture-decode.ts';
 import { fileHarvestStorage } from '../../src/harvest/storage.ts';
 import { hashFile } from '../../src/harvest/file-hasher.ts';
 import { Prng } from '../../src/reference-engine/prng.ts';
@@ -60,6 +61,53 @@ test('a shard written as the pipeline writes it (room, unaligned batches of many
       const path = join(root, 'hj_direct', `shard-0000${round}-claim.safetensors`);
       assert.is(await hashFile(path, bytes.length, true), stored.sha256);
       assert.is(await hashFile(path, bytes.length, false), stored.sha256);
+    }
+  }
+});
+
+test('captures in kernel memory placed as their file offsets are written from their own memory, misplaced ones staged: the same bytes either way', async () => {
+  const next = random(9);
+  const buffers = new CaptureBuffers({ keep: 8 });
+  for (const root of roots) {
+    const storage = fileHarvestStorage(root);
+    for (const placed of [true, false]) {
+      const room = 8 * (1 + Math.floor(next() * 1200));
+      const file = `shard-0000${placed ? 1 : 2}-claim.safetensors`;
+      const sink = await storage.createShard('hj_placed', file);
+      const expected: Buffer[] = [Buffer.alloc(room, 0x20)];
+      const taken: Buffer[] = [];
+      let at = room;
+      for (let batch = 0; batch < 2; batch++) {
+        const chunks: Buffer[] = [];
+        let offset = at;
+        for (let k = 0; k < 2; k++) {
+          const size = 4 * (300_000 + Math.floor(next() * 500_000));
+          const capture = randomFillSync(buffers.take(size, placed ? offset : offset + 8));
+          const ids = randomFillSync(Buffer.allocUnsafe(4 * (1 + Math.floor(next() * 900))));
+          chunks.push(capture, ids);
+          taken.push(capture);
+          offset += size + ids.length;
+        }
+        const length = offset - at;
+        const span = DirectWriter.span(at, length)!;
+        const runs = directRuns(at, chunks, span.from, span.to);
+        const fromCaptures = runs.filter((r) => r.bytes !== null);
+        assert.is(fromCaptures.length, placed ? 2 : 0, `placed ${placed}: runs written from the captures' memory`);
+        for (const r of fromCaptures) assert.ok(chunks.some((c) => c.buffer === r.bytes!.buffer), 'a view of a capture, no copy');
+        assert.is(runs[0].from, span.from);
+        runs.forEach((r, i) => assert.is(r.from, i === 0 ? span.from : runs[i - 1].to, 'the runs tile the span'));
+        assert.is(runs.at(-1)!.to, span.to);
+        await sink.write(at, chunks);
+        expected.push(...chunks.map((c) => Buffer.from(c)));
+        at = offset;
+      }
+      await sink.write(0, [Buffer.alloc(room, 0x20)]);
+      const stored = await sink.commit();
+      const bytes = Buffer.concat(expected);
+      const path = join(root, 'hj_placed', file);
+      assert.ok(readFileSync(path).equals(bytes), `${root}, placed ${placed}: the bytes`);
+      assert.is(stored.sha256, createHash('sha256').update(bytes).digest('hex'));
+      for (const c of taken) buffers.give(c);
     }
   }
 });

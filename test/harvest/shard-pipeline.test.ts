@@ -9,7 +9,7 @@ import { encodeTensor } from '../../src/codec/index.ts';
 import { CaptureBuffers, decodeCapture } from '../../src/harvest/capture-decode.ts';
 import { fileHarvestStorage, shardFileName, type HarvestStorage } from '../../src/harvest/storage.ts';
 import { checkpointFileOf } from '../../src/harvest/stats.ts';
-import { runShardPipeline, type CapturedPrompt, type ShardPipelineDeps, type ShardPlan } from '../../src/harvest/shard-pipeline.ts';
+import { captureOffsets, runShardPipeline, type BatchPlace, type CapturedPrompt, type ShardPipelineDeps, type ShardPlan } from '../../src/harvest/shard-pipeline.ts';
 import type { HarvestShard } from '../../events/harvest.ts';
 
 const root = mkdtempSync(join(tmpdir(), 'svc-harvest-pipeline-'));
@@ -35,8 +35,8 @@ function captureBody(i: number): Buffer {
   return Buffer.from(`{"id":"cmpl-${i}","object":"text_completion","choices":[{"index":0,"text":"x","finish_reason":"length"}],"usage":{"prompt_tokens":${tokenCount(i)}},"activations":{"residual_stream":${JSON.stringify(codec)}}}`);
 }
 
-function captured(i: number, buffers?: CaptureBuffers): CapturedPrompt {
-  const { shape, bytes } = decodeCapture(captureBody(i), { layers: LAYERS.length, dModel: D_MODEL }, buffers);
+function captured(i: number, buffers?: CaptureBuffers, phase?: number): CapturedPrompt {
+  const { shape, bytes } = decodeCapture(captureBody(i), { layers: LAYERS.length, dModel: D_MODEL }, buffers, phase);
   return { tokens: tokenIds(i), shape, bytes };
 }
 
@@ -293,6 +293,35 @@ test('with CaptureBuffers, a capture’s buffer is decoded into again only once 
   });
   for (const record of records) checkShard('hj_buffers', record);
   assert.ok(buffers.made <= 2 * 2 + 1, `two batches of 2 and a scratch buffer at most (${buffers.made} made for 12 prompts)`);
+});
+
+test('each batch is asked for with the file offset its captures are written at (once the width is known), across shards', async () => {
+  for (const dModel of [D_MODEL, null]) {
+    const jobId = `hj_place_${dModel ?? 'unknown'}`;
+    const { records, deps } = recorder();
+    const buffers = new CaptureBuffers({ minBytes: 0 });
+    const asked = new Map<number, number | undefined>();
+    await runShardPipeline(plan(jobId, { promptCount: 11, shardSize: 5, batchSize: 2, dModel }), {
+      ...deps,
+      buffers,
+      async captureBatch(first, count, _signal, place?: BatchPlace) {
+        const offsets = captureOffsets(place!, Array.from({ length: count }, (_, k) => tokenCount(first + k)));
+        offsets.forEach((offset, k) => asked.set(first + k, offset));
+        return Array.from({ length: count }, (_, k) => captured(first + k, buffers, offsets[k]));
+      },
+    });
+    assert.is(records.length, 3);
+    for (const record of records) {
+      checkShard(jobId, record);
+      const file = readFileSync(join(root, jobId, record.file));
+      const length = Number(file.readBigUInt64LE(0));
+      const header = JSON.parse(file.subarray(8, 8 + length).toString('utf8'));
+      for (let i = record.first_prompt; i < record.first_prompt + record.prompt_count; i++) {
+        const expected = dModel === null && i < 2 ? undefined : 8 + length + header[`prompt_${i}`].data_offsets[0];
+        assert.is(asked.get(i), expected, `${jobId}: prompt ${i}'s offset`);
+      }
+    }
+  }
 });
 
 test('one shard of 300 prompts: the header written last fits the room reserved for it', async () => {
