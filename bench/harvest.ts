@@ -16,10 +16,12 @@
  *    how far above it. Write and hash run interleaved with their floors, round after round (BENCH_HARVEST_
  *    IO_ROUNDS, 5), each figure the least-CPU round with its user and sys: the shard sink (writes,
  *    writeback, commit), the hash alone (the sink's read-back of the same files), a raw write + fsync
- *    through the page cache and one with O_DIRECT,
+ *    through the page cache and one with O_DIRECT (the sink's writes from captures' buffers placed as the
+ *    worker places them, and from bytes elsewhere, staged),
  *    OpenSSL's SHA-256 over a buffer in cache and over the captures' own (32 MiB) buffers.
- * 3. The in-process pipeline (decode + write + hash + stats, no HTTP) with the statistics on and off, interleaved:
- *    CPU of every thread and of the main thread alone (where the statistics run; far less noisy).
+ * 3. The in-process pipeline (decode + write + hash + stats, no HTTP) with the statistics on and off, and with
+ *    the captures not placed for direct writes (every whole block staged), interleaved: CPU of every thread
+ *    and of the main thread alone (where the statistics and the staging copies run; far less noisy).
  *   node --import tsx bench/harvest.ts     (npm run bench -- harvest)
  * Shape by environment: BENCH_HARVEST_PROMPTS (48), _TOKENS (512), _SHARD (8 prompts), _BATCH (4),
  * _ROUNDS (2); 16 layers x 2048 wide. BENCH_HARVEST_DIR (default .bench/ in the repository, on the disk
@@ -36,7 +38,7 @@ import { Pool } from 'undici';
 import { CaptureBuffers, CaptureReader, decodeCapture } from '../src/harvest/capture-decode.ts';
 import { fileHarvestStorage, shardFileName } from '../src/harvest/storage.ts';
 import { hashFile } from '../src/harvest/file-hasher.ts';
-import { runShardPipeline, type CapturedPrompt } from '../src/harvest/shard-pipeline.ts';
+import { captureOffsets, runShardPipeline, type CapturedPrompt } from '../src/harvest/shard-pipeline.ts';
 import { RunningStats } from '../src/harvest/stats.ts';
 import { StreamPoster } from '../src/engine-client/stream-post.ts';
 import { fixedMemory } from '../src/harvest/wasm-asm.ts';
@@ -302,9 +304,28 @@ const written: string[] = [];
 let shardNo = 0;
 const hot = Buffer.alloc(1 << 20, 0x33);
 const aligned = new Uint8Array(fixedMemory(128).buffer).fill(0x33); // 8 MiB on a 64 KiB boundary
+/** The same bytes in kernel memory, placed as their file offsets (the worker's captures): written from where they lie. */
+const placedPayload = new CaptureBuffers({ keep: 1 }).take(promptBytes, 0).fill(0x33);
 /** CPU seconds (all threads) spent in the sink's write calls (staging, direct and edge writes) of the current round. */
 const sinkWrites = { user: 0, sys: 0 };
 const sinkWriteRuns: { user: number; sys: number }[] = [];
+const placedWrites = { user: 0, sys: 0 };
+const placedWriteRuns: { user: number; sys: number }[] = [];
+/** Two shards through the sink, batch by batch from `from`; the CPU of its write calls added to `into`. */
+async function sinkShards(from: Uint8Array, into: { user: number; sys: number }): Promise<number> {
+  for (let s = 0; s < 2; s++) {
+    const file = shardFileName(shardNo++, 'cl_parts');
+    const sink = await storage.createShard('hj_parts', file);
+    const cpu = process.cpuUsage();
+    for (let b = 0; b < shardSize; b += batchSize) await sink.write(b * promptBytes, Array.from({ length: Math.min(batchSize, shardSize - b) }, () => from));
+    const used = process.cpuUsage(cpu);
+    into.user += used.user / 1e6;
+    into.sys += used.system / 1e6;
+    await sink.commit();
+    written.push(join(dir, 'parts', 'hj_parts', file));
+  }
+  return 2 * shardBytes;
+}
 const ioVariants: Record<string, () => Promise<number> | number> = {
   raw: async () => (await rawWrite([shardBytes, shardBytes], join(dir, 'raw-parts'))).bytes,
   rawDirect: async () => {
@@ -319,21 +340,8 @@ const ioVariants: Record<string, () => Promise<number> | number> = {
     rmSync(join(dir, 'raw-direct'), { recursive: true, force: true });
     return 2 * shardBytes;
   },
-  sink: async () => {
-    written.length = 0;
-    for (let s = 0; s < 2; s++) {
-      const file = shardFileName(shardNo++, 'cl_parts');
-      const sink = await storage.createShard('hj_parts', file);
-      const cpu = process.cpuUsage();
-      for (let b = 0; b < shardSize; b += batchSize) await sink.write(b * promptBytes, Array.from({ length: Math.min(batchSize, shardSize - b) }, () => payload));
-      const used = process.cpuUsage(cpu);
-      sinkWrites.user += used.user / 1e6;
-      sinkWrites.sys += used.system / 1e6;
-      await sink.commit();
-      written.push(join(dir, 'parts', 'hj_parts', file));
-    }
-    return 2 * shardBytes;
-  },
+  sink: () => sinkShards(payload, sinkWrites),
+  sinkPlaced: () => sinkShards(placedPayload, placedWrites),
   hash: async () => {
     for (const path of written) await hashFile(path, shardBytes, true); // as the sink reads them back
     return 2 * shardBytes;
@@ -354,15 +362,23 @@ const ioVariants: Record<string, () => Promise<number> | number> = {
 const ioRounds = setting('IO_ROUNDS', 5);
 const ioRuns: Record<string, Split[]> = {};
 for (let round = 0; round < ioRounds; round++) {
-  sinkWrites.user = sinkWrites.sys = 0;
-  for (const [name, work] of Object.entries(ioVariants)) (ioRuns[name] ??= []).push(await measureSplit(work));
+  sinkWrites.user = sinkWrites.sys = placedWrites.user = placedWrites.sys = 0;
+  for (const [name, work] of Object.entries(ioVariants)) {
+    // unlinking a shard costs sys time too: kept out of the figures (the hash reads the last sink's)
+    if (name.startsWith('sink')) for (const path of written.splice(0)) rmSync(path);
+    (ioRuns[name] ??= []).push(await measureSplit(work));
+  }
+  for (const path of written.splice(0)) rmSync(path);
   sinkWriteRuns.push({ user: sinkWrites.user / gb(2 * shardBytes), sys: sinkWrites.sys / gb(2 * shardBytes) });
-  for (const path of written) rmSync(path); // unlinking a shard costs sys time too: kept out of the figures
+  placedWriteRuns.push({ user: placedWrites.user / gb(2 * shardBytes), sys: placedWrites.sys / gb(2 * shardBytes) });
 }
 const io = Object.fromEntries(Object.entries(ioRuns).map(([name, runs]) => [name, leastSplit(runs)]));
 // The write part: the sink's write calls (staging copies, direct writes, edges), the least round; the commit is its fsync and hash.
-const writeOnly = sinkWriteRuns.reduce((a, b) => (b.user + b.sys < a.user + a.sys ? b : a));
-parts.push({ name: 'write (the sink\'s write calls: whole blocks staged and written O_DIRECT, edges buffered)', cpu: writeOnly.user + writeOnly.sys, floorName: 'raw O_DIRECT write + fsync', floor: io.rawDirect.total });
+const leastOf = (runs: { user: number; sys: number }[]) => runs.reduce((a, b) => (b.user + b.sys < a.user + a.sys ? b : a));
+const writeOnly = leastOf(placedWriteRuns);
+const stagedOnly = leastOf(sinkWriteRuns);
+parts.push({ name: 'write (the sink\'s write calls: whole blocks written O_DIRECT from the captures\' buffers, placed as the worker places them; edges buffered)', cpu: writeOnly.user + writeOnly.sys, floorName: 'raw O_DIRECT write + fsync', floor: io.rawDirect.total });
+parts.push({ name: '(for scale) write of bytes elsewhere: whole blocks staged (copied into aligned buffers) and written O_DIRECT', cpu: stagedOnly.user + stagedOnly.sys, floorName: 'raw O_DIRECT write + fsync', floor: io.rawDirect.total });
 parts.push({ name: 'hash (sha256 of the file read back with O_DIRECT, own thread)', cpu: io.hash.total, floorName: 'OpenSSL SHA-256 over a buffer in cache (node:crypto)', floor: io.shaHot.total });
 rmSync(join(dir, 'parts'), { recursive: true, force: true });
 
@@ -395,7 +411,8 @@ parts.push({ name: '(for scale) stats of captures elsewhere (copied into the ker
 class NoStats extends RunningStats {
   override add(): void {}
 }
-async function pipeline(withStats: boolean): Promise<number> {
+/** The pipeline over the bench's bodies; `placed`: each capture decoded where its file offset lies in a 4 KiB block (as the worker does). */
+async function pipeline(withStats: boolean, placed = true): Promise<number> {
   const pipeStorage = fileHarvestStorage(join(dir, 'pipeline'));
   const pool = new CaptureBuffers({ keep: 2 * batchSize + 1 });
   let total = 0;
@@ -406,10 +423,11 @@ async function pipeline(withStats: boolean): Promise<number> {
       buffers: pool,
       stats: withStats ? null : new NoStats(Array.from({ length: layers }, (_, i) => i), dModel),
       fileNameFor: (shard) => shardFileName(shard, 'cl_bench'),
-      async captureBatch(first, count) {
+      async captureBatch(first, count, _signal, place) {
         const captured: CapturedPrompt[] = [];
+        const offsets = placed ? captureOffsets(place!, Array.from({ length: count }, () => tokens)) : [];
         for (let k = 0; k < count; k++) {
-          const { shape, bytes } = decodeCapture(bodies[(first + k) % bodies.length], { layers, dModel }, pool);
+          const { shape, bytes } = decodeCapture(bodies[(first + k) % bodies.length], { layers, dModel }, pool, offsets[k]);
           captured.push({ tokens: Int32Array.from({ length: tokens }, (_, t) => t), shape, bytes });
         }
         return captured;
@@ -430,13 +448,15 @@ const pipelineOn: number[] = [];
 const pipelineOff: number[] = [];
 const mainOn: number[] = [];
 const mainOff: number[] = [];
+const pipelineStaged: number[] = [];
+const mainStaged: number[] = [];
 // Interleaved, three rounds at least: the difference of two noisy figures needs the least of each.
 for (let i = 0; i < Math.max(3, rounds); i++) {
-  for (const on of [true, false]) {
+  for (const variant of ['on', 'off', 'staged'] as const) {
     const main = mainThreadCpu();
-    const part = await measure(() => pipeline(on));
-    (on ? pipelineOn : pipelineOff).push(perGb(part));
-    (on ? mainOn : mainOff).push((mainThreadCpu() - main) / gb(part.bytes));
+    const part = await measure(() => pipeline(variant !== 'off', variant !== 'staged'));
+    ({ on: pipelineOn, off: pipelineOff, staged: pipelineStaged })[variant].push(perGb(part));
+    ({ on: mainOn, off: mainOff, staged: mainStaged })[variant].push((mainThreadCpu() - main) / gb(part.bytes));
     // The shards are removed outside the measure (unlinking costs sys time the pipeline does not spend).
     rmSync(join(dir, 'pipeline'), { recursive: true, force: true });
   }
@@ -485,16 +505,19 @@ print('|---|---|---|---|');
 const ioRow = (label: string, name: string) => print(`| ${label} | ${split(io[name])} | ${io[name].all.map((x) => f(x)).join(', ')} | ${f(io[name].gbps)} |`);
 ioRow('raw write + fsync, through the page cache', 'raw');
 ioRow('raw write + fsync with O_DIRECT (the write floor: the sink writes whole blocks so)', 'rawDirect');
-ioRow('**shard sink**: whole blocks staged and written O_DIRECT, edges buffered, commit (fsync + hash read back + rename + dir fsync)', 'sink');
+ioRow('**shard sink**: whole blocks written O_DIRECT from the captures\' buffers, edges buffered, commit (fsync + hash read back + rename + dir fsync)', 'sinkPlaced');
+ioRow('shard sink of bytes elsewhere: whole blocks staged, the same commit', 'sink');
 ioRow('hash alone: the sink\'s read-back of the same files (hashing thread, O_DIRECT)', 'hash');
 ioRow('SHA-256 floor: OpenSSL over a 1 MiB buffer in cache', 'shaHot');
 ioRow('SHA-256 over the captures\' own buffers (32 MiB each, from memory)', 'shaCold');
 print(`| **write** (the sink's write calls, least round) against raw O_DIRECT | ${split(writeOnly)} | | **${f((writeOnly.user + writeOnly.sys) / io.rawDirect.total)}x raw O_DIRECT**, ${f((writeOnly.user + writeOnly.sys) / io.raw.total)}x raw through the page cache |`);
-print(`| **sink** against raw O_DIRECT + SHA-256 floor | ${f(io.sink.total)} against ${f(io.rawDirect.total + io.shaHot.total)} | | **${f(io.sink.total / (io.rawDirect.total + io.shaHot.total))}x** |`);
+print(`| **sink** against raw O_DIRECT + SHA-256 floor | ${f(io.sinkPlaced.total)} against ${f(io.rawDirect.total + io.shaHot.total)} | | **${f(io.sinkPlaced.total / (io.rawDirect.total + io.shaHot.total))}x** |`);
 print('');
 print('| the in-process pipeline (decode + write + hash, no HTTP) | CPU s per GB, all threads, least (each) | main thread (decode, statistics), least (each) |');
 print('|---|---|---|');
 print(`| statistics on | ${f(best(pipelineOn))} (${pipelineOn.map((x) => f(x)).join(', ')}) | ${f(best(mainOn))} (${mainOn.map((x) => f(x)).join(', ')}) |`);
 print(`| statistics off | ${f(best(pipelineOff))} (${pipelineOff.map((x) => f(x)).join(', ')}) | ${f(best(mainOff))} (${mainOff.map((x) => f(x)).join(', ')}) |`);
 print(`| **the statistics' cost** (on less off; alone: ${f(statsCpu)}) | ${f(best(pipelineOn) - best(pipelineOff))} | **${f(best(mainOn) - best(mainOff))}** |`);
+print(`| statistics on, captures not placed (every whole block staged) | ${f(best(pipelineStaged))} (${pipelineStaged.map((x) => f(x)).join(', ')}) | ${f(best(mainStaged))} (${mainStaged.map((x) => f(x)).join(', ')}) |`);
+print(`| **the staging copy's cost** (not placed less on) | ${f(best(pipelineStaged) - best(pipelineOn))} | **${f(best(mainStaged) - best(mainOn))}** |`);
 process.stdout.write(`${out.join('\n')}\n`);
