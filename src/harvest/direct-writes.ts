@@ -1,11 +1,11 @@
 // The bulk of a shard's bytes written around the page cache (O_DIRECT): each write's whole aligned
 // blocks are written straight to the device, from the chunk itself where a chunk of kernel memory
 // (stats-memory.ts) lies at the file offset's place in a block, else copied into an aligned staging
-// buffer and written from there; the unaligned edges (at most a block each side, and the header) go through the page cache as before. On
-// this project's VM a buffered write cost 0.3-2.8 CPU s per GB copying into fresh page-cache pages, a
-// direct one 0.02-0.03. Linux keeps the two kinds coherent (a direct read or write flushes the cached
-// blocks it covers); a file system that refuses O_DIRECT (tmpfs before Linux 6.6, some network file
-// systems) gets only buffered writes.
+// buffer and written from there; the unaligned edges (at most a block each side, and the header) go
+// through the page cache. On this project's VM a buffered write cost 0.3-2.8 CPU s per GB copying into
+// fresh page-cache pages, a direct one 0.02-0.03, the staging copy 0.15. Linux keeps the two kinds
+// coherent (a direct read or write flushes the cached blocks it covers); a file system that refuses
+// O_DIRECT (tmpfs before Linux 6.6, some network file systems) gets only buffered writes.
 import { constants } from 'node:fs';
 import { open, type FileHandle } from 'node:fs/promises';
 import { fixedMemory } from './wasm-asm.ts';
