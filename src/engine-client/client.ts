@@ -164,7 +164,7 @@ export class EngineClient {
         response.on('error', () => {}); // an error before anyone reads the body is theirs to see, not a crash
         const exchange = this.#streams.post(backend.url, path, {}, body, cancel.signal, response.sink);
         exchange.then(
-          (result) => ('complete' in result && result.complete ? response.push(null) : response.destroy()),
+          (result) => (response.destroyed ? undefined : 'complete' in result && result.complete ? response.push(null) : response.destroy()),
           (error: Error) => response.destroy(error),
         );
         exchange.finally(() => signal.removeEventListener('abort', onAbort)).catch(() => {});
