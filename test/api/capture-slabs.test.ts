@@ -5,7 +5,7 @@ import { request } from 'undici';
 import { startTestGateway, type TestGateway } from '../support/gateway.ts';
 import { until } from '../support/until.ts';
 import { captureRequest, engineCaptureBody, postHashed, startCaptureStub, stubModel, type CaptureStub } from '../support/capture.ts';
-import { captureSlabs, SlabPool } from '../../src/engine-client/slab-body.ts';
+import { captureSlabs, SlabBody, SlabPool } from '../../src/engine-client/slab-body.ts';
 
 // The capture relay holds a plain-HTTP engine's body in slabs of a per-process pool (slab-body.ts),
 // given back once the client's response has closed. The gateway runs in this process: its pool is
@@ -99,6 +99,26 @@ pool('keeps free slabs up to its bound and drops the rest', () => {
   const again = [p.take(), p.take()];
   assert.equal([p.created, p.lent, p.free], [10, 2, 2]);
   assert.ok(taken.includes(again[0]) && taken.includes(again[1]), 'reused');
+});
+
+pool("a body nobody reads pauses the connection's reading, resumed once read; its chunks are the bytes, laid in slabs", async () => {
+  const p = new SlabPool(1000, 4000);
+  const calls: string[] = [];
+  const body = new SlabBody(p, () => {});
+  body.sink.flow!({ pause: () => calls.push('pause'), resume: () => calls.push('resume') });
+  const sent = Buffer.from(Array.from({ length: 300_000 }, (_, i) => i % 251));
+  for (let at = 0; at < sent.length; at += 70_000) assert.ok(body.sink.chunk(sent.subarray(at, at + 70_000)), 'taken whole');
+  assert.equal(calls, ['pause'], 'paused once past its high-water mark');
+  assert.is(p.lent, 300);
+  const read: Buffer[] = [];
+  body.on('data', (chunk: Buffer) => read.push(chunk));
+  await new Promise((resolve) => setImmediate(resolve));
+  assert.equal(calls, ['pause', 'resume']);
+  assert.ok(read.every((chunk) => chunk.length <= 1000), 'views of the slabs');
+  assert.ok(Buffer.concat(read).equals(sent));
+  body.recycle();
+  assert.equal([p.lent, p.free], [0, 4]);
+  assert.is(body.sink.chunk(sent), false, 'a recycled body takes no more');
 });
 
 pool.run();
