@@ -1,7 +1,9 @@
 // Relays a residual-stream capture: the engine's bytes go to the client unchanged, once the codec reader
 // has seen the whole envelope and it holds every requested layer. The body is kept as the Buffer chunks
 // it arrived in (one copy, no string, no parse of the tensor) only until that is decided; vLLM writes
-// `activations` last and the envelope's shape after its data, so for vLLM that is the whole body.
+// `activations` last and the envelope's shape after its data, so for vLLM that is the whole body. From a
+// plain-HTTP engine the chunks are views of pooled slabs (engine-client/slab-body.ts), given back by
+// the route once the client's response has closed (`recycle`), not before.
 import { Readable } from 'node:stream';
 import { CodecError, CodecScanner, type CodecLocation } from '../codec/index.ts';
 import { apiError } from '../errors/index.ts';

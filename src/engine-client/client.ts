@@ -2,7 +2,8 @@ import { Pool, errors as undiciErrors, type Dispatcher } from 'undici';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { apiError, ApiError } from '../errors/index.ts';
 import { engineErrorToApiError, isRetryable, parseEngineError } from './errors.ts';
-import { StreamPoster, StreamPostSocketError, type BodySink } from './stream-post.ts';
+import { StreamPoster, StreamPostSocketError, type BodySink, type StreamPostResult } from './stream-post.ts';
+import { captureSlabs, SlabBody } from './slab-body.ts';
 
 export interface BackendTarget {
   modelId: string;
@@ -17,6 +18,11 @@ export interface EngineResponse {
   body: Dispatcher.ResponseData['body'];
   /** Releases the backend's connection slot; call once the body is consumed or abandoned. */
   release(): void;
+  /**
+   * A capture's body held in pooled slabs (`postCapture` over plain HTTP): ends the body and gives the
+   * slabs back. Only once nothing reads the body's chunks any more (the client's response has closed).
+   */
+  recycle?(): void;
 }
 
 export interface EngineClientOptions {
@@ -119,6 +125,70 @@ export class EngineClient {
         }
         if (response.statusCode < 300) return { statusCode: response.statusCode, headers: response.headers, body: response.body, release };
         const failure = parseEngineError(response.statusCode, await response.body.text());
+        if (isRetryable(failure) && attempt < this.#retries) {
+          await sleep(this.#retryBaseDelayMs * 3 ** attempt, undefined, { signal });
+          continue;
+        }
+        throw engineErrorToApiError(failure, backend.headers);
+      }
+    } catch (err) {
+      release();
+      throw err;
+    }
+  }
+
+  /**
+   * `post` for a capture, whose body the relay holds: over plain HTTP the body is read on connections
+   * of the client's own (stream-post.ts) into slabs of a per-process pool (slab-body.ts), reused from
+   * one capture to the next, and the response has `recycle`; over HTTPS it is `post`'s. Failures,
+   * retries and errors as `post`; a connection that breaks after the head errors the body.
+   */
+  async postCapture(modelId: string, path: string, body: string, signal: AbortSignal): Promise<EngineResponse> {
+    const backend = this.#backend(modelId);
+    if (backend.url.protocol !== 'http:') return this.post(modelId, path, body, signal);
+    const release = this.#slot(backend);
+    try {
+      for (let attempt = 0; ; attempt++) {
+        const cancel = new AbortController();
+        const onAbort = () => cancel.abort(signal.reason);
+        if (signal.aborted) onAbort();
+        else signal.addEventListener('abort', onAbort, { once: true });
+        let length: number | null = null;
+        let headed = () => {};
+        const answered = new Promise<'head'>((resolve) => (headed = () => resolve('head')));
+        const response = new SlabBody(captureSlabs, (contentLength) => {
+          length = contentLength;
+          headed();
+        });
+        response.onDestroy = () => cancel.abort(new Error('the body was destroyed'));
+        response.on('error', () => {}); // an error before anyone reads the body is theirs to see, not a crash
+        const exchange = this.#streams.post(backend.url, path, {}, body, cancel.signal, response.sink);
+        exchange.then(
+          (result) => (response.destroyed ? undefined : 'complete' in result && result.complete ? response.push(null) : response.destroy()),
+          (error: Error) => response.destroy(error),
+        );
+        exchange.finally(() => signal.removeEventListener('abort', onAbort)).catch(() => {});
+        let result: 'head' | StreamPostResult;
+        try {
+          result = await Promise.race([answered, exchange]);
+        } catch (err) {
+          if (signal.aborted) throw err;
+          const code = (err as { code?: string }).code ?? '';
+          if (connectErrorCodes.has(code) || err instanceof StreamPostSocketError) {
+            if (attempt < this.#retries) {
+              await sleep(this.#retryBaseDelayMs * 3 ** attempt, undefined, { signal });
+              continue;
+            }
+            throw apiError('upstream_unreachable', 'the model server is unreachable', { headers: backend.headers });
+          }
+          throw err;
+        }
+        if (result === 'head' || 'complete' in result) {
+          const headers = length === null ? {} : { 'content-length': String(length) };
+          // The body's type is undici's for every engine response; a capture's is only read as a stream.
+          return { statusCode: 200, headers, body: response as unknown as EngineResponse['body'], release, recycle: () => response.recycle() };
+        }
+        const failure = parseEngineError(result.status, result.text);
         if (isRetryable(failure) && attempt < this.#retries) {
           await sleep(this.#retryBaseDelayMs * 3 ** attempt, undefined, { signal });
           continue;

@@ -11,6 +11,8 @@ export interface BodySink {
   head(contentLength: number | null): void;
   /** A piece of the body, valid only during the call; false stops reading (the connection is closed). */
   chunk(piece: Uint8Array): boolean;
+  /** Given, when the exchange starts, the connection's reading: paused, the rest of the current read still comes. */
+  flow?(reading: { pause(): void; resume(): void }): void;
 }
 
 export type StreamPostResult = { status: number; complete: boolean } | { status: number; text: string };
@@ -71,6 +73,7 @@ class Connection {
 
   /** Into `list`, closed if unused for IDLE_MS. */
   rest(list: Connection[]): void {
+    this.socket.resume(); // read while idle: its close is seen
     this.idleIn = list;
     list.push(this);
     this.socket.setTimeout(IDLE_MS);
@@ -267,7 +270,9 @@ export class StreamPoster {
     const { socket } = connection;
     return new Promise<StreamPostResult>((resolve, reject) => {
       let answered = false;
+      let settled = false;
       const settle = (error: Error | null, result?: StreamPostResult) => {
+        settled = true;
         signal.removeEventListener('abort', onAbort);
         connection.exchange = null;
         if (error !== null) {
@@ -290,6 +295,8 @@ export class StreamPoster {
       );
       const onAbort = () => settle(signal.reason instanceof Error ? signal.reason : new Error('aborted'));
       if (signal.aborted) return onAbort();
+      // Only while this exchange lasts: the connection may serve another one after it.
+      sink.flow?.({ pause: () => void (settled || socket.pause()), resume: () => void (settled || socket.resume()) });
       signal.addEventListener('abort', onAbort, { once: true });
       connection.exchange = {
         onBytes(piece) {

@@ -14,6 +14,7 @@ import { meterDecider } from '../../deciders/meter.ts';
 import { foldEvents } from '../../src/event-sourcing/index.ts';
 import { meterEvents, meterStream, utcDay } from '../../events/meter.ts';
 import { backendEvents, backendStream } from '../../events/backend.ts';
+import { captureSlabs } from '../../src/engine-client/slab-body.ts';
 
 const knobs: EngineBootKnobs = {};
 const it = suite<{ gw: TestGateway }>('cold boots');
@@ -107,6 +108,19 @@ it('the official openai client reads a body that follows keepalive whitespace', 
   const completion = await openai.completions.create({ model: 'ref-byte', prompt: 'Hello', max_tokens: 3, temperature: 0 });
   assert.is(completion.object, 'text_completion');
   assert.is(completion.usage?.completion_tokens, completion.usage!.total_tokens - completion.usage!.prompt_tokens);
+});
+
+it('a capture after the commit: keepalive whitespace, then the engine body whole; its slabs given back', async ({ gw }) => {
+  await coldModel(gw, { delayMs: 1_500 });
+  const res = await complete(gw, { prompt: 'Capture', max_tokens: 2, output_residual_stream: [0, 2] });
+  assert.is(res.status, 200);
+  const text = await res.text();
+  assert.match(text, /^ +\{/, 'whitespace, then the body');
+  const body = JSON.parse(text);
+  assert.is(body.activations.residual_stream.shape[0], 2, text.slice(0, 300));
+  assert.is(body.choices.length, 1);
+  assert.ok(captureSlabs.created > 0, 'the body was read into slabs');
+  await until('every slab given back', async () => captureSlabs.lent === 0);
 });
 
 it('a stream: SSE keepalive comments, then the frames and [DONE]', async ({ gw }) => {

@@ -75,7 +75,10 @@ async function callReserved(call: CompletionCall, admission: Admission): Promise
     return upstream;
   }
   call.earlyCapture = null;
-  if (early) await early.then((r) => r.body.destroyed || new Promise((closed) => r.body.once('close', closed)), () => {});
+  if (early) {
+    await early.then((r) => r.body.destroyed || new Promise((closed) => r.body.once('close', closed)), () => {});
+    void early.then((r) => r.recycle?.(), () => {}); // its capture's check, if any, is over and unused
+  }
   return dispatch(call, call.completion, controller.signal);
 }
 
@@ -119,7 +122,8 @@ async function dispatch(call: CompletionCall, completion: PreparedCompletion, si
     const entered = performance.now();
     await call.coldBoot?.waitOut(signal, call.admission?.durable ?? Promise.resolve(), completion.maxTokensClamped);
     if (!completion.stream) deadline = setTimeout(() => controller.abort(deadlineReason), requestWindowMs);
-    const pending = engines.post(modelId, '/v1/completions', JSON.stringify(completion.engineBody), signal);
+    // A capture's body is held (capture-relay.ts): read into pooled slabs, no allocation per read.
+    const pending = (completion.capture ? engines.postCapture : engines.post).call(engines, modelId, '/v1/completions', JSON.stringify(completion.engineBody), signal);
     const postedAt = performance.now();
     posted?.();
     const response = await pending;

@@ -81,10 +81,11 @@ function relayCapture(call: CompletionCall, upstream: EngineResponse): FastifyRe
   const { reply, completion, coldBoot, controller, earlyCapture } = call;
   const captured: RelayedUsage = earlyCapture?.relayed ?? cutShort();
   call.relayed = captured;
-  // Settled once the response is over: sent whole, refused (502), or left by the client (maybe
-  // already, while the engine answered: then its 'close' has been and gone).
+  // Settled, and its slabs given back, once the response is over: sent whole, refused (502), or left
+  // by the client (maybe already, while the engine answered: then its 'close' has been and gone).
   const over = () => {
     upstream.body.destroy();
+    upstream.recycle?.(); // nothing reads the body's chunks any more: the response has closed
     settle(call, captured, reply.statusCode);
   };
   if (call.clientLeft()) {
