@@ -63,6 +63,8 @@ async function callReserved(call: CompletionCall, admission: Admission): Promise
     durableAt = performance.now();
   } catch (error) {
     call.admission = null; // nothing was reserved: nothing to settle
+    // The early call is not answered: its body, if any, is let go, and its slabs (nothing will send them).
+    if (early) void early.then((r) => r.recycle?.(), () => {});
     throw call.refusedPrepared(error);
   }
   call.completion = atLimit(stored);
