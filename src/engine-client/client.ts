@@ -2,7 +2,7 @@ import { Pool, errors as undiciErrors, type Dispatcher } from 'undici';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { apiError, ApiError } from '../errors/index.ts';
 import { engineErrorToApiError, isRetryable, parseEngineError } from './errors.ts';
-import { StreamPoster, StreamPostSocketError, type BodySink, type StreamPostResult } from './stream-post.ts';
+import { StreamPoster, StreamPostSocketError, type BodySink } from './stream-post.ts';
 import { captureSlabs, SlabBody } from './slab-body.ts';
 
 export interface BackendTarget {
@@ -100,37 +100,11 @@ export class EngineClient {
     const backend = this.#backend(modelId);
     const release = this.#slot(backend);
     try {
-      for (let attempt = 0; ; attempt++) {
-        let response: Dispatcher.ResponseData;
-        try {
-          response = await backend.pool.request({
-            method: 'POST',
-            path,
-            body,
-            headers: { 'content-type': 'application/json' },
-            signal,
-            blocking: true,
-          });
-        } catch (err) {
-          if (signal.aborted) throw err;
-          const code = (err as { code?: string }).code ?? '';
-          if (connectErrorCodes.has(code) || err instanceof undiciErrors.SocketError) {
-            if (attempt < this.#retries) {
-              await sleep(this.#retryBaseDelayMs * 3 ** attempt, undefined, { signal });
-              continue;
-            }
-            throw apiError('upstream_unreachable', 'the model server is unreachable', { headers: backend.headers });
-          }
-          throw err;
-        }
-        if (response.statusCode < 300) return { statusCode: response.statusCode, headers: response.headers, body: response.body, release };
-        const failure = parseEngineError(response.statusCode, await response.body.text());
-        if (isRetryable(failure) && attempt < this.#retries) {
-          await sleep(this.#retryBaseDelayMs * 3 ** attempt, undefined, { signal });
-          continue;
-        }
-        throw engineErrorToApiError(failure, backend.headers);
-      }
+      return await this.#retrying<EngineResponse>(backend, signal, async () => {
+        const response = await backend.pool.request({ method: 'POST', path, body, headers: { 'content-type': 'application/json' }, signal, blocking: true });
+        if (response.statusCode < 300) return { answer: { statusCode: response.statusCode, headers: response.headers, body: response.body, release } };
+        return { status: response.statusCode, text: await response.body.text() };
+      });
     } catch (err) {
       release();
       throw err;
@@ -148,7 +122,7 @@ export class EngineClient {
     if (backend.url.protocol !== 'http:') return this.post(modelId, path, body, signal);
     const release = this.#slot(backend);
     try {
-      for (let attempt = 0; ; attempt++) {
+      return await this.#retrying<EngineResponse>(backend, signal, async () => {
         const cancel = new AbortController();
         const onAbort = () => cancel.abort(signal.reason);
         if (signal.aborted) onAbort();
@@ -168,33 +142,12 @@ export class EngineClient {
           (error: Error) => response.destroy(error),
         );
         exchange.finally(() => signal.removeEventListener('abort', onAbort)).catch(() => {});
-        let result: 'head' | StreamPostResult;
-        try {
-          result = await Promise.race([answered, exchange]);
-        } catch (err) {
-          if (signal.aborted) throw err;
-          const code = (err as { code?: string }).code ?? '';
-          if (connectErrorCodes.has(code) || err instanceof StreamPostSocketError) {
-            if (attempt < this.#retries) {
-              await sleep(this.#retryBaseDelayMs * 3 ** attempt, undefined, { signal });
-              continue;
-            }
-            throw apiError('upstream_unreachable', 'the model server is unreachable', { headers: backend.headers });
-          }
-          throw err;
-        }
-        if (result === 'head' || 'complete' in result) {
-          const headers = length === null ? {} : { 'content-length': String(length) };
-          // The body's type is undici's for every engine response; a capture's is only read as a stream.
-          return { statusCode: 200, headers, body: response as unknown as EngineResponse['body'], release, recycle: () => response.recycle() };
-        }
-        const failure = parseEngineError(result.status, result.text);
-        if (isRetryable(failure) && attempt < this.#retries) {
-          await sleep(this.#retryBaseDelayMs * 3 ** attempt, undefined, { signal });
-          continue;
-        }
-        throw engineErrorToApiError(failure, backend.headers);
-      }
+        const result = await Promise.race([answered, exchange]);
+        if (result !== 'head' && !('complete' in result)) return result;
+        const headers = length === null ? {} : { 'content-length': String(length) };
+        // The body's type is undici's for every engine response; a capture's is only read as a stream.
+        return { answer: { statusCode: 200, headers, body: response as unknown as EngineResponse['body'], release, recycle: () => response.recycle() } };
+      });
     } catch (err) {
       release();
       throw err;
@@ -212,34 +165,37 @@ export class EngineClient {
     if (backend.url.protocol !== 'http:') return this.#postStreamingUndici(modelId, path, body, signal, sink);
     const release = this.#slot(backend);
     try {
-      for (let attempt = 0; ; attempt++) {
-        let result;
-        try {
-          result = await this.#streams.post(backend.url, path, {}, body, signal, sink);
-        } catch (err) {
-          if (signal.aborted) throw err;
-          const code = (err as { code?: string }).code ?? '';
-          // Cut short once answering: thrown as it is, as undici's error is on the other path.
-          if ((err as { answered?: boolean }).answered === true) throw err;
-          if (connectErrorCodes.has(code) || err instanceof StreamPostSocketError) {
-            if (attempt < this.#retries) {
-              await sleep(this.#retryBaseDelayMs * 3 ** attempt, undefined, { signal });
-              continue;
-            }
-            throw apiError('upstream_unreachable', 'the model server is unreachable', { headers: backend.headers });
-          }
-          throw err;
-        }
-        if ('complete' in result) return { complete: result.complete };
-        const failure = parseEngineError(result.status, result.text);
-        if (isRetryable(failure) && attempt < this.#retries) {
-          await sleep(this.#retryBaseDelayMs * 3 ** attempt, undefined, { signal });
-          continue;
-        }
-        throw engineErrorToApiError(failure, backend.headers);
-      }
+      return await this.#retrying<{ complete: boolean }>(backend, signal, async () => {
+        const result = await this.#streams.post(backend.url, path, {}, body, signal, sink);
+        return 'complete' in result ? { answer: { complete: result.complete } } : result;
+      });
     } finally {
       release();
+    }
+  }
+
+  /**
+   * Runs one exchange with the engine until it answers. Connection failures and retryable engine
+   * errors are tried again (nothing has reached the client yet); an exchange cut short once answering
+   * is thrown as it is; anything else throws an ApiError.
+   */
+  async #retrying<T>(backend: Backend, signal: AbortSignal, exchange: () => Promise<{ answer: T } | { status: number; text: string }>): Promise<T> {
+    for (let attempt = 0; ; attempt++) {
+      let outcome: { answer: T } | { status: number; text: string };
+      try {
+        outcome = await exchange();
+      } catch (err) {
+        if (signal.aborted || (err as { answered?: boolean }).answered === true) throw err;
+        const code = (err as { code?: string }).code ?? '';
+        if (!connectErrorCodes.has(code) && !(err instanceof undiciErrors.SocketError) && !(err instanceof StreamPostSocketError)) throw err;
+        if (attempt >= this.#retries) throw apiError('upstream_unreachable', 'the model server is unreachable', { headers: backend.headers });
+        await sleep(this.#retryBaseDelayMs * 3 ** attempt, undefined, { signal });
+        continue;
+      }
+      if ('answer' in outcome) return outcome.answer;
+      const failure = parseEngineError(outcome.status, outcome.text);
+      if (!isRetryable(failure) || attempt >= this.#retries) throw engineErrorToApiError(failure, backend.headers);
+      await sleep(this.#retryBaseDelayMs * 3 ** attempt, undefined, { signal });
     }
   }
 
