@@ -25,6 +25,11 @@ export const RESIDUAL_STREAM_PATH: readonly string[] = ['activations', 'residual
 export interface CodecDataSink {
   start(): void;
   text(piece: Uint8Array): void;
+  /**
+   * Optional: takes the text from `buf[from]` up to its first character not of the standard base64
+   * alphabet (or `to`) and returns that character's index; what follows comes through `text`.
+   */
+  run?(buf: Uint8Array, from: number, to: number): number;
 }
 
 /** A codec envelope found in a body: its small fields, and where its base64 text lies. */
@@ -353,6 +358,12 @@ export class CodecScanner {
         this.#keep(buf, i - 1, i);
         continue;
       }
+      if (this.#textRole === DATA_TEXT && this.#sink?.run !== undefined) {
+        const stop = this.#sink.run(buf, i, n);
+        if (stop > i && this.#dataHead.length < ZSTD_HEADER_BASE64_CHARS) this.#dataHead += latin1(buf, i, Math.min(stop, i + ZSTD_HEADER_BASE64_CHARS - this.#dataHead.length));
+        i = stop;
+        if (i === n) return n;
+      }
       const quote = indexOf(buf, 0x22, i);
       const stop = quote < 0 ? n : quote;
       const backslash = indexOfBefore(buf, 0x5c, i, stop);
@@ -478,9 +489,13 @@ const DECODE_PIECE = 64 * 1024;
 
 /**
  * A faster decoder of part of the text: decodes a prefix of `text` (whole quads of the standard alphabet,
- * no padding) into `dest` from `at` and returns its length in characters (0: none).
+ * no padding; it may stop short of a stray character) into `dest` from `at` and returns its length in characters (0: none).
  */
 export type Base64Prefix = (text: Uint8Array, dest: Uint8Array, at: number) => number;
+
+/** Each byte's 6 bits in the standard base64 alphabet, -1 for any other byte. */
+const SEXTETS = new Int8Array(256).fill(-1);
+for (const [i, c] of [...'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/'].entries()) SEXTETS[c.charCodeAt(0)] = i;
 
 /**
  * Decodes padded standard base64 text, given in pieces of any size, straight into `dest`. No string
@@ -541,6 +556,47 @@ export class Base64Decoder {
       i += take;
     }
     while (i < n) this.#carry[this.#carryLength++] = text[i++];
+  }
+
+  /**
+   * Decodes the run of standard-alphabet characters at `text[from..to)` and returns the index of the first
+   * character not in it (`to` when all are); the characters from there on go to `write`. Takes nothing
+   * after padding or after a carried character not of the alphabet (`write` then sees them as it would).
+   */
+  run(text: Uint8Array, from: number, to: number): number {
+    if (this.#padded) return from;
+    let i = from;
+    const carry = this.#carry;
+    for (let k = 0; k < this.#carryLength; k++) if (SEXTETS[carry[k]] < 0) return from;
+    while (this.#carryLength > 0 && this.#carryLength < 4 && i < to && SEXTETS[text[i]] >= 0) carry[this.#carryLength++] = text[i++];
+    if (this.#carryLength > 0) {
+      if (this.#carryLength < 4) return i;
+      this.#quad(carry, 0);
+      this.#carryLength = 0;
+    }
+    if (this.#prefix !== null && to - i >= 64) {
+      const room = Math.floor(this.room / 3) * 4;
+      const done = this.#prefix(text.subarray(i, i + Math.min(to - i, room)), this.#dest, this.#at);
+      this.#at += (done / 4) * 3;
+      i += done;
+    }
+    for (; i + 4 <= to; i += 4) {
+      if ((SEXTETS[text[i]] | SEXTETS[text[i + 1]] | SEXTETS[text[i + 2]] | SEXTETS[text[i + 3]]) < 0) break;
+      this.#quad(text, i);
+    }
+    while (i < to && SEXTETS[text[i]] >= 0) carry[this.#carryLength++] = text[i++];
+    return i;
+  }
+
+  /** One quad of the standard alphabet at `text[i]`, decoded into `dest`. */
+  #quad(text: Uint8Array, i: number): void {
+    if (this.#at + 3 > this.#dest.length) throw new CodecError('base64 text decodes to more bytes than the destination holds');
+    const bits = (SEXTETS[text[i]] << 18) | (SEXTETS[text[i + 1]] << 12) | (SEXTETS[text[i + 2]] << 6) | SEXTETS[text[i + 3]];
+    const dest = this.#dest;
+    dest[this.#at] = bits >>> 16;
+    dest[this.#at + 1] = (bits >>> 8) & 0xff;
+    dest[this.#at + 2] = bits & 0xff;
+    this.#at += 3;
   }
 
   /** The text ended: returns the offset in `dest` after the last byte written. */
