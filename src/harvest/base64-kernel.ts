@@ -3,7 +3,7 @@
 // a pass, 16 at a time: each character checked and mapped to its 6 bits by nibble lookups (W. Muła's
 // method), the bits packed by a shift and a dot product, 12 bytes stored a block. Only the standard alphabet
 // without padding passes; the first block with anything else (the closing quote, padding, the URL-safe
-// alphabet, a stray byte) stops it where it begins, and Base64Decoder decodes the rest (codec/reader.ts).
+// alphabet, a stray byte) stops it where it begins, and Base64Decoder decodes the rest (codec/base64.ts).
 import { bump, get, I32, i32, instancesOf, memarg, op, s, set, simd, V128, type WasmFunction } from './wasm-asm.ts';
 import { SCRATCH_BYTES, type KernelMemory } from './stats-memory.ts';
 import type { Base64Prefix } from '../codec/index.ts';
