@@ -84,7 +84,8 @@ const NUMBER_TEXT = /^-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?$/;
 /**
  * Reads a JSON body chunk by chunk (chunks may split it anywhere: inside keys, escapes or base64 quads)
  * and checks its structure as it goes; a malformed body throws `CodecError`. Big strings are skipped
- * with native searches for the closing quote, so the base64 text costs a memchr, not a byte loop.
+ * with native searches for the closing quote, so the base64 text costs a memchr, not a byte loop; a
+ * sink with `run` takes the data's base64 itself and says where it stops, so that text is not searched.
  */
 export class CodecScanner {
   readonly #path: readonly string[];
