@@ -1,6 +1,7 @@
 // The tensor codec of ENGINE.md: {data, dtype, original_dtype, shape, compression}, little-endian row-major.
-// This face holds the small-tensor encoder and decoder; the capture reader (reader.ts) finds and decodes
-// a large envelope inside a response body without making a string of it; wire.ts holds the codec's facts.
+// This face holds the small-tensor encoder and decoder; the capture reader (reader.ts) finds a large
+// envelope inside a response body without making a string of it, base64.ts decodes its text into place;
+// wire.ts holds the codec's facts.
 import { Buffer } from 'node:buffer';
 import { zstdCompress, zstdDecompressInto } from './zstd.ts';
 import { CodecError } from './errors.ts';
@@ -22,7 +23,8 @@ export {
   type CodecDtype,
   type ZstdFrameWalk,
 } from './wire.ts';
-export { CodecScanner, Base64Decoder, RESIDUAL_STREAM_PATH, type Base64Prefix, type CodecLocation, type CodecDataSink } from './reader.ts';
+export { CodecScanner, RESIDUAL_STREAM_PATH, type CodecLocation, type CodecDataSink } from './reader.ts';
+export { Base64Decoder, type Base64Prefix } from './base64.ts';
 export { zstdCompress, zstdDecompressInto } from './zstd.ts';
 
 export type WireDtype = 'float32' | 'float16' | 'int16';

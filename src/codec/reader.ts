@@ -2,11 +2,10 @@
 // JSON response as its bytes arrive, without turning the body into a string and without parsing the
 // tensor. It keeps only the small fields (shape, dtype, original_dtype, compression) and where the
 // base64 `data` text begins and ends. The gateway relays a capture with it; a harvest worker has the
-// text handed to it as it is read (`CodecDataSink`) and decodes it with `Base64Decoder`, in bounded pieces.
+// text handed to it as it is read (`CodecDataSink`) and decodes it with `Base64Decoder` (base64.ts).
 import { Buffer } from 'node:buffer';
 import { CodecError } from './errors.ts';
 import {
-  base64DecodedLength,
   base64EncodedLength,
   isCodecDtype,
   tensorByteLength,
@@ -25,6 +24,11 @@ export const RESIDUAL_STREAM_PATH: readonly string[] = ['activations', 'residual
 export interface CodecDataSink {
   start(): void;
   text(piece: Uint8Array): void;
+  /**
+   * Optional: takes the text from `buf[from]` up to its first character not of the standard base64
+   * alphabet (or `to`) and returns that character's index; what follows comes through `text`.
+   */
+  run?(buf: Uint8Array, from: number, to: number): number;
 }
 
 /** A codec envelope found in a body: its small fields, and where its base64 text lies. */
@@ -80,7 +84,8 @@ const NUMBER_TEXT = /^-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?$/;
 /**
  * Reads a JSON body chunk by chunk (chunks may split it anywhere: inside keys, escapes or base64 quads)
  * and checks its structure as it goes; a malformed body throws `CodecError`. Big strings are skipped
- * with native searches for the closing quote, so the base64 text costs a memchr, not a byte loop.
+ * with native searches for the closing quote, so the base64 text costs a memchr, not a byte loop; a
+ * sink with `run` takes the data's base64 itself and says where it stops, so that text is not searched.
  */
 export class CodecScanner {
   readonly #path: readonly string[];
@@ -353,6 +358,12 @@ export class CodecScanner {
         this.#keep(buf, i - 1, i);
         continue;
       }
+      if (this.#textRole === DATA_TEXT && this.#sink?.run !== undefined) {
+        const stop = this.#sink.run(buf, i, n);
+        if (stop > i && this.#dataHead.length < ZSTD_HEADER_BASE64_CHARS) this.#dataHead += latin1(buf, i, Math.min(stop, i + ZSTD_HEADER_BASE64_CHARS - this.#dataHead.length));
+        i = stop;
+        if (i === n) return n;
+      }
       const quote = indexOf(buf, 0x22, i);
       const stop = quote < 0 ? n : quote;
       const backslash = indexOfBefore(buf, 0x5c, i, stop);
@@ -467,113 +478,4 @@ function indexOfBefore(buf: Uint8Array, byte: number, from: number, to: number):
   }
   const found = buf.subarray(from, to).indexOf(byte);
   return found < 0 ? -1 : from + found;
-}
-
-/**
- * Largest piece of base64 text decoded at once (64 KiB of characters): bounds every temporary string, and
- * keeps it out of V8's large-object space, where each piece cost an mmap and an munmap (1 MiB pieces spent
- * 0.7-1.2 s of system CPU per GB decoded; 64 KiB ones none).
- */
-const DECODE_PIECE = 64 * 1024;
-
-/**
- * A faster decoder of part of the text: decodes a prefix of `text` (whole quads of the standard alphabet,
- * no padding) into `dest` from `at` and returns its length in characters (0: none).
- */
-export type Base64Prefix = (text: Uint8Array, dest: Uint8Array, at: number) => number;
-
-/**
- * Decodes padded standard base64 text, given in pieces of any size, straight into `dest`. No string
- * longer than 64 KiB is ever made. Invalid characters, misplaced padding and overflowing `dest` throw
- * `CodecError`. With `prefix`, each piece is decoded by it as far as it goes, and the rest as here.
- */
-export class Base64Decoder {
-  #dest: Buffer;
-  #at: number;
-  readonly #carry = Buffer.alloc(4);
-  #carryLength = 0;
-  #padded = false;
-  readonly #prefix: Base64Prefix | null;
-
-  constructor(dest: Uint8Array, offset = 0, prefix: Base64Prefix | null = null) {
-    this.#dest = Buffer.from(dest.buffer, dest.byteOffset, dest.byteLength);
-    this.#at = offset;
-    this.#prefix = prefix;
-  }
-
-  /** Bytes written into `dest` so far. */
-  get written(): number {
-    return this.#at;
-  }
-
-  /** Room left in `dest`. */
-  get room(): number {
-    return this.#dest.length - this.#at;
-  }
-
-  /** Goes on in `dest` (at least as long as what is written), what was written so far copied there first. */
-  moveTo(dest: Uint8Array): void {
-    const next = Buffer.from(dest.buffer, dest.byteOffset, dest.byteLength);
-    this.#dest.copy(next, 0, 0, this.#at);
-    this.#dest = next;
-  }
-
-  /** Starts again from the beginning of `dest`, as new. */
-  reset(): void {
-    this.#at = 0;
-    this.#carryLength = 0;
-    this.#padded = false;
-  }
-
-  write(text: Uint8Array): void {
-    let i = 0;
-    const n = text.length;
-    if (n > 0 && this.#padded) throw new CodecError('base64 text continues after its padding');
-    if (this.#carryLength > 0) {
-      while (this.#carryLength < 4 && i < n) this.#carry[this.#carryLength++] = text[i++];
-      if (this.#carryLength < 4) return;
-      this.#decode(this.#carry);
-      this.#carryLength = 0;
-    }
-    while (n - i >= 4) {
-      const take = Math.min(DECODE_PIECE, (n - i) & ~3);
-      this.#decode(text.subarray(i, i + take));
-      i += take;
-    }
-    while (i < n) this.#carry[this.#carryLength++] = text[i++];
-  }
-
-  /** The text ended: returns the offset in `dest` after the last byte written. */
-  end(): number {
-    if (this.#carryLength !== 0) throw new CodecError('base64 text length is not a multiple of 4');
-    return this.#at;
-  }
-
-  #decode(whole: Uint8Array): void {
-    if (this.#padded) throw new CodecError('base64 text continues after its padding');
-    let quads = whole;
-    let n = quads.length;
-    let padding = 0;
-    if (quads[n - 1] === 0x3d) padding = quads[n - 2] === 0x3d ? 2 : 1;
-    let expected = base64DecodedLength(n, padding);
-    if (this.#at + expected > this.#dest.length) throw new CodecError('base64 text decodes to more bytes than the destination holds');
-    if (this.#prefix !== null && n >= 64) {
-      const done = this.#prefix(quads, this.#dest, this.#at);
-      if (done === n) {
-        this.#at += expected;
-        return;
-      }
-      this.#at += (done / 4) * 3;
-      expected -= (done / 4) * 3;
-      quads = quads.subarray(done);
-      n -= done;
-    }
-    // An invalid character (or '=' before the end) is skipped by Node's decoder, so fewer bytes come out.
-    const written = this.#dest.write(latin1(quads, 0, n), this.#at, expected, 'base64');
-    if (written !== expected || (padding === 0 && quads.indexOf(0x3d) >= 0) || (padding > 0 && quads.subarray(0, n - padding).indexOf(0x3d) >= 0)) {
-      throw new CodecError('the data is not padded standard base64');
-    }
-    this.#at += written;
-    if (padding > 0) this.#padded = true;
-  }
 }

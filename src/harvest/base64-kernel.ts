@@ -1,9 +1,9 @@
 // Base64 decoding in WebAssembly SIMD, from a piece of text copied into a kernel memory's scratch
 // (stats-memory.ts) straight into a capture buffer of the same memory: no string, no garbage. 64 characters
 // a pass, 16 at a time: each character checked and mapped to its 6 bits by nibble lookups (W. Muła's
-// method), the bits packed by a shift and a dot product, 48 bytes stored. Only the standard alphabet
-// without padding passes; the first block with anything else (padding, the URL-safe alphabet, a stray
-// byte) stops it, and Base64Decoder decodes the rest its own exact way (codec/reader.ts).
+// method), the bits packed by a shift and a dot product, 12 bytes stored a block. Only the standard alphabet
+// without padding passes; the first block with anything else (the closing quote, padding, the URL-safe
+// alphabet, a stray byte) stops it where it begins, and Base64Decoder decodes the rest (codec/base64.ts).
 import { bump, get, I32, i32, instancesOf, memarg, op, s, set, simd, V128, type WasmFunction } from './wasm-asm.ts';
 import { SCRATCH_BYTES, type KernelMemory } from './stats-memory.ts';
 import type { Base64Prefix } from '../codec/index.ts';
@@ -30,22 +30,22 @@ const CONSTANTS = [
 const CONSTANTS_BYTES = CONSTANTS.length * 16;
 
 /**
- * decode(src, n, dst, k) -> 0, or 1 when a character is not standard base64 (n a multiple of 64; dst gets
- * n / 4 × 3 bytes; k: the constants).
+ * decode(src, n, dst, k) -> characters decoded: 16-character blocks from src (n a multiple of 16) into dst
+ * (12 bytes each) up to the first block holding a character not standard base64, which is not stored (k: the constants).
  */
 function decodeBody(): Pick<WasmFunction, 'locals' | 'body'> {
   const [src, n, dst, k] = [0, 1, 2, 3];
-  const end = 4;
-  const [lo, hi, roll, low4, slash, low8, weights, order, err, c, nib] = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
-  // 16 characters at src + 16j -> 12 bytes at dst + 12j
+  const [end, start] = [4, 5];
+  const [lo, hi, roll, low4, slash, low8, weights, order, c, nib] = [6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
+  // 16 characters at src + 16j -> 12 bytes at dst + 12j; a block with a stray character ends the run (src moved to it)
   const block = (j: number) => [
     ...get(src), ...s(simd.load), ...memarg(0, 16 * j), ...set(c),
     ...get(c), ...i32(4), ...s(simd.i16x8shrU), ...get(low4), ...s(simd.and), ...set(nib),
-    // err |= lo[c & 15] & hi[c >> 4]
-    ...get(err),
+    // lo[c & 15] & hi[c >> 4] is 0 for every character of the alphabet
     ...get(lo), ...get(c), ...get(low4), ...s(simd.and), ...s(simd.swizzle),
     ...get(hi), ...get(nib), ...s(simd.swizzle),
-    ...s(simd.and), ...s(simd.or), ...set(err),
+    ...s(simd.and), ...s(simd.anyTrue),
+    op.if, 0x40, ...(j > 0 ? bump(src, 16 * j) : []), op.br, 3, op.end,
     // c += roll[(c >> 4) + (c == '/' ? -1 : 0)]
     ...get(c),
     ...get(roll), ...get(c), ...get(slash), ...s(simd.i8x16eq), ...get(nib), ...s(simd.i8x16add), ...s(simd.swizzle),
@@ -60,27 +60,33 @@ function decodeBody(): Pick<WasmFunction, 'locals' | 'body'> {
     ...get(dst), ...get(c), ...s(simd.store32lane), ...memarg(0, 12 * j + 8), 2,
   ];
   const constant = (local: number, i: number) => [...get(k), ...s(simd.load), ...memarg(0, 16 * i), ...set(local)];
-  const body = [
-    ...[lo, hi, roll, low4, slash, low8, weights, order].flatMap(constant),
-    ...get(src), ...get(n), op.i32add, ...set(end),
-    op.block, 0x40,
+  // Four blocks a pass while 64 characters are left, then one at a time.
+  const loop = (blocks: number) => [
     op.loop, 0x40,
-    ...get(src), ...get(end), op.i32geu, op.br_if, 1,
-    ...block(0), ...block(1), ...block(2), ...block(3),
-    ...bump(src, 64), ...bump(dst, 48),
+    ...get(src), ...i32(16 * blocks), op.i32add, ...get(end), op.i32gtU, op.br_if, 1,
+    ...Array.from({ length: blocks }, (_, j) => block(j)).flat(),
+    ...bump(src, 16 * blocks), ...bump(dst, 12 * blocks),
     op.br, 0,
     op.end,
-    op.end,
-    ...get(err), ...s(simd.anyTrue),
   ];
-  return { locals: [[1, I32], [11, V128]], body };
+  const body = [
+    ...[lo, hi, roll, low4, slash, low8, weights, order].flatMap(constant),
+    ...get(src), ...set(start),
+    ...get(src), ...get(n), op.i32add, ...set(end),
+    op.block, 0x40,
+    op.block, 0x40, ...loop(4), op.end,
+    op.block, 0x40, ...loop(1), op.end,
+    op.end,
+    ...get(src), ...get(start), op.i32sub,
+  ];
+  return { locals: [[2, I32], [10, V128]], body };
 }
 
 const exportsOver = instancesOf((): WasmFunction[] => [{ name: 'decode', params: [I32, I32, I32, I32], results: [I32], ...decodeBody() }]);
 
 /**
  * A decoder of base64 text into `km`'s buffers (Base64Decoder's `prefix`): it decodes the longest prefix
- * of whole 64-character blocks of the standard alphabet and returns its length; 0 for a destination in
+ * of whole 16-character blocks of the standard alphabet and returns its length; 0 for a destination in
  * another memory. Null without WebAssembly SIMD.
  */
 export function wasmBase64Into(km: KernelMemory): Base64Prefix | null {
@@ -101,14 +107,14 @@ function decoderOver(km: KernelMemory): Base64Prefix | null {
   const scratch = constants + CONSTANTS_BYTES;
   return (text, dest, at) => {
     if (dest.buffer !== km.buffer) return 0;
-    const whole = text.length - (text.length % 64);
+    const whole = text.length & ~15;
     let done = 0;
     while (done < whole) {
       const n = Math.min(SCRATCH_BYTES - CONSTANTS_BYTES, whole - done);
       heap.set(text.subarray(done, done + n), scratch);
-      // A piece with a character not standard base64 is left whole to the exact decoder.
-      if (decode(scratch, n, dest.byteOffset + at + (done / 4) * 3, constants) !== 0) break;
-      done += n;
+      const decoded = decode(scratch, n, dest.byteOffset + at + (done / 4) * 3, constants);
+      done += decoded;
+      if (decoded < n) break;
     }
     return done;
   };

@@ -192,6 +192,7 @@ export class CaptureReader {
         const step = this.#out === null ? Math.max(piece.length, 1) : ROUND_PIECE;
         for (let at = 0; at < piece.length; at += step) this.#write(piece.subarray(at, at + step));
       },
+      run: (buf, from, to) => this.#run(buf, from, to),
     });
   }
 
@@ -208,8 +209,28 @@ export class CaptureReader {
     const decoder = this.#decoder!;
     if (decoder.room < Math.ceil(text.length / 4) * 3 + 3) this.#grow(decoder.written + Math.ceil(text.length / 4) * 3 + 3);
     decoder.write(text);
+    this.#roundDecoded();
+  }
+
+  /** Decodes the chunk's run of base64 from `from` (before `to`) where it lies; returns where the run stops. */
+  #run(buf: Uint8Array, from: number, to: number): number {
+    const decoder = this.#decoder!;
+    const most = Math.ceil((to - from) / 4) * 3 + 3;
+    if (decoder.room < most) this.#grow(decoder.written + most);
+    if (this.#out === null) return decoder.run(buf, from, to);
+    let at = from;
+    for (;;) {
+      const end = Math.min(to, at + ROUND_PIECE);
+      at = decoder.run(buf, at, end);
+      this.#roundDecoded();
+      if (at < end || at === to) return at;
+    }
+  }
+
+  /** Rounds the float32 words decoded since last time, 8 at a time (the rest at the end). */
+  #roundDecoded(): void {
     if (this.#out === null) return;
-    const n = ((decoder.written >>> 2) - this.#rounded) & ~7;
+    const n = ((this.#decoder!.written >>> 2) - this.#rounded) & ~7;
     if (n === 0) return;
     this.#round!(this.#raw!.byteOffset + this.#rounded * 4, n, this.#out.byteOffset + this.#rounded * 2);
     this.#rounded += n;

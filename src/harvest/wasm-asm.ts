@@ -35,6 +35,7 @@ export const op = {
   i32shl: 0x74,
   i32shrU: 0x76,
   i32geu: 0x4f,
+  i32gtU: 0x4b,
   i32ltu: 0x49,
   f64add: 0xa0,
   f64sqrt: 0x9f,
