@@ -13,7 +13,7 @@
 // each response until it is quiet (its settlement and projections), and while idle (its polling). Then the 610 MB capture's
 // time both ways, and the gateway's RSS while relaying 4 concurrent 610 MB captures.
 // Knobs: BENCH_PARTS, BENCH_CAPTURE_ROUNDS (below); BENCH_GATEWAY_FLAGS, node flags added after the start
-// script's (so they override them: `--min-semi-space-size=0` gives back V8's resizing young generation);
+// script's (so they override them: `--max-semi-space-size=16` gives back Node's default young generation);
 // BENCH_PROF_DIR, CPU profiles of the gateway and the bare relays there; BENCH_KEEP, the run's directory
 // (the gateway's log) kept.
 import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
@@ -60,23 +60,33 @@ const direct = (c: CaseName, req: Record<string, unknown>): Target => ({ url: `$
 const viaGateway = (c: CaseName, req: Record<string, unknown>): Target => ({ url: `${gateway.url}/v1/completions`, body: JSON.stringify({ ...req, model: modelOf[c] }), headers: keyHeader });
 const viaBare = (c: CaseName, mode: 'pipe' | 'hold', req: Record<string, unknown>): Target => ({ url: `${bares[c].url}/${mode}/v1/completions`, body: engineCaptureBody(req), headers: {} });
 
-/** CPU time a process's threads have run, in ms (from schedstat: nanoseconds, where /proc's stat counts 10 ms ticks); 0 once it is gone. */
+/** CPU time a process's threads have run, in ms (threadCpuMsOf, all threads); 0 once it is gone. */
 function cpuMsOf(pid: number): number {
-  let tasks: string[];
+  const { main, others } = threadCpuMsOf(pid);
+  return main + others;
+}
+/**
+ * A process's CPU ms so far on its main thread and on all its other threads (V8's garbage-collection and
+ * compiler workers, libuv's pool), from schedstat (nanoseconds, where /proc's stat counts 10 ms ticks): a
+ * gateway whose old generation is marked again and again shows it there. Zeros once it is gone.
+ */
+function threadCpuMsOf(pid: number): { main: number; others: number } {
+  const split = { main: 0, others: 0 };
+  let tasks: string[] = [];
   try {
     tasks = readdirSync(`/proc/${pid}/task`);
   } catch {
-    return 0;
+    /* gone */
   }
-  let ns = 0;
   for (const task of tasks) {
     try {
-      ns += Number(readFileSync(`/proc/${pid}/task/${task}/schedstat`, 'utf8').split(' ')[0]);
+      const ms = Number(readFileSync(`/proc/${pid}/task/${task}/schedstat`, 'utf8').split(' ')[0]) / 1e6;
+      split[Number(task) === pid ? 'main' : 'others'] += ms;
     } catch {
       /* a thread that ended meanwhile */
     }
   }
-  return ns / 1e6;
+  return split;
 }
 const clientCpuMs = () => {
   const { user, system } = process.cpuUsage();
@@ -168,28 +178,6 @@ async function gatewaySettled(): Promise<void> {
     await new Promise((resolve) => setTimeout(resolve, 10));
     if (cpuMsOf(gateway.child.pid!) - before < 0.3) return;
   }
-}
-/**
- * A process's CPU ms so far on its main thread and on all its other threads (V8's garbage-collection and
- * compiler workers, libuv's pool): a gateway whose old generation is marked again and again shows it there.
- */
-function threadCpuMsOf(pid: number): { main: number; others: number } {
-  const split = { main: 0, others: 0 };
-  let tasks: string[] = [];
-  try {
-    tasks = readdirSync(`/proc/${pid}/task`);
-  } catch {
-    /* gone */
-  }
-  for (const task of tasks) {
-    try {
-      const ms = Number(readFileSync(`/proc/${pid}/task/${task}/schedstat`, 'utf8').split(' ')[0]) / 1e6;
-      split[Number(task) === pid ? 'main' : 'others'] += ms;
-    } catch {
-      /* a thread that ended meanwhile */
-    }
-  }
-  return split;
 }
 const threadPids = { gateway: gateway.child.pid!, 'block relay': bares.block.child.pid!, 'layer relay': bares.layer.child.pid! };
 const threadsBefore = Object.fromEntries(Object.entries(threadPids).map(([name, pid]) => [name, threadCpuMsOf(pid)]));
